@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Builds the real components the e2e testbed runs, from their Go modules, into a cache
+# outside the checkout (CI clones afresh each run, so an in-tree cache would always be cold).
+#   kube-apiserver + kubectl  k8s.io/kubernetes   (cold: ~9-10 min on 2 cores)
+#   etcd                      go.etcd.io/etcd/server/v3 (cold: ~2 min)
+#   registry                  distribution v3 cmd/registry (cold: ~2 min)
+# A second run finds the binaries and returns in well under a second.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.5}
+REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
+CACHE=${VK_COCOON_CACHE:-$HOME/.cache/vk-cocoon}
+BIN="$CACHE/bin"
+mkdir -p "$BIN" "$CACHE/src"
+
+log() { printf '[build-deps %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# go build -v prints one line per compiled package; show a count instead of a wall of text.
+progress() {
+  local what=$1 n=0 line
+  while IFS= read -r line; do
+    n=$((n + 1))
+    if (( n % 100 == 0 )); then log "$what: $n packages compiled so far"; fi
+    case "$line" in *error*|*cannot*|*undefined*) printf '%s\n' "$line" >&2 ;; esac
+  done
+  log "$what: $n packages compiled"
+}
+
+need_go() {
+  command -v go >/dev/null || { echo "go not found: install Go 1.26 (see README, Testbed)" >&2; exit 1; }
+}
+
+build_k8s() {
+  local api="$BIN/kube-apiserver-$K8S_VERSION" kc="$BIN/kubectl-$K8S_VERSION"
+  if [[ -x $api && -x $kc ]]; then log "kube-apiserver and kubectl $K8S_VERSION cached"; return; fi
+  need_go
+  local dir="$CACHE/src/k8s-$K8S_VERSION" minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  mkdir -p "$dir"
+  log "kube-apiserver + kubectl $K8S_VERSION: cold build, usually 9-10 minutes on 2 cores"
+  local gomod
+  gomod=$(cd "$dir" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [[ -f $gomod ]] || { echo "could not download k8s.io/kubernetes@$K8S_VERSION (is the Go module proxy reachable?)" >&2; exit 1; }
+  {
+    echo "module vkcocoon.local/k8sbuild"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    # Every staging replace in kubernetes' own go.mod becomes a released-module replace.
+    grep -oE 'k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" |
+      awk -v v="v0.$minor.${K8S_VERSION##*.}" '{print "replace " $1 " => " $1 " " v}'
+  } >"$dir/go.mod"
+  cat >"$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+  log "resolving modules (go mod tidy, ~20 s)"
+  (cd "$dir" && go mod tidy >/dev/null)
+  local ld="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  log "compiling kube-apiserver (the long step)"
+  (cd "$dir" && go build -v -ldflags "$ld" -o "$api.tmp" k8s.io/kubernetes/cmd/kube-apiserver 2>&1) | progress kube-apiserver
+  mv "$api.tmp" "$api"
+  log "compiling kubectl (~1 min after the apiserver)"
+  (cd "$dir" && go build -v -ldflags "$ld" -o "$kc.tmp" k8s.io/kubernetes/cmd/kubectl 2>&1) | progress kubectl
+  mv "$kc.tmp" "$kc"
+}
+
+# Builds one main package from a wrapper module: etcd's and distribution's own go.mod files carry
+# replace directives, which `go install pkg@version` refuses.
+build_wrapped() {
+  local name=$1 module=$2 version=$3 pkg=$4 out="$BIN/$1-$3"
+  local dir="$CACHE/src/$name-$version"
+  mkdir -p "$dir"
+  printf 'module vkcocoon.local/%sbuild\n\ngo 1.26\n\nrequire %s %s\n' "$name" "$module" "$version" >"$dir/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" >"$dir/tools.go"
+  (cd "$dir" && go mod tidy >/dev/null)
+  (cd "$dir" && go build -v -o "$out.tmp" "$pkg" 2>&1) | progress "$name"
+  mv "$out.tmp" "$out"
+}
+
+build_etcd() {
+  if [[ -x $BIN/etcd-$ETCD_VERSION ]]; then log "etcd $ETCD_VERSION cached"; return; fi
+  need_go
+  log "etcd $ETCD_VERSION: cold build, usually ~2 minutes"
+  build_wrapped etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+}
+
+build_registry() {
+  if [[ -x $BIN/registry-$REGISTRY_VERSION ]]; then log "registry $REGISTRY_VERSION cached"; return; fi
+  need_go
+  log "distribution registry $REGISTRY_VERSION: cold build, usually ~2 minutes"
+  build_wrapped registry github.com/distribution/distribution/v3 "$REGISTRY_VERSION" \
+    github.com/distribution/distribution/v3/cmd/registry
+}
+
+what=${1:-all}
+case $what in
+  k8s) build_k8s ;;
+  etcd) build_etcd ;;
+  registry) build_registry ;;
+  all) build_etcd; build_registry; build_k8s ;;
+  *) echo "usage: $0 [all|k8s|etcd|registry]" >&2; exit 2 ;;
+esac
+for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION; do
+  [[ -x $BIN/$b ]] && ln -sf "$b" "$BIN/${b%-v*}"
+done
+log "done; binaries in $BIN"
