@@ -22,7 +22,13 @@ progress() {
   while IFS= read -r line; do
     n=$((n + 1))
     if (( n % 100 == 0 )); then log "$what: $n packages compiled so far"; fi
-    case "$line" in *error*|*cannot*|*undefined*) printf '%s\n' "$line" >&2 ;; esac
+    # Package paths such as k8s.io/apimachinery/pkg/util/errors are progress, not failures:
+    # only compiler diagnostics (file.go:line:col: ...) and the go tool's own complaints show.
+    case "$line" in
+      *.go:*) printf '%s\n' "$line" >&2 ;;
+      "go: downloading "*) ;;
+      "go: "*) printf '%s\n' "$line" >&2 ;;
+    esac
   done
   log "$what: $n packages compiled"
 }

@@ -1,0 +1,94 @@
+//! kube-apiserver on loopback, backed by the run's etcd.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::bins;
+use crate::certs::Pki;
+use crate::etcd::Etcd;
+use crate::ports::free_port;
+use crate::procs::{Proc, RunDir};
+use crate::ready::wait_ready;
+use crate::step;
+
+pub struct ApiServer {
+    pub proc: Proc,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    pub kubeconfig: PathBuf,
+}
+
+impl ApiServer {
+    pub async fn start(run: &RunDir, pki: &Pki, etcd: &Etcd) -> Result<ApiServer> {
+        let bin = bins::built("kube-apiserver")?;
+        let port = free_port()?;
+        let url = format!("https://127.0.0.1:{port}");
+        let kubeconfig = run.path().join("kubeconfig");
+        crate::kubeconfig::write(&kubeconfig, &url, pki)?;
+        step!("starting kube-apiserver on {url} (ready in ~4 s)");
+        let p = |p: &PathBuf| p.display().to_string();
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--etcd-servers={}", etcd.url))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={port}"))
+            .arg("--advertise-address=127.0.0.1")
+            // v1.37 refuses a loopback advertise address unless nothing reconciles the
+            // `kubernetes` service endpoints; with no in-cluster clients nobody needs them.
+            .arg("--endpoint-reconciler-type=none")
+            .arg(format!(
+                "--cert-dir={}",
+                run.subdir("apiserver-certs")?.display()
+            ))
+            .arg(format!("--tls-cert-file={}", p(&pki.apiserver.cert)))
+            .arg(format!("--tls-private-key-file={}", p(&pki.apiserver.key)))
+            .arg(format!("--client-ca-file={}", p(&pki.ca.cert)))
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                p(&pki.kubelet_client.cert)
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                p(&pki.kubelet_client.key)
+            ))
+            .arg(format!(
+                "--kubelet-certificate-authority={}",
+                p(&pki.ca.cert)
+            ))
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                p(&pki.sa_key)
+            ))
+            .arg(format!("--service-account-key-file={}", p(&pki.sa_pub)))
+            .arg("--service-cluster-ip-range=10.96.0.0/16")
+            .arg("--authorization-mode=Node,RBAC")
+            .arg("--allow-privileged=true")
+            .arg("--profiling=false")
+            .arg("--v=1");
+        let mut proc = run.spawn("kube-apiserver", cmd)?;
+        let client = crate::kube::client(&kubeconfig).await?;
+        wait_ready(
+            &mut proc,
+            "kube-apiserver",
+            Duration::from_secs(120),
+            || {
+                let client = client.clone();
+                async move {
+                    crate::kube::get_text(&client, "/readyz")
+                        .await
+                        .is_ok_and(|t| t.trim() == "ok")
+                }
+            },
+        )
+        .await?;
+        step!("kube-apiserver ready");
+        Ok(ApiServer {
+            proc,
+            url,
+            kubeconfig,
+        })
+    }
+}

@@ -1,0 +1,219 @@
+//! The cocoon simulator (crate e2e/cocoon-sim, binary `cocoon`), which stands in for the real
+//! cocoon CLI: the daemon runs it exactly as it would run cocoon.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+use crate::procs::RunDir;
+use crate::step;
+
+/// The simulator's cargo package.
+pub const PACKAGE: &str = "cocoon-sim";
+
+/// One simulator instance: its state root and lease file, both inside the run directory.
+pub struct CocoonSim {
+    pub bin: PathBuf,
+    pub root: PathBuf,
+    pub leases: PathBuf,
+    /// Relative to the cgroup2 mount. One per run, so a test can check that exactly its own
+    /// VM scopes are gone and parallel runs never share a parent.
+    pub cgroup_parent: String,
+    cleaned: bool,
+}
+
+impl CocoonSim {
+    /// Builds (or finds) the `cocoon` binary and prepares a fresh root. The cleanup command is
+    /// recorded in the run directory first, so even a run killed right now gets swept.
+    pub fn new(run: &RunDir) -> Result<CocoonSim> {
+        let bin = binary()?;
+        let dir = run.subdir("sim")?;
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root)?;
+        let run_name = run.path().file_name().unwrap_or_default().to_string_lossy();
+        let sim = CocoonSim {
+            bin,
+            root,
+            leases: dir.join("leases.json"),
+            cgroup_parent: format!("vk-cocoon-testbed-{run_name}.slice"),
+            cleaned: false,
+        };
+        run.add_cleanup(&sim.cleanup_argv(), &sim.env())?;
+        step!(
+            "cocoon simulator {} with root {}",
+            sim.bin.display(),
+            sim.root.display()
+        );
+        Ok(sim)
+    }
+
+    /// The environment a process needs to use this simulator as its `cocoon`: the daemon under
+    /// test gets exactly this.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut path = vec![self.bin.parent().unwrap_or(Path::new("/")).to_path_buf()];
+        if let Some(p) = std::env::var_os("PATH") {
+            path.extend(std::env::split_paths(&p));
+        }
+        vec![
+            ("COCOON_SIM_ROOT".into(), self.root.display().to_string()),
+            (
+                "COCOON_SIM_LEASES".into(),
+                self.leases.display().to_string(),
+            ),
+            (
+                "COCOON_SIM_CGROUP_PARENT".into(),
+                self.cgroup_parent.clone(),
+            ),
+            (
+                "PATH".into(),
+                std::env::join_paths(path)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            ),
+        ]
+    }
+
+    /// A `cocoon` command bound to this simulator (for tests that drive it directly).
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.envs(self.env());
+        c
+    }
+
+    /// Ids of the VMs this simulator knows (its `vms/<id>` state directories).
+    pub fn vm_ids(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.root.join("vms")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// The network namespace the simulator gives VM `id`.
+    pub fn netns_name(id: &str) -> String {
+        format!("vksim-{id}")
+    }
+
+    /// Absolute path of this run's cgroup parent, if the host has a cgroup2 mount.
+    pub fn cgroup_parent_dir(&self) -> Option<PathBuf> {
+        Some(cgroup2_mount()?.join(&self.cgroup_parent))
+    }
+
+    fn cleanup_argv(&self) -> Vec<String> {
+        vec![
+            self.bin.display().to_string(),
+            "sim".into(),
+            "cleanup".into(),
+        ]
+    }
+
+    /// `cocoon sim cleanup`: removes the network namespaces, cgroups and processes this root
+    /// created. Idempotent; also run by the teardown of the run directory.
+    pub fn cleanup(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.cleaned, true) {
+            return Ok(());
+        }
+        step!("cocoon sim cleanup ({})", self.root.display());
+        let out = self
+            .command()
+            .args(["sim", "cleanup"])
+            .stdin(Stdio::null())
+            .output()
+            .context("running cocoon sim cleanup")?;
+        if !out.status.success() {
+            bail!(
+                "cocoon sim cleanup failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CocoonSim {
+    fn drop(&mut self) {
+        if let Err(e) = self.cleanup() {
+            step!("{e:#}");
+        }
+    }
+}
+
+/// `COCOON_SIM_BIN` if set; otherwise `cargo build -p cocoon-sim --bin cocoon` into the same
+/// target directory as the running test or testbed binary (a no-op when it is fresh, so tests
+/// never run a stale simulator; cargo holds no lock while tests run).
+pub fn binary() -> Result<PathBuf> {
+    if let Some(b) = std::env::var_os("COCOON_SIM_BIN") {
+        return Ok(PathBuf::from(b));
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe
+        .parent()
+        .context("current exe has no parent")?
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("cocoon");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if workspace.join("Cargo.toml").exists() {
+        step!("cargo build -p {PACKAGE} --bin cocoon (a no-op when fresh)");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-j2", "-p", PACKAGE, "--bin", "cocoon"])
+            .current_dir(&workspace)
+            .stdin(Stdio::null());
+        // Build into the directory the caller runs from, whatever profile that is.
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .context("running cargo build for the simulator")?;
+        if !status.success() {
+            bail!("building the cocoon simulator failed ({status})");
+        }
+    }
+    if !bin.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build -p {PACKAGE}` or set COCOON_SIM_BIN",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Where cgroup2 is mounted: /sys/fs/cgroup on unified hosts, /sys/fs/cgroup/unified on
+/// hybrid ones (like this CI image).
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        Some(PathBuf::from(
+            pre.split_whitespace().nth(4)?.replace("\\040", " "),
+        ))
+    })
+}
+
+/// `ip netns list`, names only.
+pub fn netns_list() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .stdin(Stdio::null())
+        .output();
+    let Ok(out) = out else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}

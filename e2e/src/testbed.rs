@@ -1,0 +1,287 @@
+//! The testbed: every component a test asked for, under one run directory, torn down on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::apiserver::ApiServer;
+use crate::certs::Pki;
+use crate::etcd::Etcd;
+use crate::procs::{Proc, RunDir};
+use crate::prometheus::{Prometheus, ScrapeJob};
+use crate::registry::Registry;
+use crate::sim::CocoonSim;
+use crate::step;
+
+/// What to start. Components start concurrently; only the control plane's etcd → apiserver
+/// order is sequential.
+#[derive(Clone, Debug, Default)]
+pub struct TestbedOptions {
+    pub control_plane: bool,
+    pub registry: bool,
+    /// Start Prometheus scraping these jobs (it always scrapes itself too).
+    pub prometheus: Option<Vec<ScrapeJob>>,
+    pub sim: bool,
+    /// Namespaces to create, each with its `default` ServiceAccount ("default" always is).
+    pub namespaces: Vec<String>,
+}
+
+impl TestbedOptions {
+    pub fn control_plane() -> Self {
+        TestbedOptions {
+            control_plane: true,
+            ..Default::default()
+        }
+    }
+
+    /// Everything: control plane, registry, Prometheus (no extra jobs yet) and the simulator.
+    pub fn all() -> Self {
+        TestbedOptions {
+            control_plane: true,
+            registry: true,
+            prometheus: Some(Vec::new()),
+            sim: true,
+            namespaces: Vec::new(),
+        }
+    }
+
+    pub fn with_registry(mut self) -> Self {
+        self.registry = true;
+        self
+    }
+
+    pub fn with_prometheus(mut self, jobs: Vec<ScrapeJob>) -> Self {
+        self.prometheus = Some(jobs);
+        self
+    }
+
+    pub fn with_sim(mut self) -> Self {
+        self.sim = true;
+        self
+    }
+
+    pub fn with_namespace(mut self, ns: &str) -> Self {
+        self.namespaces.push(ns.to_string());
+        self
+    }
+}
+
+/// A running testbed. Dropping it (also while a test panics) stops every process it started,
+/// runs `cocoon sim cleanup` and removes the run directory.
+pub struct Testbed {
+    // Teardown order: consumers before what they consume, the run directory last.
+    pub prometheus: Option<Prometheus>,
+    pub registry: Option<Registry>,
+    pub apiserver: Option<ApiServer>,
+    pub etcd: Option<Etcd>,
+    pub sim: Option<CocoonSim>,
+    pub pki: Option<Pki>,
+    client: Option<kube::Client>,
+    run: RunDir,
+}
+
+impl Testbed {
+    pub async fn start(opts: TestbedOptions) -> Result<Testbed> {
+        if opts.control_plane {
+            crate::bins::built("kube-apiserver")?;
+            crate::bins::built("etcd")?;
+            crate::bins::built("kubectl")?;
+        }
+        if opts.registry {
+            crate::bins::built("registry")?;
+        }
+        if opts.prometheus.is_some() {
+            crate::bins::prometheus()?;
+        }
+        let mut tb = Testbed {
+            prometheus: None,
+            registry: None,
+            apiserver: None,
+            etcd: None,
+            sim: None,
+            pki: None,
+            client: None,
+            run: RunDir::create()?,
+        };
+        if opts.sim {
+            tb.sim = Some(CocoonSim::new(&tb.run)?);
+        }
+        let run = &tb.run;
+        let control_plane = async {
+            if !opts.control_plane {
+                return Ok(None);
+            }
+            let pki = Pki::generate(&run.subdir("pki")?)?;
+            let etcd = Etcd::start(run).await?;
+            let api = ApiServer::start(run, &pki, &etcd).await?;
+            anyhow::Ok(Some((pki, etcd, api)))
+        };
+        let registry = async {
+            match opts.registry {
+                true => Registry::start(run).await.map(Some),
+                false => Ok(None),
+            }
+        };
+        let prometheus = async {
+            match &opts.prometheus {
+                Some(jobs) => Prometheus::start(run, jobs).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (cp, reg, prom) = tokio::join!(control_plane, registry, prometheus);
+        // Keep whatever started, so a failure below still tears it down on drop.
+        let cp_err = match cp {
+            Ok(Some((pki, etcd, api))) => {
+                tb.pki = Some(pki);
+                tb.etcd = Some(etcd);
+                tb.apiserver = Some(api);
+                None
+            }
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        let reg_err = reg.map(|r| tb.registry = r).err();
+        let prom_err = prom.map(|p| tb.prometheus = p).err();
+        if let Some(e) = cp_err.or(reg_err).or(prom_err) {
+            return Err(e);
+        }
+        if opts.control_plane {
+            tb.client = Some(crate::kube::client(tb.kubeconfig()?).await?);
+            let mut nss = vec!["default".to_string()];
+            nss.extend(opts.namespaces.iter().cloned());
+            for ns in &nss {
+                tb.ensure_namespace(ns).await?;
+            }
+        }
+        step!("testbed up in {}", tb.run.path().display());
+        Ok(tb)
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        self.run.path()
+    }
+
+    pub fn kubeconfig(&self) -> Result<&Path> {
+        Ok(&self
+            .apiserver
+            .as_ref()
+            .context("testbed started without a control plane")?
+            .kubeconfig)
+    }
+
+    /// A kube-rs client with admin rights.
+    pub fn client(&self) -> Result<kube::Client> {
+        self.client
+            .clone()
+            .context("testbed started without a control plane")
+    }
+
+    /// Runs the built kubectl (v1.37) against the testbed and returns its stdout.
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
+        crate::kube::kubectl(self.kubeconfig()?, args).await
+    }
+
+    /// Creates a namespace and its `default` ServiceAccount (see [`crate::kube::ensure_namespace`]).
+    pub async fn ensure_namespace(&self, ns: &str) -> Result<()> {
+        crate::kube::ensure_namespace(&self.client()?, ns).await
+    }
+
+    /// Starts a process (typically the daemon under test) as part of this run: its own process
+    /// group, its log in the run directory, swept with the rest if the test is killed.
+    pub fn spawn(&self, name: &str, cmd: Command) -> Result<Proc> {
+        self.run.spawn(name, cmd)
+    }
+
+    pub fn logs_dir(&self) -> PathBuf {
+        self.run.logs_dir()
+    }
+
+    /// Processes still carrying this run's marker.
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        crate::procs::processes_of(self.run.path())
+    }
+
+    /// `KEY=value` pairs describing the testbed, for `testbed up` and humans.
+    pub fn summary(&self) -> Vec<(String, String)> {
+        let mut v = vec![(
+            "VK_COCOON_TESTBED_RUN".to_string(),
+            self.run_dir().display().to_string(),
+        )];
+        if let Ok(k) = self.kubeconfig() {
+            v.push(("KUBECONFIG".into(), k.display().to_string()));
+        }
+        if let Some(a) = &self.apiserver {
+            v.push(("TESTBED_APISERVER".into(), a.url.clone()));
+        }
+        if let Some(r) = &self.registry {
+            v.push(("TESTBED_REGISTRY".into(), r.addr.clone()));
+        }
+        if let Some(p) = &self.prometheus {
+            v.push(("TESTBED_PROMETHEUS".into(), p.url.clone()));
+        }
+        if let Some(s) = &self.sim {
+            v.push(("COCOON_SIM_BIN".into(), s.bin.display().to_string()));
+            v.extend(s.env().into_iter().filter(|(k, _)| k != "PATH"));
+        }
+        if let Some(p) = &self.pki {
+            v.push(("TESTBED_CA".into(), p.ca.cert.display().to_string()));
+        }
+        v
+    }
+
+    /// Prints the last `n` lines of every component log to stderr.
+    pub fn print_log_tails(&self, n: usize) {
+        let Ok(rd) = std::fs::read_dir(self.logs_dir()) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("----- {} (last {n} lines)", e.path().display());
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                eprintln!("{l}");
+            }
+        }
+    }
+
+    /// Leaves everything running for `testbed down` and returns the run directory.
+    pub fn detach(mut self) -> Result<PathBuf> {
+        self.run.detach()?;
+        for p in [
+            self.prometheus.as_mut().map(|c| &mut c.proc),
+            self.registry.as_mut().map(|c| &mut c.proc),
+            self.apiserver.as_mut().map(|c| &mut c.proc),
+            self.etcd.as_mut().map(|c| &mut c.proc),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            p.disarm();
+        }
+        if let Some(s) = self.sim.take() {
+            // Its cleanup is recorded in the run directory; `testbed down` runs it.
+            std::mem::forget(s);
+        }
+        Ok(self.run_dir().to_path_buf())
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        if !self.run.armed() {
+            return;
+        }
+        if std::thread::panicking() {
+            // The run directory goes away with the teardown; the tails are what explains the
+            // failure, and the test harness shows them with the panic.
+            self.print_log_tails(20);
+        }
+        drop(self.prometheus.take());
+        drop(self.registry.take());
+        drop(self.apiserver.take());
+        drop(self.etcd.take());
+        drop(self.sim.take());
+        self.run.teardown();
+    }
+}

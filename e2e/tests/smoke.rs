@@ -1,0 +1,132 @@
+//! The control plane end to end: a Node and a Pod bound to it through kube-rs, read back
+//! with kubectl, then a teardown that leaves nothing behind.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+
+use e2e::sim::{netns_list, CocoonSim};
+use e2e::{Testbed, TestbedOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_and_pod_round_trip_then_clean_teardown() {
+    let tb = Testbed::start(
+        TestbedOptions::control_plane()
+            .with_sim()
+            .with_namespace("smoke"),
+    )
+    .await
+    .expect("testbed starts");
+    let client = tb.client().unwrap();
+
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "cocoon-node-1",
+            "labels": { "type": "virtual-kubelet", "kubernetes.io/role": "agent" }
+        },
+        "spec": {
+            "taints": [{ "key": "virtual-kubelet.io/provider", "value": "cocoon", "effect": "NoSchedule" }]
+        }
+    }))
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("node created");
+
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "hello", "namespace": "smoke" },
+        "spec": {
+            "nodeName": "cocoon-node-1",
+            "containers": [{ "name": "main", "image": "registry.invalid/hello:1" }],
+            "tolerations": [{ "key": "virtual-kubelet.io/provider", "operator": "Exists" }]
+        }
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), "smoke")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("pod created: needs the default ServiceAccount the harness creates");
+
+    let version = tb
+        .kubectl(&["version", "--client", "-o", "json"])
+        .await
+        .unwrap();
+    let version: serde_json::Value = serde_json::from_str(&version).unwrap();
+    assert_eq!(
+        version["clientVersion"]["minor"], "37",
+        "the built kubectl, not /usr/bin's"
+    );
+
+    let node_json = tb
+        .kubectl(&["get", "node", "cocoon-node-1", "-o", "json"])
+        .await
+        .unwrap();
+    let node_json: serde_json::Value = serde_json::from_str(&node_json).unwrap();
+    assert_eq!(node_json["metadata"]["labels"]["type"], "virtual-kubelet");
+
+    let bound = tb
+        .kubectl(&[
+            "get",
+            "pod",
+            "hello",
+            "-n",
+            "smoke",
+            "-o",
+            "jsonpath={.spec.nodeName}",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(bound, "cocoon-node-1");
+    let on_node = tb
+        .kubectl(&[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            "spec.nodeName=cocoon-node-1",
+            "-o",
+            "name",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(on_node.trim(), "pod/hello");
+
+    let run = tb.run_dir().to_path_buf();
+    let sim = tb.sim.as_ref().unwrap();
+    let netns: Vec<String> = sim
+        .vm_ids()
+        .iter()
+        .map(|id| CocoonSim::netns_name(id))
+        .collect();
+    let cgroup = sim.cgroup_parent_dir();
+    let started: Vec<i32> = tb.processes().into_iter().map(|(pid, _)| pid).collect();
+    assert!(
+        started.len() >= 2,
+        "etcd and kube-apiserver run: {started:?}"
+    );
+
+    drop(tb);
+
+    assert!(
+        e2e::procs::processes_of(&run).is_empty(),
+        "processes left: {:?}",
+        e2e::procs::processes_of(&run)
+    );
+    for pid in started {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z ")),
+            "pid {pid} survived the teardown"
+        );
+    }
+    assert!(!run.exists(), "run directory {} left behind", run.display());
+    let left: Vec<String> = netns_list()
+        .into_iter()
+        .filter(|n| netns.contains(n))
+        .collect();
+    assert!(left.is_empty(), "network namespaces left: {left:?}");
+    if let Some(cg) = cgroup {
+        assert!(!cg.exists(), "cgroup {} left behind", cg.display());
+    }
+}
