@@ -1,0 +1,165 @@
+//! Every effect the core asks for. Those with an outcome carry an `OpId` that comes back in
+//! `Event::CocoonDone` / `Event::KubeDone`; timers and probes come back as their own events.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cocoon::CocoonCmd;
+use crate::pod::PodKey;
+use crate::status::PodStatus;
+
+pub type OpId = u64;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Timer {
+    /// Re-attempt a failed create (framework backoff, P3).
+    CreateRetry { key: PodKey, uid: String },
+    /// Re-inspect a VM whose inspect was inconclusive (W4 inline retry, W5 deferred recheck).
+    Recheck { key: PodKey, uid: String },
+    /// The post-clone DHCP lease wait ran out (C16).
+    LeaseWait { key: PodKey, uid: String },
+    /// Retry a Kubernetes write that failed with a transient error.
+    KubeRetry { key: PodKey, uid: String },
+    /// Retry a failed VM removal of a pod being deleted.
+    DeleteRetry { key: PodKey, uid: String },
+    /// Retry the eviction delete (W6: 2 tries).
+    EvictRetry { key: PodKey, uid: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "check", rename_all = "snake_case")]
+pub enum ProbeCheck {
+    Icmp,
+    Tcp { port: u16 },
+    SshBanner,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeTarget {
+    /// `None`: no IP resolved yet; the probe fails with "waiting for dhcp lease" (R5).
+    pub ip: Option<String>,
+    #[serde(flatten)]
+    pub check: ProbeCheck,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+/// Counters of spec/behavior.md §12 that decisions move.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum Counter {
+    PodLifecycle {
+        op: String,
+        result: String,
+        reason: String,
+    },
+    OrphanVm,
+    VmInspectTransientFail,
+    PodEvictFailure,
+    ReconcileAdoptByName,
+    StaleCreateReconcile {
+        outcome: String,
+    },
+    WakeIpWait {
+        result: String,
+    },
+    SnapshotPull {
+        result: String,
+    },
+    CloneFromDir {
+        result: String,
+    },
+    StartupResume {
+        op: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum Histogram {
+    VmBootDuration { mode: String, backend: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    Cocoon {
+        op: OpId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<PodKey>,
+        cmd: CocoonCmd,
+    },
+    /// Merge patch of `metadata.annotations` bound to `uid`; `None` deletes a key.
+    PatchAnnotations {
+        op: OpId,
+        key: PodKey,
+        uid: String,
+        set: BTreeMap<String, Option<String>>,
+    },
+    /// Merge patch of `pods/status` bound to `uid`.
+    PushStatus {
+        op: OpId,
+        key: PodKey,
+        uid: String,
+        status: PodStatus,
+    },
+    /// Delete the pod object with a UID precondition; `grace_seconds: Some(0)` forces it.
+    DeletePod {
+        op: OpId,
+        key: PodKey,
+        uid: String,
+        grace_seconds: Option<i64>,
+    },
+    RecordEvent {
+        key: PodKey,
+        uid: String,
+        kind: EventType,
+        reason: String,
+        message: String,
+    },
+    /// Run one probe after `after_ms`; the result returns as `Event::ProbeDone`.
+    Probe {
+        key: PodKey,
+        probe: u64,
+        target: ProbeTarget,
+        after_ms: u64,
+    },
+    StopProbe {
+        key: PodKey,
+    },
+    ArmTimer {
+        timer: Timer,
+        after_ms: u64,
+    },
+    Count {
+        counter: Counter,
+    },
+    Observe {
+        histogram: Histogram,
+        millis: u64,
+    },
+    Log {
+        level: Level,
+        message: String,
+    },
+    /// Startup reconcile is complete: register the node and start serving.
+    RegisterNode,
+    /// Startup cannot continue (B2); the shell exits non-zero without registering the node.
+    Fatal {
+        message: String,
+    },
+}

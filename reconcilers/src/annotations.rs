@@ -1,0 +1,77 @@
+//! Runtime and lifecycle annotations (spec/annotations.md §3–4), kept declaratively: what vk
+//! wants on the pod is derived from state and patched when the pod differs, so a lost write
+//! is repaired by the next event instead of by bookkeeping.
+
+use std::collections::BTreeMap;
+
+use crate::action::Action;
+use crate::keys;
+use crate::pod::PodKey;
+use crate::state::{Lifecycle, OpOwner, State};
+
+pub fn desired(s: &State, key: &PodKey) -> BTreeMap<String, Option<String>> {
+    let mut want = BTreeMap::new();
+    let Some(e) = s.pods.get(key) else {
+        return want;
+    };
+    if let Some(vm) = e.vm.as_ref().filter(|v| !v.unmanaged) {
+        want.insert(keys::VM_ID.to_string(), Some(vm.record.id.clone()));
+        if let Some(ip) = &vm.ip {
+            want.insert(keys::VM_IP.to_string(), Some(ip.clone()));
+        }
+    }
+    if let Some(state) = e.intent.state {
+        want.insert(
+            keys::LIFECYCLE_STATE.to_string(),
+            Some(state.as_str().to_string()),
+        );
+        want.insert(
+            keys::LIFECYCLE_GENERATION.to_string(),
+            Some(e.intent.generation.to_string()),
+        );
+        want.insert(
+            keys::LIFECYCLE_MESSAGE.to_string(),
+            e.intent.message.clone().filter(|m| !m.is_empty()),
+        );
+    }
+    want
+}
+
+pub fn sync(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get(key) else { return };
+    if !s.started
+        || e.gone
+        || e.deleted_by_us
+        || e.superseded
+        || e.kube_backoff
+        || e.annotations_op.is_some()
+    {
+        return;
+    }
+    let diff: BTreeMap<String, Option<String>> = desired(s, key)
+        .into_iter()
+        .filter(|(k, v)| e.pod.annotations.get(k) != v.as_ref())
+        .collect();
+    if diff.is_empty() {
+        return;
+    }
+    // §4.2 rule 7: the status goes out before `ready` is exposed.
+    let exposes_ready = diff
+        .get(keys::LIFECYCLE_STATE)
+        .is_some_and(|v| v.as_deref() == Some(Lifecycle::Ready.as_str()));
+    if exposes_ready && e.status_op.is_some() {
+        return;
+    }
+    let uid = e.pod.uid.clone();
+    let op = s.new_op(OpOwner::Annotations {
+        key: key.clone(),
+        set: diff.clone(),
+    });
+    s.pods.get_mut(key).expect("present").annotations_op = Some(op);
+    s.emit(Action::PatchAnnotations {
+        op,
+        key: key.clone(),
+        uid,
+        set: diff,
+    });
+}

@@ -1,0 +1,70 @@
+//! Routing a cocoon call's outcome back to the step that asked for it.
+
+use crate::action::OpId;
+use crate::action::{Action, Counter, Level};
+use crate::event::CocoonOk;
+use crate::state::{OpOwner, State, Step};
+use crate::vm::{CocoonError, CocoonErrorKind};
+use crate::{create, delete, vmevents};
+
+pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
+    let Some(owner) = s.ops.remove(&op) else {
+        return;
+    };
+    match owner {
+        OpOwner::Vm { key } => {
+            let Some(e) = s.pods.get_mut(&key) else {
+                return;
+            };
+            let Some(busy) = e.busy.as_ref().filter(|b| b.op == Some(op)) else {
+                return;
+            };
+            let step = busy.step.clone();
+            s.touched.insert(key.clone());
+            match step {
+                Step::RemoveVm => delete::vm_removed(s, &key, result),
+                Step::Recover { .. }
+                | Step::Restart
+                | Step::InspectAfterRestart
+                | Step::RemoveForEvict { .. } => vmevents::step_done(s, &key, step, result),
+                _ => create::step_done(s, &key, step, result),
+            }
+        }
+        OpOwner::Detached { what } => detached(s, &what, result),
+        _ => {}
+    }
+}
+
+fn detached(s: &mut State, what: &str, result: Result<CocoonOk, CocoonError>) {
+    match result {
+        Ok(CocoonOk::StaleCreate { outcome }) => {
+            s.emit(Action::Count {
+                counter: Counter::StaleCreateReconcile {
+                    outcome: outcome.clone(),
+                },
+            });
+            s.emit(Action::Log {
+                level: Level::Info,
+                message: format!("{what}: {outcome}"),
+            });
+        }
+        Ok(_) => {}
+        Err(CocoonError {
+            kind: CocoonErrorKind::SnapshotNotFound | CocoonErrorKind::VmNotFound,
+            ..
+        }) => {}
+        Err(err) => {
+            if what.starts_with("stale-create") {
+                s.emit(Action::Count {
+                    counter: Counter::StaleCreateReconcile {
+                        outcome: "error".into(),
+                    },
+                });
+            }
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("{what} failed: {}", err.message),
+            });
+        }
+    }
+}

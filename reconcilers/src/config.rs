@@ -1,0 +1,62 @@
+//! The part of the daemon's configuration that decisions depend on. It is written into the
+//! journal header, so a replay decides with exactly the settings the run had.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrphanPolicy {
+    Destroy,
+    Alert,
+    Keep,
+}
+
+impl OrphanPolicy {
+    /// An unknown value behaves as `alert` (B8).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "destroy" => OrphanPolicy::Destroy,
+            "keep" => OrphanPolicy::Keep,
+            _ => OrphanPolicy::Alert,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestoreMode {
+    Copy,
+    Ondemand,
+    Mmap,
+}
+
+impl RestoreMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreMode::Copy => "copy",
+            RestoreMode::Ondemand => "ondemand",
+            RestoreMode::Mmap => "mmap",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub node_name: String,
+    pub node_ip: String,
+    pub orphan_policy: OrphanPolicy,
+    pub cpu_class: Option<String>,
+    pub restore_mode: RestoreMode,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_name: "cocoon-pool".into(),
+            node_ip: "127.0.0.1".into(),
+            orphan_policy: OrphanPolicy::Destroy,
+            cpu_class: None,
+            restore_mode: RestoreMode::Ondemand,
+        }
+    }
+}

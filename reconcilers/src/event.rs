@@ -1,0 +1,138 @@
+//! Every input of the core. The shell stamps each with a sequence number and the wall time it
+//! captured; nothing else about time or the world reaches a decision.
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{OpId, Timer};
+use crate::pod::{PodKey, PodView};
+use crate::status::PodStatus;
+use crate::time::Millis;
+use crate::vm::{CocoonError, VmRecord};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub seq: u64,
+    pub at: Millis,
+    pub event: Event,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum VmEventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One row of the cocoon-net lease file, already validated by the shell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Lowercase, colon-separated.
+    pub mac: String,
+    pub ip: String,
+    pub expiry: Millis,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CocoonOk {
+    Done,
+    Vm { vm: VmRecord },
+    Vms { vms: Vec<VmRecord> },
+    Snapshot { snapshot: SnapshotInfo },
+    StaleCreate { outcome: String },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub id: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hypervisor: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KubeErrorKind {
+    NotFound,
+    /// 409: the UID precondition failed or the object changed.
+    Conflict,
+    /// 422.
+    Invalid,
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeError {
+    pub kind: KubeErrorKind,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum KubeOk {
+    Done,
+    /// A status write answered with the pod's status as the server now holds it.
+    Status {
+        status: PodStatus,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The pod watcher started a (re)list: `Init`.
+    PodRelistBegin,
+    /// One pod of the relist: `InitApply`.
+    PodRelistItem {
+        pod: PodView,
+    },
+    /// The relist is complete: `InitDone`. A known pod not seen since the begin is gone.
+    PodRelistEnd,
+    PodApplied {
+        pod: PodView,
+    },
+    PodDeleted {
+        pod: PodView,
+    },
+    /// `cocoon vm list` completed.
+    VmListed {
+        vms: Vec<VmRecord>,
+    },
+    VmListFailed {
+        error: CocoonError,
+    },
+    VmStreamConnected,
+    VmStream {
+        kind: VmEventKind,
+        vm: VmRecord,
+    },
+    VmStreamClosed {
+        clean: bool,
+        error: Option<String>,
+    },
+    ProbeDone {
+        key: PodKey,
+        probe: u64,
+        ok: bool,
+        detail: String,
+    },
+    LeasesChanged {
+        leases: Vec<Lease>,
+    },
+    TimerFired {
+        timer: Timer,
+    },
+    CocoonDone {
+        op: OpId,
+        result: Result<CocoonOk, CocoonError>,
+    },
+    KubeDone {
+        op: OpId,
+        result: Result<KubeOk, KubeError>,
+    },
+    /// The node object is registered; pods may now be reported against it.
+    NodeRegistered,
+}

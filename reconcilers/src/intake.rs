@@ -1,0 +1,201 @@
+//! Pods coming and going (spec/behavior.md §2): the watch and its relist bracket, the choice
+//! of what a new pod needs, and collecting an entry once nothing is left to do for it.
+
+use crate::action::{Action, Counter, Level};
+use crate::pod::{PodKey, PodView};
+use crate::spec::Os;
+use crate::state::{PodEntry, State};
+use crate::{create, delete, lifecycle, probe};
+
+pub fn relist_begin(s: &mut State) {
+    s.relist.in_progress = true;
+    s.relist.seen.clear();
+}
+
+/// Known pods that the complete list no longer holds are gone (P4).
+pub fn relist_end(s: &mut State) {
+    s.relist.in_progress = false;
+    s.relist.complete_once = true;
+    let seen = std::mem::take(&mut s.relist.seen);
+    let missing: Vec<(PodKey, String)> = s
+        .pods
+        .iter()
+        .filter(|(k, e)| !seen.contains(*k) && !e.gone)
+        .map(|(k, e)| (k.clone(), e.pod.uid.clone()))
+        .collect();
+    s.tombstones.retain(|_, k| seen.contains(k));
+    for (key, uid) in missing {
+        pod_gone(s, &key, &uid);
+    }
+}
+
+pub fn pod_applied(s: &mut State, pod: PodView) {
+    if s.tombstones.contains_key(&pod.uid) {
+        return;
+    }
+    let key = pod.key();
+    let Some(e) = s.pods.get_mut(&key) else {
+        s.pods.insert(key.clone(), PodEntry::new(pod));
+        s.touched.insert(key.clone());
+        if s.started {
+            intake(s, &key);
+        }
+        return;
+    };
+    if e.pod.uid != pod.uid {
+        // A successor under the same name: the old incarnation is gone from the API.
+        let old_uid = e.pod.uid.clone();
+        e.successor = Some(pod);
+        pod_gone(s, &key, &old_uid);
+        return;
+    }
+    let changed = !e.pod.same_desired(&pod);
+    let starts_deleting = pod.deletion_timestamp.is_some() && !e.deleting;
+    e.pod = pod;
+    s.touched.insert(key.clone());
+    if !s.started || e.deleted_by_us {
+        return;
+    }
+    if starts_deleting {
+        delete::begin(s, &key);
+    } else if changed {
+        updated(s, &key);
+    }
+}
+
+/// UpdatePod: re-decode, follow a generation bump, and give a failed create a fresh start.
+fn updated(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let before = e.spec.clone();
+    e.spec = crate::spec::decode(&e.pod);
+    let spec_changed = before != e.spec;
+    lifecycle::follow_generation(s, key);
+    let Some(e) = s.pods.get_mut(key) else { return };
+    if spec_changed && e.vm.is_none() && e.busy.is_none() && e.failure.is_some() && !e.deleting {
+        e.attempts = 0;
+        e.permanent_failure = false;
+        e.failure = None;
+        intake(s, key);
+    }
+}
+
+/// Decide what a pod that vk does not run yet needs (P2, C1–C3).
+pub fn intake(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get(key) else { return };
+    if e.pod.deletion_timestamp.is_some() {
+        delete::begin(s, key);
+        return;
+    }
+    if e.pod.is_terminal() || e.vm.is_some() || e.busy.is_some() {
+        return;
+    }
+    let spec = match &e.spec {
+        Ok(spec) => spec.clone(),
+        Err(err) => {
+            let reason = if err.key == crate::keys::VM_NAME && err.message.starts_with("missing") {
+                "missing_vmname"
+            } else {
+                "invalid_spec"
+            };
+            let msg = err.to_string();
+            reject(s, key, msg, reason);
+            return;
+        }
+    };
+    if let Some(class) = &spec.cpu_class {
+        if s.config.cpu_class.as_deref() != Some(class.as_str()) {
+            let node = s.config.cpu_class.clone().unwrap_or_else(|| "none".into());
+            let msg = format!(
+                "pod requires snapshot cpu class {class:?}, node {} has {node:?}",
+                s.config.node_name
+            );
+            reject(s, key, msg, "snapshot_cpu_class_mismatch");
+            return;
+        }
+    }
+    if !spec.managed {
+        create::adopt_unmanaged(s, key, &spec);
+        return;
+    }
+    if spec.os == Os::Macos {
+        create::fail(
+            s,
+            key,
+            "macOS guests (the cocoon-macos backend) are not supported by this build".into(),
+        );
+        return;
+    }
+    if spec.hibernate {
+        // A hibernated pod without a VM stays Pending until the hibernate key is withdrawn.
+        return;
+    }
+    if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
+        create::adopt(s, key, record, "adopted");
+        return;
+    }
+    if spec.restore_from_hibernate {
+        create::fail(
+            s,
+            key,
+            "restore from hibernate is not supported by this build yet".into(),
+        );
+        return;
+    }
+    create::begin(s, key);
+}
+
+/// An input-validation reject (C1): counter and status only, no Event, no lifecycle write.
+fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.failure = Some(message.clone());
+    e.permanent_failure = true;
+    s.touched.insert(key.clone());
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "create".into(),
+            result: "failed".into(),
+            reason: reason.into(),
+        },
+    });
+    s.emit(Action::Log {
+        level: Level::Warn,
+        message: format!("pod {key}: rejected: {message}"),
+    });
+}
+
+/// The pod object is gone from the API (watch delete, or missing from a complete relist).
+pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
+    s.tombstones.remove(uid);
+    let Some(e) = s.pods.get_mut(key) else { return };
+    if e.pod.uid != uid || e.gone {
+        return;
+    }
+    e.gone = true;
+    s.touched.insert(key.clone());
+    probe::stop(s, key);
+    let e = &s.pods[key];
+    if e.deleted_by_us || !s.started {
+        return;
+    }
+    delete::begin(s, key);
+}
+
+/// Drops an entry once the pod is gone and nothing is in flight for it.
+pub fn collect(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get(key) else { return };
+    let idle = e.busy.is_none()
+        && e.status_op.is_none()
+        && e.annotations_op.is_none()
+        && e.delete_op.is_none()
+        && (e.vm.is_none() || e.vm.as_ref().is_some_and(|v| v.unmanaged) || !s.started);
+    if !(e.gone && idle) {
+        return;
+    }
+    let mut e = s.pods.remove(key).expect("present");
+    if let Some(vm) = e.vm.take() {
+        crate::create::unindex(s, key, &vm);
+    }
+    if let Some(next) = e.successor.take() {
+        pod_applied(s, next);
+    }
+}

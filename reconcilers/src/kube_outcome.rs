@@ -1,0 +1,131 @@
+//! Routing a Kubernetes write's outcome back to the pod that asked for it.
+
+use crate::action::{Action, Level, OpId, Timer};
+use crate::event::{KubeError, KubeErrorKind, KubeOk};
+use crate::pod::PodKey;
+use crate::state::{OpOwner, State};
+use crate::vmevents;
+
+const RETRY_FIRST_MS: u64 = 500;
+const RETRY_MAX_MS: u64 = 15_000;
+
+pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
+    let Some(owner) = s.ops.remove(&op) else {
+        return;
+    };
+    match owner {
+        OpOwner::Status { key } => {
+            let Some(e) = s.pods.get_mut(&key) else {
+                return;
+            };
+            if e.status_op != Some(op) {
+                return;
+            }
+            e.status_op = None;
+            s.touched.insert(key.clone());
+            match result {
+                Ok(KubeOk::Status { status }) => {
+                    let e = s.pods.get_mut(&key).expect("present");
+                    e.kube_failures = 0;
+                    e.pod.status = status;
+                    let desired = crate::status::derive(&s.config, &s.pods[&key]);
+                    let e = s.pods.get_mut(&key).expect("present");
+                    e.echo_mismatch = (desired != e.pod.status).then_some(desired);
+                }
+                Ok(KubeOk::Done) => {}
+                Err(err) => failed(s, &key, "status", err),
+            }
+        }
+        OpOwner::Annotations { key, set } => {
+            let Some(e) = s.pods.get_mut(&key) else {
+                return;
+            };
+            if e.annotations_op != Some(op) {
+                return;
+            }
+            e.annotations_op = None;
+            s.touched.insert(key.clone());
+            match result {
+                Ok(_) => {
+                    e.kube_failures = 0;
+                    for (k, v) in set {
+                        match v {
+                            Some(v) => e.pod.annotations.insert(k, v),
+                            None => e.pod.annotations.remove(&k),
+                        };
+                    }
+                }
+                Err(err) => failed(s, &key, "annotation patch", err),
+            }
+        }
+        OpOwner::Delete { key } => {
+            let Some(e) = s.pods.get_mut(&key) else {
+                return;
+            };
+            e.delete_op = None;
+            s.touched.insert(key.clone());
+            match result {
+                Ok(_)
+                | Err(KubeError {
+                    kind: KubeErrorKind::NotFound | KubeErrorKind::Conflict,
+                    ..
+                }) => {
+                    e.deleted_by_us = true;
+                    e.gone = true;
+                    let uid = e.pod.uid.clone();
+                    s.tombstones.insert(uid, key.clone());
+                }
+                Err(err) => failed(s, &key, "pod delete", err),
+            }
+        }
+        OpOwner::Evict {
+            key,
+            reason,
+            message,
+        } => {
+            let ok = matches!(
+                result,
+                Ok(_)
+                    | Err(KubeError {
+                        kind: KubeErrorKind::NotFound,
+                        ..
+                    })
+            );
+            s.touched.insert(key.clone());
+            vmevents::evicted(s, &key, reason, message, ok);
+        }
+        OpOwner::Vm { .. } | OpOwner::Detached { .. } => {}
+    }
+}
+
+/// 404/409/422 mean the incarnation was superseded: drop the write. Anything else is retried
+/// with backoff; the declarative sync re-derives what to write when the timer fires.
+fn failed(s: &mut State, key: &PodKey, what: &str, err: KubeError) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    match err.kind {
+        KubeErrorKind::NotFound | KubeErrorKind::Conflict | KubeErrorKind::Invalid => {
+            e.superseded = true;
+            s.emit(Action::Log {
+                level: Level::Info,
+                message: format!("pod {key}: {what} dropped, pod superseded: {}", err.message),
+            });
+        }
+        KubeErrorKind::Other => {
+            e.kube_failures += 1;
+            e.kube_backoff = true;
+            let after_ms = (RETRY_FIRST_MS << (e.kube_failures - 1).min(8)).min(RETRY_MAX_MS);
+            let uid = e.pod.uid.clone();
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("pod {key}: {what} failed, retrying: {}", err.message),
+            });
+            s.emit(Action::ArmTimer {
+                timer: Timer::KubeRetry {
+                    key: key.clone(),
+                    uid,
+                },
+                after_ms,
+            });
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Readiness probing (spec/behavior.md §6). The shell runs one probe per `Action::Probe`; the
+//! schedule and the debounce are decided here, so a replay reproduces every flip.
+
+use crate::action::{Action, ProbeCheck, ProbeTarget};
+use crate::leases;
+use crate::pod::PodKey;
+use crate::spec::Os;
+use crate::state::State;
+
+const FIRST_BACKOFF_MS: u64 = 100;
+const MAX_BACKOFF_MS: u64 = 1000;
+const READY_INTERVAL_MS: u64 = 5000;
+const FAILURES_TO_FLIP: u32 = 3;
+
+/// Starts (or replaces) the pod's probe agent; the first probe runs at once (R2).
+pub fn start(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.probe.active = true;
+    e.probe.failures = 0;
+    e.probe.backoff_ms = FIRST_BACKOFF_MS;
+    schedule(s, key, 0);
+}
+
+pub fn stop(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    if e.probe.active {
+        e.probe.active = false;
+        e.probe.ready = false;
+        e.probe.seq += 1;
+        s.emit(Action::StopProbe { key: key.clone() });
+    }
+}
+
+fn schedule(s: &mut State, key: &PodKey, after_ms: u64) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Some(vm) = &e.vm else { return };
+    let port = e.spec.as_ref().ok().and_then(|sp| sp.probe_port);
+    let macos = e.spec.as_ref().is_ok_and(|sp| sp.os == Os::Macos);
+    let check = match (port, macos) {
+        (Some(port), _) => ProbeCheck::Tcp { port },
+        (None, true) => ProbeCheck::SshBanner,
+        (None, false) => ProbeCheck::Icmp,
+    };
+    let target = ProbeTarget {
+        ip: vm.ip.clone(),
+        check,
+    };
+    e.probe.seq += 1;
+    let probe = e.probe.seq;
+    s.emit(Action::Probe {
+        key: key.clone(),
+        probe,
+        target,
+        after_ms,
+    });
+}
+
+/// R4 debounce: one success makes a pod ready; three consecutive failures make it not ready.
+pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
+    let now = s.now;
+    let Some(e) = s.pods.get_mut(key) else { return };
+    if !e.probe.active || seq != e.probe.seq {
+        return;
+    }
+    let p = &mut e.probe;
+    let was_ready = p.ready;
+    let next = if ok {
+        p.failures = 0;
+        p.ready = true;
+        READY_INTERVAL_MS
+    } else if p.ready {
+        p.failures += 1;
+        if p.failures >= FAILURES_TO_FLIP {
+            p.ready = false;
+            p.failures = 0;
+            p.backoff_ms = FIRST_BACKOFF_MS * 3 / 2;
+            FIRST_BACKOFF_MS
+        } else {
+            READY_INTERVAL_MS
+        }
+    } else {
+        let wait = p.backoff_ms.max(FIRST_BACKOFF_MS);
+        p.backoff_ms = (wait * 3 / 2).min(MAX_BACKOFF_MS);
+        wait
+    };
+    if p.ready != was_ready {
+        e.ready_changed_at = Some(now);
+        s.touched.insert(key.clone());
+    }
+    // R6: every tick re-resolves a DHCP VM's IP; the tracked IP is only a cache.
+    leases::refresh_ip(s, key);
+    schedule(s, key, next);
+}

@@ -1,0 +1,59 @@
+//! The one entry point: an event in, the actions it causes out. After the handler runs, every
+//! pod it touched has its desired status and annotations compared with what the server holds,
+//! so each handler only changes state and never has to remember to publish.
+
+use crate::action::Action;
+use crate::event::{Envelope, Event};
+use crate::state::State;
+use crate::{
+    annotations, cocoon_outcome, intake, kube_outcome, leases, probe, startup, status, timers,
+    vmevents,
+};
+
+pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
+    state.now = envelope.at;
+    match envelope.event {
+        Event::PodRelistBegin => intake::relist_begin(state),
+        Event::PodRelistItem { pod } => {
+            state.relist.seen.insert(pod.key());
+            intake::pod_applied(state, pod);
+        }
+        Event::PodRelistEnd => {
+            intake::relist_end(state);
+            startup::try_start(state);
+        }
+        Event::PodApplied { pod } => intake::pod_applied(state, pod),
+        Event::PodDeleted { pod } => intake::pod_gone(state, &pod.key(), &pod.uid),
+        Event::VmListed { vms } => {
+            if state.inventory.is_none() {
+                state.inventory = Some(vms);
+                startup::try_start(state);
+            }
+        }
+        Event::VmListFailed { error } => state.emit(Action::Log {
+            level: crate::action::Level::Error,
+            message: format!("cocoon vm list failed: {}", error.message),
+        }),
+        Event::VmStreamConnected => {}
+        Event::VmStream { kind, vm } => vmevents::stream_event(state, kind, vm),
+        Event::VmStreamClosed { clean, .. } => vmevents::stream_closed(state, clean),
+        Event::ProbeDone {
+            key,
+            probe: seq,
+            ok,
+            detail,
+        } => probe::done(state, &key, seq, ok, &detail),
+        Event::LeasesChanged { leases: table } => leases::changed(state, table),
+        Event::TimerFired { timer } => timers::fired(state, timer),
+        Event::CocoonDone { op, result } => cocoon_outcome::done(state, op, result),
+        Event::KubeDone { op, result } => kube_outcome::done(state, op, result),
+        Event::NodeRegistered => {}
+    }
+    let touched = std::mem::take(&mut state.touched);
+    for key in &touched {
+        status::sync(state, key);
+        annotations::sync(state, key);
+        intake::collect(state, key);
+    }
+    std::mem::take(&mut state.out)
+}

@@ -1,0 +1,144 @@
+//! Startup reconcile (spec/behavior.md §9): once both the pod relist and `cocoon vm list` are
+//! complete — never before — adopt by id, then by name, and apply the orphan policy.
+
+use std::collections::BTreeSet;
+
+use crate::action::{Action, Counter, Level};
+use crate::cocoon::CocoonCmd;
+use crate::config::OrphanPolicy;
+use crate::keys;
+use crate::pod::PodKey;
+use crate::state::{OpOwner, State};
+use crate::{create, intake};
+
+pub fn try_start(s: &mut State) {
+    if s.started || !s.relist.complete_once {
+        return;
+    }
+    let Some(vms) = s.inventory.clone() else {
+        return;
+    };
+    // B2: a pod on this node that needs a CPU class the node lacks is fatal.
+    for (key, e) in &s.pods {
+        if e.pod.is_terminal() {
+            continue;
+        }
+        if let Ok(spec) = &e.spec {
+            if let Some(class) = &spec.cpu_class {
+                if s.config.cpu_class.as_deref() != Some(class.as_str()) {
+                    let message = format!(
+                        "pod {key} requires snapshot cpu class {class:?} but this node's class is {:?}; refusing to register",
+                        s.config.cpu_class
+                    );
+                    s.emit(Action::Fatal { message });
+                    return;
+                }
+            }
+        }
+    }
+    s.started = true;
+    let mut claimed: BTreeSet<String> = BTreeSet::new();
+    let keys: Vec<PodKey> = s.pods.keys().cloned().collect();
+    for key in &keys {
+        let e = &s.pods[key];
+        if e.pod.is_terminal() || e.pod.deletion_timestamp.is_some() {
+            intake::intake(s, key);
+            continue;
+        }
+        let Ok(spec) = e.spec.clone() else {
+            intake::intake(s, key);
+            continue;
+        };
+        if !spec.managed {
+            intake::intake(s, key);
+            continue;
+        }
+        let id = e
+            .pod
+            .annotation(keys::VM_ID)
+            .map(str::to_string)
+            .filter(|i| !i.is_empty());
+        let by_id = id
+            .as_ref()
+            .and_then(|id| vms.iter().find(|v| &v.id == id && !claimed.contains(&v.id)));
+        let by_name = || {
+            vms.iter()
+                .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id))
+        };
+        if let Some(vm) = by_id {
+            claimed.insert(vm.id.clone());
+            create::resume(s, key, vm.clone());
+        } else if let Some(vm) = by_name() {
+            claimed.insert(vm.id.clone());
+            s.emit(Action::Count {
+                counter: Counter::ReconcileAdoptByName,
+            });
+            create::resume(s, key, vm.clone());
+        } else {
+            if let Some(id) = id {
+                s.emit(Action::Log {
+                    level: Level::Warn,
+                    message: format!(
+                        "pod {key}: VM {id} is not in the runtime list; it will be recreated"
+                    ),
+                });
+            }
+            intake::intake(s, key);
+        }
+    }
+    for vm in vms.iter().filter(|v| !claimed.contains(&v.id)) {
+        orphan(s, vm);
+    }
+    s.emit(Action::RegisterNode);
+}
+
+/// A VM no pod claims (B8). A `creating` placeholder goes through stale-create (B3) instead:
+/// it may belong to a create that is still running.
+fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
+    if vm.state == "creating" {
+        let op = s.new_op(OpOwner::Detached {
+            what: format!("stale-create {}", vm.id),
+        });
+        s.emit(Action::Cocoon {
+            op,
+            key: None,
+            cmd: CocoonCmd::ReconcileStaleCreate { id: vm.id.clone() },
+        });
+        return;
+    }
+    match s.config.orphan_policy {
+        OrphanPolicy::Destroy => {
+            s.emit(Action::Log {
+                level: Level::Info,
+                message: format!(
+                    "orphan VM {} ({}) has no pod: removing it (VK_ORPHAN_POLICY=destroy)",
+                    vm.name, vm.id
+                ),
+            });
+            let op = s.new_op(OpOwner::Detached {
+                what: format!("remove orphan VM {}", vm.id),
+            });
+            s.emit(Action::Cocoon {
+                op,
+                key: None,
+                cmd: CocoonCmd::VmRm { id: vm.id.clone() },
+            });
+        }
+        OrphanPolicy::Alert => {
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "orphan VM {} ({}) has no pod: leaving it (VK_ORPHAN_POLICY=alert)",
+                    vm.name, vm.id
+                ),
+            });
+            s.emit(Action::Count {
+                counter: Counter::OrphanVm,
+            });
+            s.unclaimed.insert(vm.name.clone(), vm.clone());
+        }
+        OrphanPolicy::Keep => {
+            s.unclaimed.insert(vm.name.clone(), vm.clone());
+        }
+    }
+}
