@@ -272,10 +272,28 @@ fn has_marker(pid: i32, run: &Path) -> bool {
     env.split(|&b| b == 0).any(|kv| kv == want.as_bytes())
 }
 
-/// Live processes that belong to the run `run`, with their command lines.
+/// This process and its ancestors: a shell or tool that inherited a run's marker must never
+/// be killed by the teardown it runs itself.
+fn self_and_ancestors() -> Vec<i32> {
+    let mut v = vec![std::process::id() as i32];
+    while let Some(ppid) =
+        stat_fields(*v.last().unwrap()).and_then(|f| f.get(1)?.parse::<i32>().ok())
+    {
+        if ppid <= 1 || v.contains(&ppid) {
+            break;
+        }
+        v.push(ppid);
+    }
+    v
+}
+
+/// Live processes that belong to the run `run`, with their command lines (never this process
+/// or its ancestors).
 pub fn processes_of(run: &Path) -> Vec<(i32, String)> {
+    let me = self_and_ancestors();
     all_pids()
         .into_iter()
+        .filter(|p| !me.contains(p))
         .filter(|&p| has_marker(p, run))
         .filter(|&p| stat_fields(p).is_some_and(|f| f[0] != "Z"))
         .map(|p| {
@@ -324,7 +342,15 @@ pub fn teardown_dir(run: &Path) {
         .lines()
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .collect();
+    let me = self_and_ancestors();
+    let my_groups: Vec<i32> = me
+        .iter()
+        .filter_map(|&p| stat_fields(p)?.get(2)?.parse().ok())
+        .collect();
     for pgid in recorded.into_iter().rev() {
+        if my_groups.contains(&pgid) {
+            continue;
+        }
         if group_members(pgid).iter().any(|&p| has_marker(p, run)) {
             stop_group(pgid, &mut || {});
         }
@@ -337,7 +363,7 @@ pub fn teardown_dir(run: &Path) {
         }
         for (pid, _) in left {
             if let Some(pgid) = stat_fields(pid).and_then(|f| f.get(2)?.parse::<i32>().ok()) {
-                if pgid > 1 {
+                if pgid > 1 && !my_groups.contains(&pgid) {
                     stop_group(pgid, &mut || {});
                 }
             }

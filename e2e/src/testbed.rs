@@ -204,8 +204,10 @@ impl Testbed {
 
     /// `KEY=value` pairs describing the testbed, for `testbed up` and humans.
     pub fn summary(&self) -> Vec<(String, String)> {
+        // Not the marker variable: a shell that evals these exports would otherwise mark itself,
+        // and every command run from it, as part of the run, and `testbed down` would kill them.
         let mut v = vec![(
-            "VK_COCOON_TESTBED_RUN".to_string(),
+            "TESTBED_RUN_DIR".to_string(),
             self.run_dir().display().to_string(),
         )];
         if let Ok(k) = self.kubeconfig() {

@@ -37,11 +37,16 @@ async fn up() -> Result<()> {
     let opts =
         TestbedOptions::all().with_prometheus(vec![ScrapeJob::new("vk-cocoon", "127.0.0.1:9091")]);
     let tb = Testbed::start(opts).await?;
-    let lines: String = tb
+    let mut lines: String = tb
         .summary()
         .into_iter()
         .map(|(k, v)| format!("export {k}={v}\n"))
         .collect();
+    // The image's /usr/bin/kubectl is v1.32; the shell that evals this must find v1.37 first.
+    lines.push_str(&format!(
+        "export PATH={}:$PATH\n",
+        e2e::bins::cache_bin_dir().display()
+    ));
     std::fs::write(tb.run_dir().join(ENV_FILE), &lines)?;
     let run = tb.detach()?;
     print_env(&run);

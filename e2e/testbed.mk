@@ -1,0 +1,33 @@
+# e2e testbed targets, included by the top-level Makefile.
+#   make deps            build kube-apiserver, kubectl, etcd, registry (cached in ~/.cache/vk-cocoon)
+#   make testbed-up      start the testbed in the background and print its exports:
+#                          eval "$$(make -s testbed-up)"
+#   make testbed-status  list testbed runs and their processes
+#   make testbed-down    stop and remove everything testbed-up started
+
+E2E_TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+TESTBED_BIN := $(E2E_TARGET_DIR)/debug/testbed
+
+.PHONY: deps testbed-deps testbed-build testbed-up testbed-down testbed-status
+
+# A prerequisite-only rule, so the top-level Makefile may still give `deps` its own recipe.
+deps: testbed-deps
+
+testbed-deps:
+	@bash e2e/scripts/build-deps.sh >&2
+
+testbed-build:
+	@cargo build -j2 -p vk-cocoon-e2e -p cocoon-sim --bins >&2
+
+testbed-up: testbed-deps testbed-build
+	@$(TESTBED_BIN) up
+
+testbed-status:
+	@test -x $(TESTBED_BIN) || cargo build -j2 -p vk-cocoon-e2e --bin testbed >&2
+	@$(TESTBED_BIN) status
+
+# Uses the binary already built when there is one: tearing down must not depend on the tree
+# compiling.
+testbed-down:
+	@test -x $(TESTBED_BIN) || cargo build -j2 -p vk-cocoon-e2e --bin testbed >&2
+	@$(TESTBED_BIN) down
