@@ -1,0 +1,142 @@
+//! `sim cleanup`: take back every host resource this root created (guests, netns, veths, the
+//! shared bridge once unused, cgroup scopes, address claims). With `--all-leftovers` also
+//! whatever a killed earlier run left behind, but never what another live root still owns.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::cgroup;
+use crate::config::Env;
+use crate::error::Result;
+use crate::guest;
+use crate::ipam;
+use crate::lock;
+use crate::netns;
+use crate::output::log;
+use crate::store::Store;
+use crate::vmnet;
+
+struct GuestProc {
+    pid: i32,
+    id: String,
+    control: PathBuf,
+}
+
+impl GuestProc {
+    /// `<root>/vms/<ID>/guest.json` → `<root>`.
+    fn root(&self) -> Option<PathBuf> {
+        Some(self.control.parent()?.parent()?.parent()?.to_path_buf())
+    }
+}
+
+fn guest_procs() -> Vec<GuestProc> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let raw = fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = raw
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let at = args.iter().position(|a| a == "guest")?;
+            if at == 0 || args[at - 1] != "sim" {
+                return None;
+            }
+            let val = |flag: &str| {
+                let i = args.iter().position(|a| a == flag)?;
+                args.get(i + 1).cloned()
+            };
+            Some(GuestProc {
+                pid,
+                id: val("--id")?,
+                control: PathBuf::from(val("--control")?),
+            })
+        })
+        .collect()
+}
+
+pub fn cleanup(env: &Env, all_leftovers: bool) -> Result<()> {
+    let store = Store::new(&env.root);
+    let vms = store
+        .read(|db| Ok(db.vms.values().cloned().collect::<Vec<_>>()))
+        .unwrap_or_default();
+    let mut ids: BTreeSet<String> = vms.iter().map(|v| v.id.clone()).collect();
+    for p in guest_procs() {
+        let ours = p.root().is_some_and(|r| r == env.root);
+        let orphan = all_leftovers && !p.root().is_some_and(|r| r.join("vms").join(&p.id).is_dir());
+        if ours || orphan {
+            guest::kill(p.pid, &p.id, true);
+            if ours {
+                ids.insert(p.id.clone());
+            }
+        }
+    }
+    for vm in &vms {
+        guest::kill(vm.sim.pid, &vm.id, true);
+        cgroup::remove_scope(&vm.sim.cgroup);
+    }
+    if let Some(parent) = cgroup::parent_dir(env) {
+        for id in &ids {
+            cgroup::remove_scope(&parent.join(format!("vm-{id}.scope")).display().to_string());
+        }
+    }
+    let _l = lock::exclusive(&ipam::net_lock(env))?;
+    for c in ipam::claims(env) {
+        if c.root == env.root {
+            ids.insert(c.id.clone());
+            ipam::release(env, &c.ip, &c.id);
+        } else if all_leftovers && !c.owner_alive() {
+            netns::teardown(&netns::netns_name(&c.id), &netns::veth_name(&c.id));
+            ipam::release(env, &c.ip, &c.id);
+        }
+    }
+    for id in &ids {
+        if id.len() >= 8 {
+            netns::teardown(&netns::netns_name(id), &netns::veth_name(id));
+        }
+    }
+    if all_leftovers {
+        remove_unowned_links(env);
+    }
+    vmnet::maybe_drop_bridge(env);
+    cgroup::remove_parent_if_empty(env);
+    log(
+        "sim.cleanup",
+        format!("cleaned {} VM(s) under {}", ids.len(), env.root.display()),
+    );
+    Ok(())
+}
+
+/// vksim- namespaces and vks* links whose VM is not claimed by any live root.
+fn remove_unowned_links(env: &Env) {
+    let live: BTreeSet<String> = ipam::claims(env)
+        .into_iter()
+        .filter(|c| c.owner_alive())
+        .map(|c| c.id)
+        .collect();
+    for ns in netns::list_netns() {
+        if let Some(id) = ns.strip_prefix(netns::NETNS_PREFIX) {
+            if !live.contains(id) {
+                netns::teardown(&ns, "");
+            }
+        }
+    }
+    let live_veths: BTreeSet<String> = live
+        .iter()
+        .filter(|i| i.len() >= 8)
+        .map(|i| netns::veth_name(i))
+        .collect();
+    for link in netns::list_links() {
+        if link.starts_with(netns::LINK_PREFIX)
+            && link != netns::BRIDGE
+            && !live_veths.contains(&link)
+        {
+            netns::teardown("", &link);
+        }
+    }
+    let _ = Path::new("");
+}

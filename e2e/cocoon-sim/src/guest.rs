@@ -1,0 +1,331 @@
+//! A "VM" is a real long-lived process: this binary re-executed as `cocoon sim guest`. It
+//! enters the VM's netns, opens the guest's TCP ports after the boot delay, answers SSH and
+//! HTTP, and plays the guest's DHCP client by writing its lease after the lease delay.
+//! The CLI steers it through `<root>/vms/<ID>/guest.json`, which it polls.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Env;
+use crate::error::{fail, Result};
+use crate::model::StoredVm;
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Control {
+    pub id: String,
+    pub name: String,
+    pub ip: String,
+    /// Empty in loopback mode: the guest then binds its 127.x address on the host.
+    pub netns: String,
+    pub ports: Vec<u16>,
+    pub boot_ms: u64,
+    pub dhcp: bool,
+    pub lease_mac: String,
+    pub lease_delay_ms: u64,
+    pub withhold: bool,
+    pub leases_path: String,
+}
+
+pub fn control_path(env: &Env, id: &str) -> PathBuf {
+    env.vm_state_dir(id).join("guest.json")
+}
+
+pub fn lease_mac(vm: &StoredVm) -> String {
+    if !vm.sim.lease.mac.is_empty() {
+        return vm.sim.lease.mac.clone();
+    }
+    if !vm.sim.guest_mac.is_empty() {
+        return vm.sim.guest_mac.clone();
+    }
+    vm.network_configs
+        .first()
+        .map(|n| n.mac.clone())
+        .unwrap_or_default()
+}
+
+pub fn control_for(env: &Env, vm: &StoredVm) -> Control {
+    let lease = &vm.sim.lease;
+    Control {
+        id: vm.id.clone(),
+        name: vm.config.name.clone(),
+        ip: vm.sim.ip.clone(),
+        netns: vm.sim.netns.clone(),
+        ports: vm.sim.ports.clone(),
+        boot_ms: env.boot_ms,
+        dhcp: vm
+            .network_configs
+            .first()
+            .is_some_and(|n| n.network.is_none()),
+        lease_mac: lease_mac(vm),
+        lease_delay_ms: lease.delay_ms.unwrap_or(env.lease_delay_ms),
+        withhold: lease.withhold || (lease.until_renew && !lease.renewed),
+        leases_path: env.leases.display().to_string(),
+    }
+}
+
+pub fn write_control(env: &Env, vm: &StoredVm) -> Result<()> {
+    let c = control_for(env, vm);
+    crate::lock::write_atomic(&control_path(env, &vm.id), &serde_json::to_vec_pretty(&c)?)?;
+    Ok(())
+}
+
+/// Alive = the PID exists, is not a zombie, and is our guest for this VM (PIDs get reused).
+pub fn is_alive(pid: i32, id: &str) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, r)| r.trim_start().chars().next());
+    if matches!(state, Some('Z') | Some('X') | None) {
+        return false;
+    }
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    args.contains(&b"guest".as_slice()) && args.contains(&id.as_bytes())
+}
+
+fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: plain kill(2); pid was verified to be our guest just before.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// SIGTERM (or SIGKILL when `hard`), wait for the exit, escalate if it lingers.
+pub fn kill(pid: i32, id: &str, hard: bool) {
+    if !is_alive(pid, id) {
+        return;
+    }
+    signal(pid, if hard { libc::SIGKILL } else { libc::SIGTERM });
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while is_alive(pid, id) {
+        if Instant::now() > deadline {
+            signal(pid, libc::SIGKILL);
+            std::thread::sleep(Duration::from_millis(50));
+            if !is_alive(pid, id) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts the guest detached (own session, stdio to the VM log, optionally in its cgroup
+/// scope from the first instruction) and returns its PID. No shell is involved.
+pub fn spawn(env: &Env, vm: &StoredVm) -> Result<i32> {
+    write_control(env, vm)?;
+    let log_path = vm.log_file();
+    if let Some(dir) = Path::new(&log_path).parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let control = control_path(env, &vm.id);
+    let procs = (!vm.sim.cgroup.is_empty())
+        .then(|| CString::new(format!("{}/cgroup.procs", vm.sim.cgroup)).ok())
+        .flatten();
+    let mut cmd = Command::new(exe);
+    cmd.arg("sim")
+        .arg("guest")
+        .arg("--id")
+        .arg(&vm.id)
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: only async-signal-safe calls (setsid, open, write, close) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            if let Some(p) = &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    let pid = child.id() as i32;
+    let pid_file = format!(
+        "{}/{}",
+        vm.sim.run_dir,
+        if vm.hypervisor == crate::model::FC {
+            "fc.pid"
+        } else {
+            "ch.pid"
+        }
+    );
+    let _ = fs::write(pid_file, format!("{pid}\n"));
+    Ok(pid)
+}
+
+// ---- the guest process itself ----
+
+fn say(id: &str, msg: impl std::fmt::Display) {
+    let ts = crate::timefmt::rfc3339_nano(crate::timefmt::now_ns());
+    eprintln!("{ts} guest {id}: {msg}");
+}
+
+fn serve(mut s: TcpStream, port: u16, name: String) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    if port == 22 {
+        let _ = s.write_all(b"SSH-2.0-cocoon-sim\r\n");
+        let mut sink = [0u8; 512];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).unwrap_or(0);
+    let head = &buf[..n];
+    let is_http = ["GET ", "HEAD ", "POST ", "PUT ", "OPTIONS "]
+        .iter()
+        .any(|m| head.starts_with(m.as_bytes()));
+    if is_http {
+        let body = format!("cocoon-sim {name}\n");
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = s.write_all(resp.as_bytes());
+    }
+}
+
+fn listen(l: TcpListener, port: u16, name: String, stop: Arc<AtomicBool>) {
+    let _ = l.set_nonblocking(true);
+    while !stop.load(Ordering::Relaxed) {
+        match l.accept() {
+            Ok((s, _)) => {
+                let name = name.clone();
+                std::thread::spawn(move || serve(s, port, name));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn read_control(path: &Path) -> Option<Control> {
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
+}
+
+pub fn run(id: &str, control_file: &Path) -> Result<()> {
+    let Some(mut ctl) = read_control(control_file) else {
+        return fail(format!(
+            "guest {id}: no control file {}",
+            control_file.display()
+        ));
+    };
+    if !ctl.netns.is_empty() {
+        crate::netns::enter(&ctl.netns)
+            .map_err(|e| crate::error::Error::Msg(format!("enter netns {}: {e}", ctl.netns)))?;
+    }
+    say(
+        id,
+        format!(
+            "booting {} ip={} pid={}",
+            ctl.name,
+            ctl.ip,
+            std::process::id()
+        ),
+    );
+    let vm_dir = control_file
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
+    let booted = Instant::now();
+    let mut open: BTreeMap<u16, Arc<AtomicBool>> = BTreeMap::new();
+    let mut last_bind_try = Instant::now() - Duration::from_secs(10);
+    let mut leased: Option<String> = None;
+    let mut wanted: Option<(String, Instant)> = None;
+    let mut announced = false;
+    loop {
+        // The VM dir vanishes with rm/cleanup: never outlive our own record.
+        if !vm_dir.is_dir() {
+            say(id, "vm dir gone, powering off");
+            return Ok(());
+        }
+        if let Some(c) = read_control(control_file) {
+            ctl = c;
+        }
+        if booted.elapsed() >= Duration::from_millis(ctl.boot_ms) {
+            if !announced {
+                say(id, "boot complete");
+                announced = true;
+            }
+            open.retain(|port, stop| {
+                let keep = ctl.ports.contains(port);
+                if !keep {
+                    stop.store(true, Ordering::Relaxed);
+                    say(id, format!("closed port {port}"));
+                }
+                keep
+            });
+            let missing: Vec<u16> = ctl
+                .ports
+                .iter()
+                .copied()
+                .filter(|p| !open.contains_key(p))
+                .collect();
+            if !missing.is_empty() && last_bind_try.elapsed() >= Duration::from_millis(500) {
+                last_bind_try = Instant::now();
+                let host = if ctl.netns.is_empty() {
+                    ctl.ip.as_str()
+                } else {
+                    "0.0.0.0"
+                };
+                for port in missing {
+                    match TcpListener::bind((host, port)) {
+                        Ok(l) => {
+                            let stop = Arc::new(AtomicBool::new(false));
+                            let (name, s2) = (ctl.name.clone(), stop.clone());
+                            std::thread::spawn(move || listen(l, port, name, s2));
+                            open.insert(port, stop);
+                            say(id, format!("listening on {host}:{port}"));
+                        }
+                        Err(e) => say(id, format!("bind {host}:{port}: {e}")),
+                    }
+                }
+            }
+        }
+        let want =
+            (ctl.dhcp && !ctl.withhold && !ctl.lease_mac.is_empty()).then(|| ctl.lease_mac.clone());
+        if want.as_ref() != wanted.as_ref().map(|w| &w.0) {
+            wanted = want.map(|m| (m, Instant::now()));
+        }
+        if let Some((mac, since)) = &wanted {
+            let due = since.elapsed() >= Duration::from_millis(ctl.lease_delay_ms);
+            if due && leased.as_ref() != Some(mac) {
+                match crate::leases::grant(Path::new(&ctl.leases_path), mac, &ctl.ip) {
+                    Ok(()) => {
+                        say(id, format!("dhcp lease {} for {mac}", ctl.ip));
+                        leased = Some(mac.clone());
+                    }
+                    Err(e) => say(id, format!("dhcp lease write failed: {e}")),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

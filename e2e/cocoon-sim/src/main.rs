@@ -1,0 +1,169 @@
+//! `cocoon` — a simulator of the cocoon MicroVM CLI for vk-cocoon's tests. See README.md.
+
+mod cgroup;
+mod cleanup;
+mod cli;
+mod config;
+mod error;
+mod events;
+mod faults;
+mod guest;
+mod ids;
+mod images;
+mod ipam;
+mod leases;
+mod lock;
+mod model;
+mod names;
+mod netns;
+mod output;
+mod sim;
+mod snapshot;
+mod store;
+mod timefmt;
+mod vm;
+mod vm_ops;
+mod vmnet;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::Parser;
+
+use cli::{Cli, Cmd};
+use error::{Error, Result};
+
+/// Cobra's wording for argv mistakes, so clients that substring-match see cocoon's texts.
+fn cobra_text(e: &clap::Error, argv: &[String]) -> String {
+    let ctx = |k: ContextKind| match e.get(k) {
+        Some(ContextValue::String(s)) => s.clone(),
+        Some(ContextValue::Strings(v)) => v.first().cloned().unwrap_or_default(),
+        _ => String::new(),
+    };
+    match e.kind() {
+        ErrorKind::UnknownArgument => {
+            let arg = ctx(ContextKind::InvalidArg);
+            let flag = arg.split('=').next().unwrap_or(&arg).to_string();
+            if let Some(short) = flag.strip_prefix('-').filter(|s| !s.starts_with('-')) {
+                let c = short.chars().next().unwrap_or('?');
+                format!("unknown shorthand flag: '{c}' in {flag}")
+            } else if flag.starts_with("--") {
+                format!("unknown flag: {flag}")
+            } else {
+                format!(
+                    "unknown command {flag:?} for \"{}\"",
+                    parent_path(argv, &flag)
+                )
+            }
+        }
+        ErrorKind::InvalidSubcommand => {
+            let sub = ctx(ContextKind::InvalidSubcommand);
+            format!(
+                "unknown command {sub:?} for \"{}\"",
+                parent_path(argv, &sub)
+            )
+        }
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+            let arg = ctx(ContextKind::InvalidArg);
+            let flag = arg.split_whitespace().next().unwrap_or(&arg).to_string();
+            let value = ctx(ContextKind::InvalidValue);
+            if value.is_empty() {
+                format!("flag needs an argument: {flag}")
+            } else {
+                format!("invalid argument {value:?} for {flag:?} flag: strconv.ParseInt: parsing {value:?}: invalid syntax")
+            }
+        }
+        _ => e
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or("usage error")
+            .trim_start_matches("error: ")
+            .to_string(),
+    }
+}
+
+/// "cocoon vm" for `cocoon vm frobnicate`: the words before the unknown one, flags skipped.
+fn parent_path(argv: &[String], unknown: &str) -> String {
+    let mut words = vec!["cocoon".to_string()];
+    for a in argv.iter().skip(1) {
+        if a == unknown {
+            break;
+        }
+        if !a.starts_with('-') {
+            words.push(a.clone());
+        }
+    }
+    words.join(" ")
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    let flags = config::DirFlags {
+        root_dir: cli.global.root_dir.clone(),
+        run_dir: cli.global.run_dir.clone(),
+        log_dir: cli.global.log_dir.clone(),
+    };
+    let Some(cmd) = cli.cmd else {
+        return Err(Error::Exit(help_and_exit()));
+    };
+    if let Cmd::Sim(cli::SimCmd::Guest { id, control }) = &cmd {
+        return guest::run(id, std::path::Path::new(control));
+    }
+    let env = config::Env::load(&flags)?;
+    match cmd {
+        Cmd::Vm(c) => vm::dispatch(&env, c),
+        Cmd::Snapshot(c) => snapshot::dispatch(&env, c),
+        Cmd::Image(c) => images::dispatch(&env, c),
+        Cmd::Sim(c) => sim::dispatch(&env, c),
+    }
+}
+
+fn help_and_exit() -> i32 {
+    use clap::CommandFactory;
+    let _ = Cli::command().print_help();
+    0
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(c) => c,
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            | ErrorKind::MissingSubcommand => {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            _ => {
+                eprintln!("Error: {}", cobra_text(&e, &argv));
+                std::process::exit(1);
+            }
+        },
+    };
+    match dispatch(cli) {
+        Ok(()) => {}
+        Err(Error::Exit(code)) => std::process::exit(code),
+        Err(Error::Msg(m)) => {
+            eprintln!("Error: {m}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Cobra's positional-count checks.
+pub fn exact_args(args: &[String], n: usize) -> Result<()> {
+    if args.len() != n {
+        return error::fail(format!("accepts {n} arg(s), received {}", args.len()));
+    }
+    Ok(())
+}
+
+pub fn min_args(args: &[String], n: usize) -> Result<()> {
+    if args.len() < n {
+        return error::fail(format!(
+            "requires at least {n} arg(s), only received {}",
+            args.len()
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Argument rules cocoon applies before doing anything: sizes, VM names, default names.
+
+use crate::error::{fail, Result};
+
+/// docker/go-units `RAMInBytes`: binary multiples, optional `i`/`b` suffix, plain byte counts.
+pub fn ram_in_bytes(s: &str) -> Result<i64> {
+    let bad = || fail(format!("invalid size: '{s}'"));
+    let t = s.trim_end_matches(['b', 'B']);
+    let t = t.trim_end_matches(['i', 'I']);
+    let (num, mult) = match t.chars().last() {
+        Some(c) if c.is_ascii_alphabetic() => {
+            let m: i64 = match c.to_ascii_lowercase() {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                't' => 1 << 40,
+                'p' => 1 << 50,
+                _ => return bad(),
+            };
+            (&t[..t.len() - 1], m)
+        }
+        _ => (t, 1),
+    };
+    let num = num.trim_end_matches(' ');
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return bad();
+    }
+    match num.parse::<f64>() {
+        Ok(v) => Ok((v * mult as f64) as i64),
+        Err(_) => bad(),
+    }
+}
+
+pub fn valid_vm_name(n: &str) -> bool {
+    let b = n.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[1..]
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+pub fn valid_snapshot_name(n: &str) -> bool {
+    let b = n.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[1..]
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b':' | b'/'))
+}
+
+/// `types.VMConfig.Validate`, same order and wording.
+pub fn validate_vm(name: &str, cpu: i64, memory: i64, storage: i64) -> Result<()> {
+    if name.is_empty() {
+        return fail("vm name cannot be empty");
+    }
+    if !valid_vm_name(name) {
+        return fail(format!(
+            "vm name {name:?} is invalid: must match ^[a-zA-Z0-9][a-zA-Z0-9._-]{{0,62}}$ (max 63 chars)"
+        ));
+    }
+    if cpu <= 0 {
+        return fail(format!("--cpu must be at least 1, got {cpu}"));
+    }
+    if memory < 512 << 20 {
+        return fail(format!("--memory must be at least 512M, got {memory}"));
+    }
+    if storage < 10 << 30 {
+        return fail(format!("--storage must be at least 10G, got {storage}"));
+    }
+    Ok(())
+}
+
+pub fn is_url(image: &str) -> bool {
+    image.starts_with("http://") || image.starts_with("https://")
+}
+
+/// `sanitizeVMName`: `cocoon-<repo without registry and library/>[-<tag unless latest>]`.
+pub fn default_vm_name(image: &str) -> String {
+    let fallback = || {
+        let mut n = format!("cocoon-{}", image.replace(['/', ':'], "-"));
+        n.truncate(63);
+        n
+    };
+    if is_url(image) || image.is_empty() {
+        return fallback();
+    }
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let mut parts: Vec<&str> = without_digest.split('/').collect();
+    if parts.len() > 1 {
+        let first = parts[0];
+        if first.contains('.') || first.contains(':') || first == "localhost" {
+            parts.remove(0);
+        }
+    }
+    let last = parts.pop().unwrap_or_default();
+    let (repo_last, tag) = match last.split_once(':') {
+        Some((r, t)) => (r, Some(t)),
+        None => (last, None),
+    };
+    parts.push(repo_last);
+    let mut repo = parts.join("/");
+    if let Some(stripped) = repo.strip_prefix("library/") {
+        repo = stripped.to_string();
+    }
+    let mut n = format!("cocoon-{}", repo.replace('/', "-"));
+    if let Some(t) = tag {
+        if t != "latest" && !image.contains('@') {
+            n.push('-');
+            n.push_str(t);
+        }
+    }
+    n.truncate(63);
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(ram_in_bytes("1G").unwrap(), 1 << 30);
+        assert_eq!(ram_in_bytes("512M").unwrap(), 512 << 20);
+        assert_eq!(ram_in_bytes("4294967296").unwrap(), 4294967296);
+        assert_eq!(ram_in_bytes("2Gi").unwrap(), 2 << 30);
+        assert_eq!(ram_in_bytes("1GB").unwrap(), 1 << 30);
+        assert!(ram_in_bytes("lots").is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            default_vm_name("ghcr.io/cocoonstack/cocoon/ubuntu:24.04"),
+            "cocoon-cocoonstack-cocoon-ubuntu-24.04"
+        );
+        assert_eq!(default_vm_name("ubuntu"), "cocoon-ubuntu");
+        assert_eq!(default_vm_name("library/ubuntu:latest"), "cocoon-ubuntu");
+        assert!(valid_vm_name("vk-default-demo-0"));
+        assert!(!valid_vm_name("-x"));
+        assert!(valid_snapshot_name("ghcr.io/acme/agent:v2"));
+    }
+}

@@ -1,0 +1,149 @@
+//! Real guest networking: one netns per VM (`vksim-<ID>`), a veth into the shared `vksim0`
+//! bridge that owns 10.213.0.1/16. Nothing routes beyond the bridge, so the only reachable
+//! addresses are the namespaces we made. Every `ip` call is an argv, never a shell line.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::error::{fail, Result};
+
+pub const BRIDGE: &str = "vksim0";
+pub const NETNS_PREFIX: &str = "vksim-";
+pub const LINK_PREFIX: &str = "vks";
+
+pub fn netns_name(id: &str) -> String {
+    format!("{NETNS_PREFIX}{id}")
+}
+
+pub fn netns_path(name: &str) -> String {
+    format!("/var/run/netns/{name}")
+}
+
+/// Host end of NIC 0; short enough for IFNAMSIZ and recognisable as ours.
+pub fn veth_name(id: &str) -> String {
+    format!("{LINK_PREFIX}{}-0", &id[..8])
+}
+
+pub fn ip_binary() -> Option<String> {
+    for dir in ["/usr/sbin", "/sbin", "/usr/bin", "/bin"] {
+        let p = format!("{dir}/ip");
+        if Path::new(&p).exists() {
+            return Some(p);
+        }
+    }
+    None
+}
+
+pub fn available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && ip_binary().is_some()
+}
+
+pub fn ip(args: &[&str]) -> Result<()> {
+    let Some(bin) = ip_binary() else {
+        return fail("ip: executable file not found in $PATH");
+    };
+    let out = Command::new(bin).args(args).stdin(Stdio::null()).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        fail(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip_ok(args: &[&str]) -> bool {
+    ip(args).is_ok()
+}
+
+pub fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+pub fn netns_exists(name: &str) -> bool {
+    Path::new(&netns_path(name)).exists()
+}
+
+pub fn ensure_bridge(gateway: &str) -> Result<()> {
+    if !link_exists(BRIDGE) {
+        ip(&["link", "add", BRIDGE, "type", "bridge"])?;
+    }
+    let cidr = format!("{gateway}/16");
+    // `replace` is idempotent, so a half-built bridge from a killed run is repaired.
+    ip(&["addr", "replace", &cidr, "dev", BRIDGE])?;
+    ip(&["link", "set", BRIDGE, "up"])
+}
+
+/// Netns + veth pair with the guest end named eth0, carrying the VM's MAC and address.
+pub fn plumb(ns: &str, veth: &str, mac: &str, ip_addr: &str, prefix: i64) -> Result<()> {
+    if !netns_exists(ns) {
+        ip(&["netns", "add", ns])?;
+    }
+    if link_exists(veth) {
+        let _ = ip(&["link", "del", veth]);
+    }
+    let _ = ip(&["-n", ns, "link", "del", "eth0"]);
+    ip(&[
+        "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
+    ])?;
+    ip(&["link", "set", veth, "master", BRIDGE])?;
+    ip(&["link", "set", veth, "up"])?;
+    if !mac.is_empty() {
+        ip(&["-n", ns, "link", "set", "eth0", "address", mac])?;
+    }
+    let cidr = format!("{ip_addr}/{prefix}");
+    ip(&["-n", ns, "addr", "replace", &cidr, "dev", "eth0"])?;
+    ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+    ip(&["-n", ns, "link", "set", "lo", "up"])
+}
+
+pub fn teardown(ns: &str, veth: &str) {
+    if !veth.is_empty() && link_exists(veth) {
+        let _ = ip_ok(&["link", "del", veth]);
+    }
+    if !ns.is_empty() && netns_exists(ns) {
+        let _ = ip_ok(&["netns", "del", ns]);
+    }
+}
+
+pub fn delete_bridge() {
+    if link_exists(BRIDGE) {
+        let _ = ip_ok(&["link", "del", BRIDGE]);
+    }
+}
+
+pub fn list_netns() -> Vec<String> {
+    std::fs::read_dir("/var/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn list_links() -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Enters a named netns; the guest calls this before opening any socket.
+pub fn enter(ns: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(netns_path(ns))?;
+    // SAFETY: setns on a descriptor we own; the process is still single-threaded here.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

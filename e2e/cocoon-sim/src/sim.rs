@@ -1,0 +1,215 @@
+//! `cocoon sim …`: fault injection, cleanup, seeding and introspection for tests.
+
+use serde::Serialize;
+
+use crate::cli::{FaultCmd, LeaseCmd, SimCmd};
+use crate::config::Env;
+use crate::error::{fail, Result};
+use crate::faults::{self, normalize_verb, ExecScript};
+use crate::guest;
+use crate::leases;
+use crate::model::StoredVm;
+use crate::output;
+use crate::store::{self, Store};
+use crate::timefmt::now_ns;
+use crate::vm_ops::update_vm;
+
+pub fn dispatch(env: &Env, cmd: SimCmd) -> Result<()> {
+    match cmd {
+        SimCmd::Fault(f) => fault(env, f),
+        SimCmd::Cleanup { all_leftovers } => crate::cleanup::cleanup(env, all_leftovers),
+        SimCmd::SeedSnapshot(a) => crate::snapshot::seed(env, a),
+        SimCmd::Lease(l) => lease(env, l),
+        SimCmd::Info { args } => info(env, &args),
+        SimCmd::Guest { .. } => unreachable!("dispatched before env load"),
+    }
+}
+
+fn lookup(env: &Env, reference: &str) -> Result<StoredVm> {
+    Store::new(&env.root).read(|db| store::vm_lookup(db, reference).cloned())
+}
+
+fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
+    match cmd {
+        FaultCmd::Fail {
+            verb,
+            times,
+            message,
+        } => faults::update(env, |f| {
+            let v = f.verbs.entry(normalize_verb(&verb)).or_default();
+            v.fail_times = times;
+            v.fail_message = message.unwrap_or_default();
+        }),
+        FaultCmd::Delay { verb, ms, times } => faults::update(env, |f| {
+            let v = f.verbs.entry(normalize_verb(&verb)).or_default();
+            v.delay_ms = ms;
+            v.delay_times = times;
+        }),
+        FaultCmd::Garbage { verb, times } => faults::update(env, |f| {
+            f.verbs
+                .entry(normalize_verb(&verb))
+                .or_default()
+                .garbage_times = times;
+        }),
+        FaultCmd::KillStreams => faults::update(env, |f| f.stream_generation += 1),
+        FaultCmd::Clear => faults::update(env, |f| {
+            f.verbs.clear();
+            f.exec.clear();
+        }),
+        FaultCmd::List => output::print_pretty(&faults::read(env)),
+        FaultCmd::Crash { vm } => {
+            let v = lookup(env, &vm)?;
+            guest::kill(v.sim.pid, &v.id, true);
+            Ok(())
+        }
+        FaultCmd::SetState { vm, state } => {
+            if !matches!(
+                state.as_str(),
+                "error" | "stopped" | "created" | "running" | "creating"
+            ) {
+                return fail(format!(
+                    "state {state:?}: want error, stopped, created, running or creating"
+                ));
+            }
+            let v = lookup(env, &vm)?;
+            if state != "running" {
+                guest::kill(v.sim.pid, &v.id, true);
+            }
+            let reason = if state == "error" {
+                "error"
+            } else {
+                "unexpected-exit"
+            };
+            update_vm(env, &v.id, |r| r.transition(&state, reason, now_ns())).map(|_| ())
+        }
+        FaultCmd::Vanish { vm } => {
+            let v = lookup(env, &vm)?;
+            crate::vm::destroy(env, &Store::new(&env.root), &v)
+        }
+        FaultCmd::Lease {
+            vm,
+            delay_ms,
+            withhold,
+            until_renew,
+            mac,
+            release,
+            reset,
+        } => {
+            let v = lookup(env, &vm)?;
+            if release {
+                leases::release(&env.leases, &guest::lease_mac(&v))?;
+            }
+            let mac = match mac {
+                Some(m) => Some(crate::ids::normalize_mac(&m).ok_or_else(|| {
+                    crate::error::Error::Msg(format!("invalid MAC address {m:?}"))
+                })?),
+                None => None,
+            };
+            update_vm(env, &v.id, |r| {
+                let l = &mut r.sim.lease;
+                if reset {
+                    *l = Default::default();
+                }
+                if delay_ms.is_some() {
+                    l.delay_ms = delay_ms;
+                }
+                if withhold {
+                    l.withhold = true;
+                }
+                if until_renew {
+                    l.until_renew = true;
+                    l.renewed = false;
+                }
+                if let Some(m) = mac {
+                    l.mac = m;
+                }
+            })
+            .map(|_| ())
+        }
+        FaultCmd::OpenPort { vm, port } => {
+            let v = lookup(env, &vm)?;
+            update_vm(env, &v.id, |r| {
+                if !r.sim.ports.contains(&port) {
+                    r.sim.ports.push(port);
+                    r.sim.ports.sort_unstable();
+                }
+            })
+            .map(|_| ())
+        }
+        FaultCmd::ClosePort { vm, port } => {
+            let v = lookup(env, &vm)?;
+            update_vm(env, &v.id, |r| r.sim.ports.retain(|p| *p != port)).map(|_| ())
+        }
+        FaultCmd::Exec {
+            vm,
+            exit_code,
+            stdout,
+            stderr,
+            times,
+        } => {
+            let v = lookup(env, &vm)?;
+            faults::update(env, |f| {
+                let q = f.exec.entry(v.id.clone()).or_default();
+                for _ in 0..times {
+                    q.push(ExecScript {
+                        exit_code,
+                        stdout: stdout.clone(),
+                        stderr: stderr.clone(),
+                    });
+                }
+            })
+        }
+    }
+}
+
+fn lease(env: &Env, cmd: LeaseCmd) -> Result<()> {
+    match cmd {
+        LeaseCmd::Put { mac, ip, expiry } => match expiry {
+            Some(e) => leases::grant_until(&env.leases, &mac, &ip, &e),
+            None => leases::grant(&env.leases, &mac, &ip),
+        },
+        LeaseCmd::Del { mac } => leases::release(&env.leases, &mac),
+        LeaseCmd::List => output::print_pretty(&leases::read(&env.leases)),
+    }
+}
+
+#[derive(Serialize)]
+struct Info {
+    id: String,
+    name: String,
+    state: String,
+    pid: i32,
+    alive: bool,
+    ip: String,
+    net_mode: String,
+    netns: String,
+    veth: String,
+    cgroup: String,
+    ports: Vec<u16>,
+    lease_mac: String,
+    leases_path: String,
+    run_dir: String,
+    log_file: String,
+}
+
+fn info(env: &Env, args: &[String]) -> Result<()> {
+    crate::exact_args(args, 1)?;
+    let v = lookup(env, &args[0])?;
+    output::print_pretty(&Info {
+        id: v.id.clone(),
+        name: v.config.name.clone(),
+        state: crate::vm::reconciled_state(&v),
+        pid: v.sim.pid,
+        alive: guest::is_alive(v.sim.pid, &v.id),
+        ip: v.sim.ip.clone(),
+        net_mode: v.sim.net_mode.clone(),
+        netns: v.sim.netns.clone(),
+        veth: v.sim.veth.clone(),
+        cgroup: v.sim.cgroup.clone(),
+        ports: v.sim.ports.clone(),
+        lease_mac: guest::lease_mac(&v),
+        leases_path: env.leases.display().to_string(),
+        run_dir: v.sim.run_dir.clone(),
+        log_file: v.log_file(),
+    })
+}

@@ -1,0 +1,556 @@
+//! Snapshot verbs (§6.15–6.19) and the archive envelope (§9). Payload files are small stand-ins
+//! named like cocoon's; `cocoon.json` carries the source NIC MACs for Firecracker clones.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::cli::SnapCmd;
+use crate::config::Env;
+use crate::error::{fail, Context, Error, Result};
+use crate::faults;
+use crate::guest;
+use crate::ids;
+use crate::model::{
+    Empty, SnapshotConfig, SnapshotEnvelope, SnapshotOut, StoredSnapshot, StoredVm, FC,
+};
+use crate::names;
+use crate::output::{self, log};
+use crate::store::{self, Db, Resolve, Store};
+use crate::timefmt::{now_ns, rfc3339_nano};
+use crate::{exact_args, min_args};
+
+pub fn dispatch(env: &Env, cmd: SnapCmd) -> Result<()> {
+    match cmd {
+        SnapCmd::Save {
+            name,
+            description,
+            args,
+        } => save(
+            env,
+            name.unwrap_or_default(),
+            description.unwrap_or_default(),
+            &args,
+        ),
+        SnapCmd::List { format, vm } => list(env, &format, vm.as_deref()),
+        SnapCmd::Inspect { args } => inspect(env, &args),
+        SnapCmd::Rm { args } => rm(env, &args),
+        SnapCmd::Export { output, gzip, args } => export(env, output.as_deref(), gzip, &args),
+        SnapCmd::Import {
+            name,
+            description,
+            args,
+        } => import(
+            env,
+            name.unwrap_or_default(),
+            description.unwrap_or_default(),
+            &args,
+        ),
+    }
+}
+
+fn resolve_id(db: &Db, reference: &str) -> Result<String> {
+    match store::resolve(&db.snapshots, |s| s.config.name.as_str(), reference) {
+        Ok(id) => Ok(id.to_string()),
+        Err(Resolve::NotFound) => fail("snapshot not found"),
+        Err(Resolve::Ambiguous) => fail(Resolve::ambiguous_text(reference)),
+    }
+}
+
+/// Pending (half-written) snapshots are reported as not found, like cocoon's DataDir.
+pub fn lookup<'a>(db: &'a Db, reference: &str) -> Result<&'a StoredSnapshot> {
+    let id = resolve_id(db, reference)?;
+    match db.snapshots.get(&id) {
+        Some(s) if !s.pending => Ok(s),
+        _ => fail("snapshot not found"),
+    }
+}
+
+fn out(s: &StoredSnapshot) -> SnapshotOut {
+    SnapshotOut {
+        config: s.config.clone(),
+        created_at: rfc3339_nano(s.created_ns),
+    }
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct CocoonJson {
+    #[serde(default)]
+    source_vm: String,
+    #[serde(default)]
+    macs: Vec<String>,
+}
+
+pub fn source_macs_in(dir: &Path) -> Vec<String> {
+    fs::read(dir.join("cocoon.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<CocoonJson>(&b).ok())
+        .map(|c| c.macs)
+        .unwrap_or_default()
+}
+
+pub fn write_payload(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -> Result<()> {
+    fs::create_dir_all(dir)?;
+    let files: &[&str] = if hypervisor == FC {
+        &["vmstate", "mem", "cow.raw"]
+    } else {
+        &["config.json", "state.json", "memory-ranges", "cow.raw"]
+    };
+    for f in files {
+        fs::write(dir.join(f), format!("cocoon-sim {f} of {source_vm}\n"))?;
+    }
+    let meta = CocoonJson {
+        source_vm: source_vm.to_string(),
+        macs: macs.to_vec(),
+    };
+    fs::write(dir.join("cocoon.json"), serde_json::to_vec_pretty(&meta)?)?;
+    Ok(())
+}
+
+fn config_from_vm(vm: &StoredVm, id: &str, name: &str, description: &str) -> SnapshotConfig {
+    let c = &vm.config;
+    let mut blobs = BTreeMap::new();
+    if !c.image_digest.is_empty() {
+        blobs.insert(
+            c.image_digest.trim_start_matches("sha256:").to_string(),
+            Empty {},
+        );
+    }
+    SnapshotConfig {
+        cpu: c.cpu,
+        memory: c.memory,
+        storage: c.storage,
+        queue_size: c.queue_size,
+        disk_queue_size: c.disk_queue_size,
+        image: c.image.clone(),
+        image_digest: c.image_digest.clone(),
+        image_type: c.image_type.clone(),
+        network: c.network.clone(),
+        no_direct_io: c.no_direct_io,
+        windows: c.windows,
+        id: id.to_string(),
+        name: name.to_string(),
+        description: description.to_string(),
+        image_blob_ids: blobs,
+        hypervisor: vm.hypervisor.clone(),
+        nics: vm.network_configs.len() as i64,
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if !name.is_empty() && !names::valid_snapshot_name(name) {
+        return fail(format!(
+            "snapshot name {name:?} is invalid: must match ^[a-zA-Z0-9][a-zA-Z0-9._:/-]{{0,62}}$"
+        ));
+    }
+    Ok(())
+}
+
+/// Two-phase like cocoon's localfile store: a pending record claims the name first, so a
+/// save killed mid-way leaves `already in use by <ID>` behind.
+pub fn insert_pending(
+    store: &Store,
+    cfg: &SnapshotConfig,
+    macs: &[String],
+    prefix: &str,
+) -> Result<()> {
+    store
+        .update(|db| {
+            if !cfg.name.is_empty() {
+                if let Some(holder) = db.snapshots.values().find(|s| s.config.name == cfg.name) {
+                    return fail(format!(
+                        "snapshot name {:?} already in use by {}",
+                        cfg.name, holder.config.id
+                    ));
+                }
+            }
+            db.snapshots.insert(
+                cfg.id.clone(),
+                StoredSnapshot {
+                    config: cfg.clone(),
+                    created_ns: now_ns(),
+                    pending: true,
+                    source_macs: macs.to_vec(),
+                },
+            );
+            Ok(())
+        })
+        .map_err(|e| if prefix.is_empty() { e } else { e.wrap(prefix) })
+}
+
+fn finalize(store: &Store, id: &str, vm_id: Option<&str>) -> Result<()> {
+    store.update(|db| {
+        let Some(s) = db.snapshots.get_mut(id) else {
+            return fail(format!("snapshot {id:?} disappeared from index"));
+        };
+        s.pending = false;
+        if let Some(v) = vm_id.and_then(|v| db.vms.get_mut(v)) {
+            v.snapshot_ids.insert(id.to_string(), Empty {});
+        }
+        Ok(())
+    })
+}
+
+fn save(env: &Env, name: String, description: String, args: &[String]) -> Result<()> {
+    exact_args(args, 1)?;
+    let reference = &args[0];
+    check_name(&name)?;
+    let fx = faults::on_verb(env, "snapshot save")?;
+    let store = Store::new(&env.root);
+    let vm = store
+        .read(|db| store::vm_lookup(db, reference).cloned())
+        .map_err(|e| e.wrap(format!("find VM {reference}")))?;
+    if !name.is_empty() && store.read(|db| Ok(lookup(db, &name).is_ok()))? {
+        return fail(format!("snapshot name {name:?} already exists"));
+    }
+    if !guest::is_alive(vm.sim.pid, &vm.id) {
+        return fail(format!("snapshot VM {reference}: VM not running"));
+    }
+    log(
+        "cmd.snapshot.save",
+        format!("snapshotting VM {reference} ..."),
+    );
+    let id = ids::new_id();
+    let cfg = config_from_vm(&vm, &id, &name, &description);
+    let mut macs: Vec<String> = vm.network_configs.iter().map(|n| n.mac.clone()).collect();
+    if let (Some(first), false) = (macs.first_mut(), vm.sim.guest_mac.is_empty()) {
+        *first = vm.sim.guest_mac.clone();
+    }
+    insert_pending(&store, &cfg, &macs, "save snapshot")?;
+    fx.sleep();
+    let dir = env.snapshot_dir(&id);
+    if let Err(e) = write_payload(&dir, &vm.hypervisor, &vm.id, &macs) {
+        let _ = fs::remove_dir_all(&dir);
+        let _ = store.update(|db| {
+            db.snapshots.remove(&id);
+            Ok(())
+        });
+        return Err(e.wrap("save snapshot"));
+    }
+    finalize(&store, &id, Some(&vm.id)).map_err(|e| e.wrap("save snapshot"))?;
+    log("cmd.snapshot.save", format!("snapshot saved: {id}"));
+    Ok(())
+}
+
+fn inspect(env: &Env, args: &[String]) -> Result<()> {
+    exact_args(args, 1)?;
+    let fx = faults::on_verb(env, "snapshot inspect")?;
+    fx.sleep();
+    let s = Store::new(&env.root)
+        .read(|db| lookup(db, &args[0]).cloned())
+        .map_err(|e| e.wrap("inspect"))?;
+    if fx.garbage {
+        return output::emit(faults::GARBAGE);
+    }
+    output::print_pretty(&out(&s))
+}
+
+fn list(env: &Env, format: &str, vm: Option<&str>) -> Result<()> {
+    let store = Store::new(&env.root);
+    let mut snaps: Vec<StoredSnapshot> = store.read(|db| {
+        let owned: Option<Vec<String>> = match vm {
+            Some(r) => Some(
+                store::vm_lookup(db, r)?
+                    .snapshot_ids
+                    .keys()
+                    .cloned()
+                    .collect(),
+            ),
+            None => None,
+        };
+        Ok(db
+            .snapshots
+            .values()
+            .filter(|s| !s.pending)
+            .filter(|s| owned.as_ref().is_none_or(|o| o.contains(&s.config.id)))
+            .cloned()
+            .collect())
+    })?;
+    if snaps.is_empty() {
+        return output::emit("No snapshots found.\n");
+    }
+    snaps.sort_by_key(|s| s.created_ns);
+    if format == "json" {
+        let v: Vec<SnapshotOut> = snaps.iter().map(out).collect();
+        return output::print_pretty(&v);
+    }
+    let mut t = String::from("ID  NAME  CPU  MEMORY  DESCRIPTION  CREATED\n");
+    for s in &snaps {
+        let c = &s.config;
+        t.push_str(&format!(
+            "{}  {}  {}  {}  {}  {}\n",
+            c.id,
+            c.name,
+            c.cpu,
+            c.memory,
+            c.description,
+            rfc3339_nano(s.created_ns)
+        ));
+    }
+    output::emit(&t)
+}
+
+fn rm(env: &Env, args: &[String]) -> Result<()> {
+    min_args(args, 1)?;
+    let fx = faults::on_verb(env, "snapshot rm").map_err(|e| e.wrap("rm"))?;
+    fx.sleep();
+    let store = Store::new(&env.root);
+    let ids = store
+        .read(|db| {
+            let mut ids = Vec::new();
+            for r in args {
+                let id = resolve_id(db, r).map_err(|e| e.wrap(format!("resolve {r:?}")))?;
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+            Ok(ids)
+        })
+        .map_err(|e| e.wrap("rm"))?;
+    for id in ids {
+        let _ = fs::remove_dir_all(env.snapshot_dir(&id));
+        store.update(|db| {
+            db.snapshots.remove(&id);
+            Ok(())
+        })?;
+        log("cmd.snapshot.rm", format!("deleted: {id}"));
+    }
+    Ok(())
+}
+
+fn data_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut v = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_file()).unwrap_or(false) {
+                if let Some(n) = e.file_name().to_str() {
+                    v.push((n.to_string(), fs::read(e.path())?));
+                }
+            }
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+fn append(
+    b: &mut tar::Builder<Box<dyn Write>>,
+    name: &str,
+    data: &[u8],
+    mtime: u64,
+) -> std::io::Result<()> {
+    let mut h = tar::Header::new_ustar();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_mtime(mtime);
+    h.set_entry_type(tar::EntryType::Regular);
+    b.append_data(&mut h, name, data)
+}
+
+fn export(env: &Env, output_path: Option<&str>, gzip: bool, args: &[String]) -> Result<()> {
+    exact_args(args, 1)?;
+    let fx = faults::on_verb(env, "snapshot export").map_err(|e| e.wrap("export"))?;
+    fx.sleep();
+    let snap = Store::new(&env.root)
+        .read(|db| lookup(db, &args[0]).cloned())
+        .map_err(|e| e.wrap("export"))?;
+    let envelope = SnapshotEnvelope {
+        config: snap.config.clone(),
+        version: 1,
+    };
+    let json = output::pretty(&envelope)?;
+    let files = data_files(&env.snapshot_dir(&snap.config.id))?;
+    let path = match output_path {
+        Some(p) if !p.is_empty() => p.to_string(),
+        _ => {
+            let base = if snap.config.name.is_empty() {
+                &snap.config.id
+            } else {
+                &snap.config.name
+            };
+            format!("{base}{}", if gzip { ".tar.gz" } else { ".tar" })
+        }
+    };
+    let sink: Box<dyn Write> = if path == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(fs::File::create(&path).ctx("create output file")?)
+    };
+    if fx.garbage {
+        let mut s = sink;
+        s.write_all(faults::GARBAGE.as_bytes())?;
+        return Ok(());
+    }
+    let sink: Box<dyn Write> = if gzip {
+        Box::new(flate2::write::GzEncoder::new(
+            sink,
+            flate2::Compression::fast(),
+        ))
+    } else {
+        sink
+    };
+    let mtime = (now_ns() / 1_000_000_000) as u64;
+    let mut b = tar::Builder::new(sink);
+    let res = (|| {
+        append(&mut b, "snapshot.json", json.as_bytes(), mtime)?;
+        for (name, data) in &files {
+            append(&mut b, name, data, mtime)?;
+        }
+        b.into_inner()?.flush()
+    })();
+    res.map_err(|e| Error::from(e).wrap("write archive"))
+}
+
+fn unwrap_gzip(raw: Vec<u8>) -> Result<Vec<u8>> {
+    if raw.len() >= 2 && raw[0] == 0x1f && raw[1] == 0x8b {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .ctx("decompress")?;
+        return Ok(out);
+    }
+    Ok(raw)
+}
+
+fn read_archive(bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut files = BTreeMap::new();
+    let mut ar = tar::Archive::new(bytes);
+    for entry in ar.entries().ctx("extract archive")? {
+        let mut e = entry.ctx("extract archive")?;
+        if !e.header().entry_type().is_file() {
+            continue;
+        }
+        let path = e.path().ctx("extract archive")?.into_owned();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(String::from) else {
+            continue;
+        };
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).ctx("extract archive")?;
+        files.insert(name, data);
+    }
+    Ok(files)
+}
+
+fn import(env: &Env, name: String, description: String, args: &[String]) -> Result<()> {
+    if args.len() > 1 {
+        return fail(format!("accepts at most 1 arg(s), received {}", args.len()));
+    }
+    let fx = faults::on_verb(env, "snapshot import").map_err(|e| e.wrap("import"))?;
+    let mut raw = Vec::new();
+    match args.first() {
+        Some(p) => {
+            fs::File::open(p)
+                .ctx("open archive")?
+                .read_to_end(&mut raw)?;
+        }
+        None => {
+            std::io::stdin().lock().read_to_end(&mut raw)?;
+        }
+    }
+    let res = (|| {
+        if raw.len() < 2 {
+            return fail("peek archive header: EOF");
+        }
+        let mut files = read_archive(&unwrap_gzip(raw)?)?;
+        let Some(meta) = files.remove("snapshot.json") else {
+            return fail("invalid snapshot archive: snapshot.json not found");
+        };
+        let envelope: SnapshotEnvelope =
+            serde_json::from_slice(&meta).ctx("parse snapshot.json")?;
+        if envelope.version != 1 {
+            return fail(format!(
+                "unsupported snapshot archive version {}",
+                envelope.version
+            ));
+        }
+        Ok((envelope.config, files))
+    })();
+    let (mut cfg, files) = res.map_err(|e| e.wrap("import"))?;
+    cfg.id = ids::new_id();
+    if !name.is_empty() {
+        cfg.name = name;
+    }
+    if !description.is_empty() {
+        cfg.description = description;
+    }
+    check_name(&cfg.name).map_err(|e| e.wrap("import"))?;
+    let dir = env.snapshot_dir(&cfg.id);
+    fs::create_dir_all(&dir)?;
+    for (n, data) in &files {
+        fs::write(dir.join(n), data)?;
+    }
+    fx.sleep();
+    let macs = source_macs_in(&dir);
+    let store = Store::new(&env.root);
+    if let Err(e) = insert_pending(&store, &cfg, &macs, "import") {
+        let _ = fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    finalize(&store, &cfg.id, None)?;
+    log(
+        "cmd.snapshot.import",
+        format!("snapshot imported: {}", cfg.id),
+    );
+    Ok(())
+}
+
+/// `sim seed-snapshot`: a ready clone source without a VM, printed as `snapshot inspect` would.
+pub fn seed(env: &Env, a: crate::cli::SeedArgs) -> Result<()> {
+    check_name(&a.name)?;
+    if a.hypervisor != FC && a.hypervisor != crate::model::CH {
+        return fail(format!(
+            "--hypervisor {:?}: want cloud-hypervisor or firecracker",
+            a.hypervisor
+        ));
+    }
+    let image_type = a.image_type.clone().unwrap_or_else(|| match &a.image {
+        Some(i) if names::is_url(i) => "cloudimg".into(),
+        Some(_) => "oci".into(),
+        None => String::new(),
+    });
+    let digest = a
+        .image_digest
+        .clone()
+        .or_else(|| {
+            a.image
+                .as_ref()
+                .map(|i| format!("sha256:{}", ids::fake_digest(i)))
+        })
+        .unwrap_or_default();
+    let mut blobs = BTreeMap::new();
+    if !digest.is_empty() {
+        blobs.insert(digest.trim_start_matches("sha256:").to_string(), Empty {});
+    }
+    let id = ids::new_id();
+    let cfg = SnapshotConfig {
+        cpu: a.cpu,
+        memory: names::ram_in_bytes(&a.memory)?,
+        storage: names::ram_in_bytes(&a.storage)?,
+        image: a.image.clone().unwrap_or_default(),
+        image_digest: digest,
+        image_type,
+        network: a.network.clone().unwrap_or_default(),
+        windows: a.windows,
+        id: id.clone(),
+        name: a.name.clone(),
+        description: a.description.clone().unwrap_or_default(),
+        image_blob_ids: blobs,
+        hypervisor: a.hypervisor.clone(),
+        nics: a.nics,
+        ..Default::default()
+    };
+    let macs: Vec<String> = (0..a.nics.max(0))
+        .map(|i| match (&a.source_mac, i) {
+            (Some(m), 0) => ids::normalize_mac(m).unwrap_or_else(ids::new_mac),
+            _ => ids::new_mac(),
+        })
+        .collect();
+    let store = Store::new(&env.root);
+    insert_pending(&store, &cfg, &macs, "seed snapshot")?;
+    write_payload(&env.snapshot_dir(&id), &a.hypervisor, "seed", &macs)?;
+    finalize(&store, &id, None)?;
+    let s = store.read(|db| lookup(db, &id).cloned())?;
+    output::print_pretty(&out(&s))
+}

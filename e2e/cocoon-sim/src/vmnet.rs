@@ -1,0 +1,141 @@
+//! Gives a VM its host-side resources (address, netns + veth or a loopback address, cgroup
+//! scope) and takes them back. Holds the host-wide net lock so parallel roots sharing the
+//! bridge never race a teardown against a setup.
+
+use crate::cgroup;
+use crate::config::{Env, NetMode};
+use crate::error::Result;
+use crate::ipam;
+use crate::lock;
+use crate::model::{StaticNet, StoredVm};
+use crate::netns;
+use crate::output::warn;
+
+/// The simulator's static-IPAM convention: a CNI network whose name contains `static`.
+pub fn is_static(network: &str) -> bool {
+    network.contains("static")
+}
+
+fn want_netns(env: &Env) -> bool {
+    match env.net {
+        NetMode::Netns => true,
+        NetMode::Loopback => false,
+        NetMode::Auto => netns::available(),
+    }
+}
+
+fn set_address(vm: &mut StoredVm, addr: &ipam::Addr) {
+    vm.sim.ip = addr.ip.clone();
+    let static_net = is_static(&vm.config.network).then(|| StaticNet {
+        ip: addr.ip.clone(),
+        gateway: addr.gateway.clone(),
+        prefix: addr.prefix,
+    });
+    if let Some(nic) = vm.network_configs.first_mut() {
+        nic.network = static_net;
+    }
+}
+
+fn attach_loopback(env: &Env, vm: &mut StoredVm) -> Result<()> {
+    let addr = ipam::allocate(env, ipam::LOOP_NET, &vm.id)?;
+    set_address(vm, &addr);
+    vm.sim.net_mode = "loopback".into();
+    vm.sim.netns.clear();
+    vm.sim.veth.clear();
+    if let Some(nic) = vm.network_configs.first_mut() {
+        nic.netns_path.clear();
+    }
+    Ok(())
+}
+
+fn attach_netns(env: &Env, vm: &mut StoredVm) -> Result<()> {
+    let addr = ipam::allocate(env, ipam::NETNS_NET, &vm.id)?;
+    let ns = netns::netns_name(&vm.id);
+    let veth = netns::veth_name(&vm.id);
+    let mac = vm.network_configs[0].mac.clone();
+    let res = netns::ensure_bridge(&addr.gateway)
+        .and_then(|_| netns::plumb(&ns, &veth, &mac, &addr.ip, addr.prefix));
+    if let Err(e) = res {
+        netns::teardown(&ns, &veth);
+        ipam::release(env, &addr.ip, &vm.id);
+        return Err(e);
+    }
+    set_address(vm, &addr);
+    vm.sim.net_mode = "netns".into();
+    vm.sim.netns = ns.clone();
+    vm.sim.veth = veth;
+    vm.network_configs[0].netns_path = netns::netns_path(&ns);
+    Ok(())
+}
+
+/// First-time network setup for a new VM. NICs beyond 0 exist only in the record.
+pub fn attach(env: &Env, vm: &mut StoredVm) -> Result<()> {
+    if vm.network_configs.is_empty() {
+        return Ok(());
+    }
+    let _l = lock::exclusive(&ipam::net_lock(env))?;
+    if want_netns(env) {
+        match attach_netns(env, vm) {
+            Ok(()) => return Ok(()),
+            Err(e) if env.net == NetMode::Auto => {
+                warn(
+                    "sim.net",
+                    format!("netns setup failed, using loopback: {e}"),
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    attach_loopback(env, vm)
+}
+
+/// `vm start` recreates missing plumbing, as cocoon's recoverNetwork does.
+pub fn recover(env: &Env, vm: &mut StoredVm) -> Result<()> {
+    if vm.network_configs.is_empty() {
+        return Ok(());
+    }
+    if vm.sim.ip.is_empty() {
+        return attach(env, vm);
+    }
+    if vm.sim.net_mode != "netns"
+        || netns::link_exists(&vm.sim.veth) && netns::netns_exists(&vm.sim.netns)
+    {
+        return Ok(());
+    }
+    let _l = lock::exclusive(&ipam::net_lock(env))?;
+    let gw = format!("{}.{}.0.1", ipam::NETNS_NET[0], ipam::NETNS_NET[1]);
+    netns::ensure_bridge(&gw)?;
+    let mac = vm.network_configs[0].mac.clone();
+    netns::plumb(&vm.sim.netns, &vm.sim.veth, &mac, &vm.sim.ip, 16)
+}
+
+pub fn attach_cgroup(env: &Env, vm: &mut StoredVm) {
+    if vm.sim.cgroup.is_empty() {
+        if let Some(p) = cgroup::create_scope(env, &vm.id) {
+            vm.sim.cgroup = p.display().to_string();
+        }
+    }
+}
+
+/// Everything but the lease: cocoon-net keeps a deleted VM's lease until it expires.
+pub fn detach(env: &Env, vm: &StoredVm) {
+    cgroup::remove_scope(&vm.sim.cgroup);
+    let Ok(_l) = lock::exclusive(&ipam::net_lock(env)) else {
+        return;
+    };
+    netns::teardown(&vm.sim.netns, &vm.sim.veth);
+    ipam::release(env, &vm.sim.ip, &vm.id);
+    maybe_drop_bridge(env);
+}
+
+/// Removes the shared bridge once no live VM of any root still claims a netns address.
+/// Caller holds the net lock.
+pub fn maybe_drop_bridge(env: &Env) {
+    let prefix = format!("{}.{}.", ipam::NETNS_NET[0], ipam::NETNS_NET[1]);
+    let in_use = ipam::claims(env)
+        .iter()
+        .any(|c| c.ip.starts_with(&prefix) && c.owner_alive());
+    if !in_use {
+        netns::delete_bridge();
+    }
+}
