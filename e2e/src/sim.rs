@@ -20,6 +20,7 @@ pub struct CocoonSim {
     /// Relative to the cgroup2 mount. One per run, so a test can check that exactly its own
     /// VM scopes are gone and parallel runs never share a parent.
     pub cgroup_parent: String,
+    run: PathBuf,
     cleaned: bool,
 }
 
@@ -37,6 +38,7 @@ impl CocoonSim {
             root,
             leases: dir.join("leases.json"),
             cgroup_parent: format!("vk-cocoon-testbed-{run_name}.slice"),
+            run: run.path().to_path_buf(),
             cleaned: false,
         };
         run.add_cleanup(&sim.cleanup_argv(), &sim.env())?;
@@ -74,11 +76,33 @@ impl CocoonSim {
         ]
     }
 
-    /// A `cocoon` command bound to this simulator (for tests that drive it directly).
+    /// A `cocoon` command bound to this simulator (for tests that drive it directly). It carries
+    /// the run's marker, so guests it starts are found by a sweep even if `sim cleanup` fails.
     pub fn command(&self) -> Command {
         let mut c = Command::new(&self.bin);
-        c.envs(self.env());
+        c.envs(self.env()).env(crate::procs::MARKER, &self.run);
         c
+    }
+
+    /// Runs `cocoon <args>` against this simulator and returns stdout; non-zero exit is an
+    /// error carrying stderr.
+    pub fn run(&self, args: &[&str]) -> Result<String> {
+        step!("cocoon {}", args.join(" "));
+        let out = self
+            .command()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running cocoon {}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!(
+                "cocoon {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Ids of the VMs this simulator knows (its `vms/<id>` state directories).
@@ -215,5 +239,37 @@ pub fn netns_list() -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// Whether the simulator gives VMs real network namespaces here (root and `ip` present);
+/// otherwise it falls back to loopback networking.
+pub fn netns_supported() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .iter()
+        .any(|p| Path::new(p).exists())
+}
+
+/// Simulated guest processes (`cocoon sim guest --id <ID> ...`), as (pid, VM id).
+pub fn guest_processes() -> Vec<(i32, String)> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let raw = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = raw
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let at = args
+                .windows(2)
+                .position(|w| w[0] == "sim" && w[1] == "guest")?;
+            let id = args[at..].windows(2).find(|w| w[0] == "--id")?[1].clone();
+            Some((pid, id))
+        })
         .collect()
 }

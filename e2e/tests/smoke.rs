@@ -91,14 +91,22 @@ async fn node_and_pod_round_trip_then_clean_teardown() {
         .unwrap();
     assert_eq!(on_node.trim(), "pod/hello");
 
-    let run = tb.run_dir().to_path_buf();
+    // One simulated VM, so the teardown has a guest process, a netns and a cgroup scope to
+    // take back. The simulator fetches nothing: images are a local index.
     let sim = tb.sim.as_ref().unwrap();
-    let netns: Vec<String> = sim
-        .vm_ids()
-        .iter()
-        .map(|id| CocoonSim::netns_name(id))
-        .collect();
+    sim.run(&["image", "pull", "localhost/smoke/base:1"])
+        .unwrap();
+    sim.run(&["vm", "run", "--name", "smoke-vm", "localhost/smoke/base:1"])
+        .unwrap();
+    let ids = sim.vm_ids();
+    assert_eq!(ids.len(), 1, "one VM: {ids:?}");
+    let netns: Vec<String> = ids.iter().map(|id| CocoonSim::netns_name(id)).collect();
+    if e2e::sim::netns_supported() {
+        assert!(netns_list().contains(&netns[0]), "the VM got its netns");
+    }
     let cgroup = sim.cgroup_parent_dir();
+
+    let run = tb.run_dir().to_path_buf();
     let started: Vec<i32> = tb.processes().into_iter().map(|(pid, _)| pid).collect();
     assert!(
         started.len() >= 2,
@@ -126,6 +134,11 @@ async fn node_and_pod_round_trip_then_clean_teardown() {
         .filter(|n| netns.contains(n))
         .collect();
     assert!(left.is_empty(), "network namespaces left: {left:?}");
+    let guests: Vec<_> = e2e::sim::guest_processes()
+        .into_iter()
+        .filter(|(_, id)| ids.contains(id))
+        .collect();
+    assert!(guests.is_empty(), "guest processes left: {guests:?}");
     if let Some(cg) = cgroup {
         assert!(!cg.exists(), "cgroup {} left behind", cg.display());
     }
