@@ -1,0 +1,111 @@
+//! The cocoon CLI client: argv straight from the core (never a shell), a timeout per call,
+//! the child in its own process group so a timeout or shutdown kills everything it started.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use reconcilers::cocoon::{CocoonCmd, Output};
+use reconcilers::event::CocoonOk;
+use reconcilers::vm::{CocoonError, CocoonErrorKind};
+use tokio::process::Command;
+
+use super::cocoon_json;
+
+#[derive(Clone, Debug)]
+pub struct CocoonCli {
+    pub bin: String,
+    pub timeout: Duration,
+    /// Extra environment for the child (the e2e simulator's root, for instance).
+    pub env: Vec<(String, String)>,
+}
+
+impl CocoonCli {
+    pub fn new(bin: impl Into<String>) -> Self {
+        Self {
+            bin: bin.into(),
+            timeout: Duration::from_secs(300),
+            env: Vec::new(),
+        }
+    }
+
+    pub async fn call(&self, cmd: &CocoonCmd) -> Result<CocoonOk, CocoonError> {
+        let argv = cmd.argv();
+        let text = self.run(&argv).await?;
+        match cmd.output() {
+            Output::Nothing => Ok(CocoonOk::Done),
+            Output::Vm => {
+                let vm = cocoon_json::vm(&text)?;
+                if vm.id.is_empty() {
+                    return Err(CocoonError::new(
+                        CocoonErrorKind::BadOutput,
+                        "cocoon returned a VM record without an id",
+                    ));
+                }
+                Ok(CocoonOk::Vm { vm })
+            }
+            Output::Vms => Ok(CocoonOk::Vms {
+                vms: cocoon_json::vms(&text)?,
+            }),
+            Output::Snapshot => Ok(CocoonOk::Snapshot {
+                snapshot: cocoon_json::snapshot(&text)?,
+            }),
+            Output::StaleCreate => cocoon_json::stale_create(&text),
+        }
+    }
+
+    /// Runs `bin argv…`; stdout on exit 0, else the classified error from stderr+stdout.
+    pub async fn run(&self, argv: &[String]) -> Result<String, CocoonError> {
+        let mut command = Command::new(&self.bin);
+        command
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command.process_group(0);
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        let child = command.spawn().map_err(|e| {
+            CocoonError::new(
+                CocoonErrorKind::Transient,
+                format!("cannot start {}: {e} (check VK_COCOON_BIN)", self.bin),
+            )
+        })?;
+        let pid = child.id();
+        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+            Ok(r) => r.map_err(|e| {
+                CocoonError::new(
+                    CocoonErrorKind::Transient,
+                    format!("cocoon {}: {e}", argv.join(" ")),
+                )
+            })?,
+            Err(_) => {
+                if let Some(pid) = pid {
+                    kill_group(pid);
+                }
+                return Err(CocoonError::new(
+                    CocoonErrorKind::Timeout,
+                    format!(
+                        "cocoon {} did not finish within {:?}",
+                        argv.join(" "),
+                        self.timeout
+                    ),
+                ));
+            }
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            return Ok(stdout);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(CocoonError::classify(&format!("{stderr}\n{stdout}")))
+    }
+}
+
+pub fn kill_group(pid: u32) {
+    // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH, which is fine.
+    unsafe {
+        libc::killpg(pid as libc::pid_t, libc::SIGKILL);
+    }
+}

@@ -1,0 +1,151 @@
+//! Kubernetes writes of pods: status, annotations, deletes and Events. Every write is bound to
+//! the pod UID it acts for, so nothing lands on a same-name successor.
+
+use k8s_openapi::api::core::v1::{Event as K8sEvent, EventSource, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Client};
+use reconcilers::event::{KubeError, KubeErrorKind, KubeOk};
+use reconcilers::pod::PodKey;
+use reconcilers::status::PodStatus;
+use serde_json::{json, Map, Value};
+
+use crate::sources::pod_view::observed_status;
+
+pub fn classify(e: kube::Error) -> KubeError {
+    match &e {
+        kube::Error::Api(status) => KubeError {
+            kind: match status.code {
+                404 => KubeErrorKind::NotFound,
+                409 => KubeErrorKind::Conflict,
+                422 => KubeErrorKind::Invalid,
+                _ => KubeErrorKind::Other,
+            },
+            message: status.message.clone(),
+        },
+        other => KubeError {
+            kind: KubeErrorKind::Other,
+            message: other.to_string(),
+        },
+    }
+}
+
+/// The merge patch for `pods/status`: every field vk owns is written, absent ones as `null`,
+/// so a stale reason or IP never survives on the server.
+pub fn status_patch(uid: &str, status: &PodStatus) -> Value {
+    let mut s: Map<String, Value> = match serde_json::to_value(status) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    for k in ["reason", "message", "podIP", "hostIP", "startTime"] {
+        s.entry(k).or_insert(Value::Null);
+    }
+    let ips = |ip: &Option<String>| {
+        ip.as_ref()
+            .map(|ip| json!([{ "ip": ip }]))
+            .unwrap_or(Value::Null)
+    };
+    s.insert("podIPs".into(), ips(&status.pod_ip));
+    s.insert("hostIPs".into(), ips(&status.host_ip));
+    json!({ "metadata": { "uid": uid }, "status": Value::Object(s) })
+}
+
+pub async fn push_status(
+    client: &Client,
+    key: &PodKey,
+    uid: &str,
+    status: &PodStatus,
+) -> Result<KubeOk, KubeError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let pod = api
+        .patch_status(
+            &key.name,
+            &PatchParams::default(),
+            &Patch::Merge(status_patch(uid, status)),
+        )
+        .await
+        .map_err(classify)?;
+    Ok(KubeOk::Status {
+        status: pod.status.as_ref().map(observed_status).unwrap_or_default(),
+    })
+}
+
+pub async fn patch_annotations(
+    client: &Client,
+    key: &PodKey,
+    uid: &str,
+    set: &std::collections::BTreeMap<String, Option<String>>,
+) -> Result<KubeOk, KubeError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let patch = json!({ "metadata": { "uid": uid, "annotations": set } });
+    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(classify)?;
+    Ok(KubeOk::Done)
+}
+
+pub async fn delete_pod(
+    client: &Client,
+    key: &PodKey,
+    uid: &str,
+    grace: Option<i64>,
+) -> Result<KubeOk, KubeError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let dp = DeleteParams {
+        grace_period_seconds: grace.map(|g| g as u32),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    api.delete(&key.name, &dp).await.map_err(classify)?;
+    Ok(KubeOk::Done)
+}
+
+pub async fn record_event(
+    client: &Client,
+    node: &str,
+    key: &PodKey,
+    uid: &str,
+    kind: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), &key.namespace);
+    let now = jiff_now();
+    let ev = K8sEvent {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", key.name)),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            uid: Some(uid.to_string()),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        type_: Some(kind.to_string()),
+        source: Some(EventSource {
+            component: Some("vk-cocoon".into()),
+            host: Some(node.to_string()),
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        reporting_component: Some("vk-cocoon".into()),
+        reporting_instance: Some(node.to_string()),
+        action: Some(reason.to_string()),
+        count: Some(1),
+        ..K8sEvent::default()
+    };
+    api.create(&PostParams::default(), &ev).await.map(|_| ())
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}

@@ -1,0 +1,168 @@
+//! Executors: each action becomes a call; each call's outcome returns to the loop as an event.
+//! Concurrency lives here (bounded per kind); the core already guarantees one VM operation
+//! per pod, so nothing here needs to know about pods.
+
+pub mod cocoon;
+pub mod cocoon_json;
+pub mod kube_writes;
+pub mod node;
+pub mod probes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use reconcilers::action::{EventType, Level};
+use reconcilers::{Action, Event};
+use tokio::sync::Semaphore;
+
+use crate::metrics::Metrics;
+use crate::sources::EventTx;
+
+pub struct Executor {
+    pub cocoon: cocoon::CocoonCli,
+    pub client: Client,
+    pub tx: EventTx,
+    pub probes: probes::Probes,
+    pub metrics: Metrics,
+    pub node_name: String,
+    cocoon_slots: Arc<Semaphore>,
+    kube_slots: Arc<Semaphore>,
+}
+
+impl Executor {
+    pub fn new(
+        cocoon: cocoon::CocoonCli,
+        client: Client,
+        tx: EventTx,
+        probes: probes::Probes,
+        metrics: Metrics,
+        node_name: String,
+    ) -> Self {
+        Self {
+            cocoon,
+            client,
+            tx,
+            probes,
+            metrics,
+            node_name,
+            cocoon_slots: Arc::new(Semaphore::new(32)),
+            kube_slots: Arc::new(Semaphore::new(32)),
+        }
+    }
+
+    /// Runs one action. `RegisterNode` and `Fatal` are the loop's own business.
+    pub fn execute(&mut self, action: Action) {
+        match action {
+            Action::Cocoon { op, cmd, .. } => {
+                let (cli, tx, slots) = (
+                    self.cocoon.clone(),
+                    self.tx.clone(),
+                    self.cocoon_slots.clone(),
+                );
+                tokio::spawn(async move {
+                    let _permit = slots.acquire_owned().await;
+                    let result = cli.call(&cmd).await;
+                    let _ = tx.send(Event::CocoonDone { op, result });
+                });
+            }
+            Action::PushStatus {
+                op,
+                key,
+                uid,
+                status,
+            } => self.kube(op, "status", move |c| async move {
+                kube_writes::push_status(&c, &key, &uid, &status).await
+            }),
+            Action::PatchAnnotations { op, key, uid, set } => {
+                self.kube(op, "annotations", move |c| async move {
+                    kube_writes::patch_annotations(&c, &key, &uid, &set).await
+                })
+            }
+            Action::DeletePod {
+                op,
+                key,
+                uid,
+                grace_seconds,
+            } => self.kube(op, "delete", move |c| async move {
+                kube_writes::delete_pod(&c, &key, &uid, grace_seconds).await
+            }),
+            Action::RecordEvent {
+                key,
+                uid,
+                kind,
+                reason,
+                message,
+            } => {
+                let (client, node, slots) = (
+                    self.client.clone(),
+                    self.node_name.clone(),
+                    self.kube_slots.clone(),
+                );
+                self.metrics.api_writes.with_label_values(&["event"]).inc();
+                tokio::spawn(async move {
+                    let _permit = slots.acquire_owned().await;
+                    let kind = match kind {
+                        EventType::Normal => "Normal",
+                        EventType::Warning => "Warning",
+                    };
+                    if let Err(e) = kube_writes::record_event(
+                        &client, &node, &key, &uid, kind, &reason, &message,
+                    )
+                    .await
+                    {
+                        tracing::warn!(pod = %key, %reason, error = %e, "could not record a Kubernetes Event");
+                    }
+                });
+            }
+            Action::Probe {
+                key,
+                probe,
+                target,
+                after_ms,
+            } => self.probes.schedule(key, probe, target, after_ms),
+            Action::StopProbe { key } => self.probes.stop(&key),
+            Action::ArmTimer { timer, after_ms } => {
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                    let _ = tx.send(Event::TimerFired { timer });
+                });
+            }
+            Action::Count { counter } => self.metrics.count(&counter),
+            Action::Observe { histogram, millis } => self.metrics.observe(&histogram, millis),
+            Action::Log { level, message } => match level {
+                Level::Info => tracing::info!("{message}"),
+                Level::Warn => tracing::warn!("{message}"),
+                Level::Error => tracing::error!("{message}"),
+            },
+            Action::RegisterNode | Action::Fatal { .. } => {}
+        }
+    }
+
+    fn kube<F, Fut>(&self, op: reconcilers::OpId, kind: &'static str, f: F)
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: std::future::Future<
+                Output = Result<reconcilers::event::KubeOk, reconcilers::event::KubeError>,
+            > + Send,
+    {
+        let (client, tx, slots) = (
+            self.client.clone(),
+            self.tx.clone(),
+            self.kube_slots.clone(),
+        );
+        self.metrics.api_writes.with_label_values(&[kind]).inc();
+        tokio::spawn(async move {
+            let _permit = slots.acquire_owned().await;
+            let result = match tokio::time::timeout(Duration::from_secs(5), f(client)).await {
+                Ok(r) => r,
+                Err(_) => Err(reconcilers::event::KubeError {
+                    kind: reconcilers::event::KubeErrorKind::Other,
+                    message: format!("{kind} write timed out after 5s"),
+                }),
+            };
+            let _ = tx.send(Event::KubeDone { op, result });
+        });
+    }
+}

@@ -1,0 +1,207 @@
+//! The Node object and its Lease (N1–N17). Registration happens once the core says startup
+//! reconcile is done; the Lease is renewed on its own task so pod work can never delay it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{json, Value};
+
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    pub name: String,
+    pub ip: String,
+    pub pool: String,
+    pub cpu_class: Option<String>,
+    pub provider_id: Option<String>,
+    pub kubelet_port: u16,
+    pub version: String,
+    pub capacity: BTreeMap<String, i128>,
+    pub allocatable: BTreeMap<String, i128>,
+}
+
+const LEASE_RENEW: Duration = Duration::from_secs(10);
+const LEASE_SECONDS: i32 = 40;
+const STATUS_EVERY: Duration = Duration::from_secs(60);
+const CLASS_LABEL: &str = "cocoonstack.io/snapshot-cpu-class";
+
+fn labels(s: &NodeSettings) -> Value {
+    json!({
+        "type": "virtual-kubelet",
+        "kubernetes.io/role": "agent",
+        "kubernetes.io/hostname": s.name,
+        "cocoonstack.io/pool": s.pool,
+        "node-role.kubernetes.io/cocoon-vm": "",
+        CLASS_LABEL: s.cpu_class,
+    })
+}
+
+fn now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+fn status(s: &NodeSettings) -> Value {
+    let t = now().to_string();
+    let cond = |ty: &str, st: &str, reason: &str, msg: &str| json!({"type": ty, "status": st, "reason": reason, "message": msg, "lastHeartbeatTime": t});
+    let q = |m: &BTreeMap<String, i128>| {
+        m.iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    json!({
+        "addresses": [{"type": "InternalIP", "address": s.ip}, {"type": "Hostname", "address": s.name}],
+        "capacity": q(&s.capacity),
+        "allocatable": q(&s.allocatable),
+        "conditions": [
+            cond("Ready", "True", "KubeletReady", "vk-cocoon is ready"),
+            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "vk-cocoon has no disk pressure"),
+            cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "vk-cocoon has sufficient memory"),
+            cond("PIDPressure", "False", "KubeletHasSufficientPID", "vk-cocoon has sufficient PID available"),
+            cond("NetworkUnavailable", "False", "RouteCreated", "NodeController create implicit route"),
+        ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": s.kubelet_port}},
+        "nodeInfo": {"kubeletVersion": s.version, "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
+                     "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": std::env::consts::ARCH},
+    })
+}
+
+/// N14: patch the status of an existing node, else create the whole object; then re-assert
+/// the labels (N3), since a status patch never changes them. Returns the node UID.
+pub async fn register(client: &Client, s: &NodeSettings) -> anyhow::Result<String> {
+    let api: Api<Node> = Api::all(client.clone());
+    let pp = PatchParams::default();
+    match api.get_opt(&s.name).await? {
+        None => {
+            let mut spec = json!({"taints": [{"key": "virtual-kubelet.io/provider", "value": "cocoon", "effect": "NoSchedule"}]});
+            if let Some(p) = &s.provider_id {
+                spec["providerID"] = json!(p);
+            }
+            let labels: serde_json::Map<String, Value> = labels(s)
+                .as_object()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .collect();
+            let node: Node = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": s.name, "labels": labels},
+                "spec": spec,
+            }))?;
+            api.create(&PostParams::default(), &node).await?;
+        }
+        Some(existing) => {
+            let has_taint = existing
+                .spec
+                .as_ref()
+                .and_then(|sp| sp.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == "virtual-kubelet.io/provider"));
+            let _ = has_taint; // N4: the taint is only written at creation.
+            api.patch(
+                &s.name,
+                &pp,
+                &Patch::Merge(json!({"metadata": {"labels": labels(s)}})),
+            )
+            .await?;
+        }
+    }
+    let node = api
+        .patch_status(
+            &s.name,
+            &pp,
+            &Patch::Strategic(json!({"status": status(s)})),
+        )
+        .await?;
+    Ok(node.metadata.uid.unwrap_or_default())
+}
+
+/// N16: the status with fresh heartbeats every 60 s; N17: the Lease every 10 s. Errors back
+/// off and retry; they never end the task.
+pub async fn heartbeat(client: Client, s: NodeSettings, uid: String) {
+    let lease_task = tokio::spawn(lease_loop(client.clone(), s.clone(), uid));
+    let api: Api<Node> = Api::all(client);
+    let mut tick = tokio::time::interval(STATUS_EVERY);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = api
+            .patch_status(
+                &s.name,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"status": status(&s)})),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "node status heartbeat failed; next try in 60s");
+        }
+        if lease_task.is_finished() {
+            return;
+        }
+    }
+}
+
+async fn lease_loop(client: Client, s: NodeSettings, uid: String) {
+    let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match renew(&api, &s, &uid).await {
+            Ok(()) => {
+                backoff = Duration::from_millis(200);
+                tokio::time::sleep(LEASE_RENEW).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?backoff, "node lease renewal failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(7));
+            }
+        }
+    }
+}
+
+async fn renew(api: &Api<Lease>, s: &NodeSettings, uid: &str) -> anyhow::Result<()> {
+    for _ in 0..5 {
+        let spec = LeaseSpec {
+            holder_identity: Some(s.name.clone()),
+            lease_duration_seconds: Some(LEASE_SECONDS),
+            renew_time: Some(MicroTime(now())),
+            ..LeaseSpec::default()
+        };
+        match api.get_opt(&s.name).await? {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(s.name.clone()),
+                        namespace: Some("kube-node-lease".into()),
+                        owner_references: Some(vec![OwnerReference {
+                            api_version: "v1".into(),
+                            kind: "Node".into(),
+                            name: s.name.clone(),
+                            uid: uid.to_string(),
+                            ..OwnerReference::default()
+                        }]),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                match api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => return Ok(()),
+                    Err(kube::Error::Api(st)) if st.code == 409 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(mut lease) => {
+                lease.spec = Some(spec);
+                match api.replace(&s.name, &PostParams::default(), &lease).await {
+                    Ok(_) => return Ok(()),
+                    Err(kube::Error::Api(st)) if st.code == 409 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    anyhow::bail!("lease update conflicted 5 times in a row")
+}

@@ -1,0 +1,156 @@
+//! Running the probes the core schedules (R5, R8–R10). One shared ICMP socket serves every
+//! guest (surge-ping demultiplexes replies by id, sequence and address on its own receive
+//! task); raw first, then an unprivileged datagram socket, else the degraded mode of R9.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use reconcilers::action::{ProbeCheck, ProbeTarget};
+use reconcilers::pod::PodKey;
+use reconcilers::Event;
+use surge_ping::{PingIdentifier, PingSequence, ICMP};
+use tokio::io::AsyncReadExt;
+use tokio::task::JoinHandle;
+
+use crate::metrics::Metrics;
+use crate::sources::EventTx;
+
+const PROBE_DEADLINE: Duration = Duration::from_secs(3);
+const PAYLOAD: &[u8] = b"vk-cocoon";
+
+#[derive(Clone)]
+pub enum Pinger {
+    Icmp(surge_ping::Client),
+    /// No ICMP socket could be opened: an IP that resolved counts as reachable (R9).
+    Degraded,
+}
+
+impl Pinger {
+    pub fn open() -> Self {
+        let config = surge_ping::Config::builder()
+            .kind(ICMP::V4)
+            .sock_type_hint(socket2::Type::RAW)
+            .build();
+        match surge_ping::Client::new(&config) {
+            Ok(c) => {
+                tracing::info!(kind = ?c.get_socket().get_type(), "ICMP probe socket open");
+                Pinger::Icmp(c)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no ICMP socket (CAP_NET_RAW missing and unprivileged ICMP disabled): \
+                    ICMP probes degrade to 'an IP resolved = ready'; TCP and SSH probes stay real");
+                Pinger::Degraded
+            }
+        }
+    }
+
+    pub fn degraded(&self) -> bool {
+        matches!(self, Pinger::Degraded)
+    }
+}
+
+/// Per-pod probe tasks; a new probe or a stop replaces the pending one.
+pub struct Probes {
+    pinger: Pinger,
+    tasks: HashMap<PodKey, JoinHandle<()>>,
+    tx: EventTx,
+    metrics: Metrics,
+    ident: u16,
+}
+
+impl Probes {
+    pub fn new(pinger: Pinger, tx: EventTx, metrics: Metrics) -> Self {
+        let ident = (std::process::id() & 0xffff) as u16;
+        Self {
+            pinger,
+            tasks: HashMap::new(),
+            tx,
+            metrics,
+            ident,
+        }
+    }
+
+    pub fn schedule(&mut self, key: PodKey, probe: u64, target: ProbeTarget, after_ms: u64) {
+        let pinger = self.pinger.clone();
+        let tx = self.tx.clone();
+        let metrics = self.metrics.clone();
+        let ident = self.ident;
+        let task_key = key.clone();
+        let handle = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            let started = Instant::now();
+            let result =
+                tokio::time::timeout(PROBE_DEADLINE, check(&pinger, &target, ident, probe)).await;
+            metrics
+                .probe_duration
+                .observe(started.elapsed().as_secs_f64());
+            let (ok, detail) = match result {
+                Ok(Ok(())) => (true, String::new()),
+                Ok(Err(e)) => (false, e),
+                Err(_) => (false, "probe deadline (3s) exceeded".to_string()),
+            };
+            let _ = tx.send(Event::ProbeDone {
+                key: task_key,
+                probe,
+                ok,
+                detail,
+            });
+        });
+        if let Some(old) = self.tasks.insert(key, handle) {
+            old.abort();
+        }
+    }
+
+    pub fn stop(&mut self, key: &PodKey) {
+        if let Some(h) = self.tasks.remove(key) {
+            h.abort();
+        }
+    }
+
+    pub fn stop_all(&mut self) {
+        for (_, h) in self.tasks.drain() {
+            h.abort();
+        }
+    }
+}
+
+async fn check(pinger: &Pinger, target: &ProbeTarget, ident: u16, seq: u64) -> Result<(), String> {
+    let ip: IpAddr = match &target.ip {
+        None => return Err("waiting for dhcp lease".into()),
+        Some(ip) => ip
+            .parse()
+            .map_err(|_| format!("{ip:?} is not an IP address"))?,
+    };
+    match target.check {
+        ProbeCheck::Tcp { port } => tokio::net::TcpStream::connect(SocketAddr::new(ip, port))
+            .await
+            .map(drop)
+            .map_err(|e| format!("tcp {ip}:{port}: {e}")),
+        ProbeCheck::SshBanner => {
+            let mut s = tokio::net::TcpStream::connect(SocketAddr::new(ip, 22))
+                .await
+                .map_err(|e| format!("ssh {ip}:22: {e}"))?;
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf)
+                .await
+                .map_err(|e| format!("ssh banner from {ip}: {e}"))?;
+            if &buf == b"SSH-" {
+                Ok(())
+            } else {
+                Err(format!("{ip}:22 answered without an SSH- banner"))
+            }
+        }
+        ProbeCheck::Icmp => match pinger {
+            Pinger::Degraded => Ok(()),
+            Pinger::Icmp(client) => {
+                let mut p = client.pinger(ip, PingIdentifier(ident)).await;
+                p.timeout(PROBE_DEADLINE);
+                p.ping(PingSequence((seq & 0xffff) as u16), PAYLOAD)
+                    .await
+                    .map(drop)
+                    .map_err(|e| format!("ping {ip}: {e}"))
+            }
+        },
+    }
+}

@@ -1,0 +1,221 @@
+//! vk-cocoon's own Prometheus metrics (spec/behavior.md §12, prefix `cocoon_vk_`). Counters the
+//! core decides arrive as `Action::Count`/`Observe`; the shell only measures probe time.
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Registry, TextEncoder,
+};
+use reconcilers::action::{Counter, Histogram as CoreHistogram};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pod_lifecycle: IntCounterVec,
+    orphan_vm: IntCounter,
+    inspect_transient: IntCounter,
+    evict_failure: IntCounter,
+    adopt_by_name: IntCounter,
+    stale_create: IntCounterVec,
+    wake_ip_wait: IntCounterVec,
+    snapshot_pull: IntCounterVec,
+    clone_from_dir: IntCounterVec,
+    startup_resume: IntCounterVec,
+    boot_duration: HistogramVec,
+    pub probe_duration: Histogram,
+    pub vm_table_size: Gauge,
+    pub probe_degraded: Gauge,
+    pub api_writes: IntCounterVec,
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::new(name, help).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let boot = HistogramVec::new(
+            HistogramOpts::new(
+                "cocoon_vk_vm_boot_duration_seconds",
+                "VM creation time (run or clone)",
+            )
+            .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
+            &["mode", "backend"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(boot.clone())).expect("unique metric");
+        let probe = Histogram::with_opts(
+            HistogramOpts::new(
+                "cocoon_vk_probe_duration_seconds",
+                "Per-probe health check time (ICMP or TCP)",
+            )
+            .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+        )
+        .expect("valid metric");
+        r.register(Box::new(probe.clone())).expect("unique metric");
+        Self {
+            pod_lifecycle: counter_vec(
+                &r,
+                "cocoon_vk_pod_lifecycle_total",
+                "Pod lifecycle operations",
+                &["op", "result", "reason"],
+            ),
+            orphan_vm: counter(&r, "cocoon_vk_orphan_vm_total", "Orphan VMs at startup"),
+            inspect_transient: counter(
+                &r,
+                "cocoon_vk_vm_inspect_transient_fail_total",
+                "Transient VM inspect failures",
+            ),
+            evict_failure: counter(
+                &r,
+                "cocoon_vk_pod_evict_failure_total",
+                "Failed pod evictions",
+            ),
+            adopt_by_name: counter(
+                &r,
+                "cocoon_vk_reconcile_adopt_by_name_total",
+                "Startup reconcile adoptions matched by VM name",
+            ),
+            stale_create: counter_vec(
+                &r,
+                "cocoon_vk_stale_create_reconcile_total",
+                "Stale-create verb attempts",
+                &["outcome"],
+            ),
+            wake_ip_wait: counter_vec(
+                &r,
+                "cocoon_vk_wake_ip_wait_total",
+                "Post-clone and wake DHCP-lease-wait outcomes",
+                &["result"],
+            ),
+            snapshot_pull: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_pull_total",
+                "Snapshot pull counts",
+                &["result"],
+            ),
+            clone_from_dir: counter_vec(
+                &r,
+                "cocoon_vk_clone_from_dir_total",
+                "Annotation-driven --from-dir clone attempts",
+                &["result"],
+            ),
+            startup_resume: counter_vec(
+                &r,
+                "cocoon_vk_startup_resume_total",
+                "Interrupted operations re-dispatched by startup reconcile",
+                &["op"],
+            ),
+            boot_duration: boot,
+            probe_duration: probe,
+            vm_table_size: gauge(&r, "cocoon_vk_vm_table_size", "Tracked VM count"),
+            probe_degraded: gauge(
+                &r,
+                "cocoon_vk_probe_icmp_degraded",
+                "1 when no ICMP socket could be opened and ICMP probes pass on a resolved IP",
+            ),
+            api_writes: counter_vec(
+                &r,
+                "cocoon_vk_api_writes_total",
+                "Kubernetes API writes made for pods, by kind",
+                &["kind"],
+            ),
+            registry: r,
+        }
+    }
+
+    pub fn count(&self, c: &Counter) {
+        match c {
+            Counter::PodLifecycle { op, result, reason } => self
+                .pod_lifecycle
+                .with_label_values(&[op, result, reason])
+                .inc(),
+            Counter::OrphanVm => self.orphan_vm.inc(),
+            Counter::VmInspectTransientFail => self.inspect_transient.inc(),
+            Counter::PodEvictFailure => self.evict_failure.inc(),
+            Counter::ReconcileAdoptByName => self.adopt_by_name.inc(),
+            Counter::StaleCreateReconcile { outcome } => {
+                self.stale_create.with_label_values(&[outcome]).inc()
+            }
+            Counter::WakeIpWait { result } => self.wake_ip_wait.with_label_values(&[result]).inc(),
+            Counter::SnapshotPull { result } => {
+                self.snapshot_pull.with_label_values(&[result]).inc()
+            }
+            Counter::CloneFromDir { result } => {
+                self.clone_from_dir.with_label_values(&[result]).inc()
+            }
+            Counter::StartupResume { op } => self.startup_resume.with_label_values(&[op]).inc(),
+        }
+    }
+
+    pub fn observe(&self, h: &CoreHistogram, millis: u64) {
+        match h {
+            CoreHistogram::VmBootDuration { mode, backend } => self
+                .boot_duration
+                .with_label_values(&[mode, backend])
+                .observe(millis as f64 / 1000.0),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Serves `/metrics` on a thread of its own: actix's server is not `Send`, and a scrape must
+/// never compete with the loop's runtime anyway.
+pub fn spawn_server(addr: std::net::SocketAddr, metrics: Metrics) {
+    let spawned = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            if let Err(e) = actix_web::rt::System::new().block_on(serve(addr, metrics)) {
+                tracing::error!(%addr, error = %e, "metrics listener failed");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the metrics thread");
+    }
+}
+
+/// `GET /metrics` on `VK_METRICS_ADDR` (K8). Anything else is 404.
+async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> std::io::Result<()> {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    let data = web::Data::new(metrics);
+    HttpServer::new(move || {
+        App::new().app_data(data.clone()).route(
+            "/metrics",
+            web::get().to(|m: web::Data<Metrics>| async move {
+                HttpResponse::Ok()
+                    .content_type("text/plain; version=0.0.4")
+                    .body(m.render())
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addr)?
+    .run()
+    .await
+}

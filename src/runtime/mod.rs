@@ -1,0 +1,180 @@
+//! The daemon: sources feed one loop that owns the core's State; every event is reduced,
+//! journaled with its actions, and only then are the actions executed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use kube::Client;
+use reconcilers::cocoon::CocoonCmd;
+use reconcilers::event::CocoonOk;
+use reconcilers::{reduce, Action, Envelope, Event, State};
+
+use crate::effects::cocoon::CocoonCli;
+use crate::effects::node::{self, NodeSettings};
+use crate::effects::probes::{Pinger, Probes};
+use crate::effects::Executor;
+use crate::metrics::{self, Metrics};
+use crate::sources::{cocoon_stream, lease_file, pods};
+
+/// Placeholder until the journal writer lands.
+struct Journal;
+impl Journal {
+    fn record(&mut self, _e: &Envelope, _a: &[Action]) -> Result<()> {
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+pub struct Settings {
+    pub core: reconcilers::Config,
+    pub node: NodeSettings,
+    pub cocoon: CocoonCli,
+    pub leases_path: PathBuf,
+    pub metrics_addr: Option<SocketAddr>,
+    // journal: wired in when the journal writer lands
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub async fn run(settings: Settings) -> Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let metrics = Metrics::new();
+    if let Some(addr) = settings.metrics_addr {
+        metrics::spawn_server(addr, metrics.clone());
+    }
+    let pinger = Pinger::open();
+    metrics
+        .probe_degraded
+        .set(if pinger.degraded() { 1.0 } else { 0.0 });
+    let probes = Probes::new(pinger, tx.clone(), metrics.clone());
+    let mut exec = Executor::new(
+        settings.cocoon.clone(),
+        client.clone(),
+        tx.clone(),
+        probes,
+        metrics.clone(),
+        settings.node.name.clone(),
+    );
+
+    let mut tasks = vec![
+        tokio::spawn(pods::run(
+            client.clone(),
+            settings.node.name.clone(),
+            tx.clone(),
+        )),
+        tokio::spawn(lease_file::run(settings.leases_path.clone(), tx.clone())),
+    ];
+    // B1: the VM inventory, listed concurrently with the pods.
+    {
+        let (cli, tx) = (settings.cocoon.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let event = match cli.call(&CocoonCmd::VmList).await {
+                Ok(CocoonOk::Vms { vms }) => Event::VmListed { vms },
+                Ok(_) => unreachable!("vm list decodes to Vms"),
+                Err(error) => Event::VmListFailed { error },
+            };
+            let _ = tx.send(event);
+        }));
+    }
+
+    let mut state = State::new(settings.core.clone());
+    let mut journal: Option<Journal> = None;
+    let mut seq = 0u64;
+    let result = loop {
+        let event = tokio::select! {
+            ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
+            _ = shutdown_signal() => break Ok(()),
+        };
+        let list_failed = matches!(&event, Event::VmListFailed { error } if !state.started)
+            .then(|| format!("{event:?}"));
+        seq += 1;
+        let envelope = Envelope {
+            seq,
+            at: now_ms(),
+            event,
+        };
+        let actions = reduce(&mut state, envelope.clone());
+        if let Some(j) = journal.as_mut() {
+            if let Err(e) = j.record(&envelope, &actions) {
+                tracing::error!(error = %e, "journal write failed; continuing without a journal");
+                journal = None;
+            }
+        }
+        if let Some(what) = list_failed {
+            break Err(anyhow::anyhow!(
+                "cocoon vm list failed at startup (B1), not registering the node: {what}"
+            ));
+        }
+        let mut fatal = None;
+        for action in actions {
+            match action {
+                Action::Fatal { message } => fatal = Some(message),
+                Action::RegisterNode => {
+                    tasks.push(tokio::spawn(register(
+                        client.clone(),
+                        settings.node.clone(),
+                        tx.clone(),
+                    )));
+                    tasks.push(tokio::spawn(cocoon_stream::run(
+                        settings.cocoon.clone(),
+                        tx.clone(),
+                    )));
+                }
+                other => exec.execute(other),
+            }
+        }
+        metrics.vm_table_size.set(state.vm_ids.len() as f64);
+        if let Some(message) = fatal {
+            break Err(anyhow::anyhow!(message));
+        }
+    };
+    // N18: stop everything we started; VMs keep running.
+    exec.probes.stop_all();
+    for t in tasks {
+        t.abort();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    if let Some(j) = journal.as_mut() {
+        let _ = j.flush();
+    }
+    result
+}
+
+async fn register(client: Client, s: NodeSettings, tx: crate::sources::EventTx) {
+    let mut backoff = std::time::Duration::from_millis(200);
+    loop {
+        match node::register(&client, &s).await {
+            Ok(uid) => {
+                tracing::info!(node = %s.name, "node registered");
+                let _ = tx.send(Event::NodeRegistered);
+                node::heartbeat(client, s, uid).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?backoff, "node registration failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(7));
+            }
+        }
+    }
+}

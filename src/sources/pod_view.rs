@@ -1,0 +1,141 @@
+//! Kubernetes `Pod` → the core's `PodView`. Only translation: no field is interpreted here.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus as K8sStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use reconcilers::pod::{Container, OwnerRef, PodView, Resources};
+use reconcilers::status::{
+    Condition, ContainerState, ContainerStatus, PodStatus, Running, Terminated,
+};
+use reconcilers::time::{parse_rfc3339, rfc3339_seconds, Millis};
+
+fn millis(t: &Time) -> Millis {
+    t.0.as_millisecond()
+}
+
+fn ts(t: &Option<Time>) -> Option<String> {
+    t.as_ref().map(|t| rfc3339_seconds(millis(t)))
+}
+
+fn quantities(
+    m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> BTreeMap<String, String> {
+    m.as_ref()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
+}
+
+pub fn pod_view(pod: &Pod) -> PodView {
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    PodView {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        node_selector: spec
+            .and_then(|s| s.node_selector.clone())
+            .unwrap_or_default(),
+        containers: spec
+            .map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| Container {
+                        name: c.name.clone(),
+                        image: c.image.clone().unwrap_or_default(),
+                        resources: c
+                            .resources
+                            .as_ref()
+                            .map(|r| Resources {
+                                requests: quantities(&r.requests),
+                                limits: quantities(&r.limits),
+                            })
+                            .unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        owners: meta
+            .owner_references
+            .as_ref()
+            .map(|o| {
+                o.iter()
+                    .map(|r| OwnerRef {
+                        kind: r.kind.clone(),
+                        name: r.name.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        restart_policy: spec.and_then(|s| s.restart_policy.clone()),
+        deletion_timestamp: meta.deletion_timestamp.as_ref().map(millis),
+        creation_timestamp: meta.creation_timestamp.as_ref().map(millis),
+        status: pod.status.as_ref().map(observed_status).unwrap_or_default(),
+    }
+}
+
+/// The server's status, reduced to the fields vk owns, normalised the way the core derives
+/// them (second-precision times), so equal means "nothing to write".
+pub fn observed_status(s: &K8sStatus) -> PodStatus {
+    PodStatus {
+        phase: s.phase.clone().unwrap_or_default(),
+        reason: s.reason.clone(),
+        message: s.message.clone(),
+        host_ip: s.host_ip.clone(),
+        pod_ip: s.pod_ip.clone(),
+        start_time: ts(&s.start_time),
+        conditions: s
+            .conditions
+            .as_ref()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| Condition {
+                        type_: c.type_.clone(),
+                        status: c.status.clone(),
+                        last_transition_time: ts(&c.last_transition_time),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        container_statuses: s
+            .container_statuses
+            .as_ref()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| ContainerStatus {
+                        name: c.name.clone(),
+                        ready: c.ready,
+                        restart_count: c.restart_count,
+                        image: c.image.clone(),
+                        image_id: c.image_id.clone(),
+                        started: c.started,
+                        state: ContainerState {
+                            running: c
+                                .state
+                                .as_ref()
+                                .and_then(|st| st.running.as_ref())
+                                .map(|r| Running {
+                                    started_at: ts(&r.started_at),
+                                }),
+                            terminated: c.state.as_ref().and_then(|st| st.terminated.as_ref()).map(
+                                |t| Terminated {
+                                    exit_code: t.exit_code,
+                                    reason: t.reason.clone(),
+                                    message: t.message.clone(),
+                                    finished_at: ts(&t.finished_at),
+                                },
+                            ),
+                        },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Used by tests and the journal reader to turn a stored time back into `Millis`.
+pub fn parse_time(s: &str) -> Option<Millis> {
+    parse_rfc3339(s)
+}
