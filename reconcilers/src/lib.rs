@@ -34,3 +34,5 @@ pub use config::Config;
 pub use event::{Envelope, Event};
 pub use reduce::reduce;
 pub use state::State;
+#[cfg(feature = "testkit")]
+pub mod testkit;

@@ -1,0 +1,251 @@
+//! A fake `cocoon`: VMs, snapshots and images in maps, answering each `CocoonCmd` the way
+//! spec/cocoon-cli.md says the real binary does — including its error texts, which go
+//! through the same `CocoonError::classify` the shell uses. Faults are armed per verb.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::cocoon::{CloneSource, CocoonCmd};
+use crate::event::{CocoonOk, SnapshotInfo, VmEventKind};
+use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
+
+use super::builders::mac_for;
+
+/// What the next call of a verb does instead of its normal work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Exit 1 with this text (classified like real stderr).
+    Fail(String),
+    /// Exit 0 with undecodable stdout.
+    Garbage,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FakeCocoon {
+    /// By id.
+    pub vms: BTreeMap<String, VmRecord>,
+    /// By name.
+    pub snapshots: BTreeMap<String, SnapshotInfo>,
+    /// Images stored locally.
+    pub images: BTreeSet<String>,
+    /// Images whose pull fails (the registry does not have them).
+    pub unpullable: BTreeSet<String>,
+    /// Armed faults by verb (`"vm run"`, `"snapshot inspect"`, …), first armed first used.
+    pub faults: BTreeMap<String, VecDeque<Fault>>,
+    /// Stream events (`vm status --event`) not yet delivered.
+    pub stream: VecDeque<(VmEventKind, VmRecord)>,
+    /// Every argv run, in order.
+    pub calls: Vec<String>,
+    next_id: u64,
+}
+
+/// `"vm run"`, `"snapshot rm"`, …: the verb of a command, as faults are keyed.
+pub fn verb(cmd: &CocoonCmd) -> String {
+    cmd.argv().into_iter().take(2).collect::<Vec<_>>().join(" ")
+}
+
+impl FakeCocoon {
+    pub fn add_vm(&mut self, vm: VmRecord) {
+        self.vms.insert(vm.id.clone(), vm);
+    }
+
+    pub fn add_snapshot(&mut self, name: &str, hypervisor: &str, image: &str) {
+        let id = format!("S-{name}");
+        self.snapshots.insert(
+            name.into(),
+            SnapshotInfo {
+                id,
+                name: name.into(),
+                hypervisor: hypervisor.into(),
+                image: image.into(),
+            },
+        );
+    }
+
+    pub fn fail_next(&mut self, verb: &str, text: &str) {
+        self.arm(verb, Fault::Fail(text.into()));
+    }
+
+    pub fn garbage_next(&mut self, verb: &str) {
+        self.arm(verb, Fault::Garbage);
+    }
+
+    fn arm(&mut self, verb: &str, f: Fault) {
+        self.faults.entry(verb.into()).or_default().push_back(f);
+    }
+
+    /// The VMM died: the record stays, not running (cocoon-cli.md §5).
+    pub fn crash(&mut self, id: &str) {
+        if let Some(vm) = self.vms.get_mut(id) {
+            vm.state = "stopped".into();
+            vm.pid = 0;
+            let rec = vm.clone();
+            self.stream.push_back((VmEventKind::Modified, rec));
+        }
+    }
+
+    /// The VM disappeared behind vk's back.
+    pub fn vanish(&mut self, id: &str) {
+        if let Some(vm) = self.vms.remove(id) {
+            self.stream.push_back((VmEventKind::Deleted, vm));
+        }
+    }
+
+    fn find(&self, r: &str) -> Option<&VmRecord> {
+        self.vms
+            .get(r)
+            .or_else(|| self.vms.values().find(|v| v.name == r))
+    }
+
+    pub fn exec(&mut self, cmd: &CocoonCmd) -> Result<CocoonOk, CocoonError> {
+        self.calls.push(cmd.argv().join(" "));
+        let v = verb(cmd);
+        if let Some(f) = self.faults.get_mut(&v).and_then(VecDeque::pop_front) {
+            return Err(match f {
+                Fault::Fail(text) => CocoonError::classify(&text),
+                Fault::Garbage => CocoonError::new(
+                    CocoonErrorKind::BadOutput,
+                    format!("{v}: decode output: expected value at line 1 column 1"),
+                ),
+            });
+        }
+        let fail = |t: String| Err(CocoonError::classify(&t));
+        match cmd {
+            CocoonCmd::ImagePull { image, .. } => {
+                if self.unpullable.contains(image) {
+                    return fail(format!("Error: pull {image}: manifest unknown"));
+                }
+                self.images.insert(image.clone());
+                Ok(CocoonOk::Done)
+            }
+            CocoonCmd::VmRun {
+                name, image, fc, ..
+            } => {
+                let hv = if *fc {
+                    "firecracker"
+                } else {
+                    "cloud-hypervisor"
+                };
+                self.create(name, hv, image, 4242)
+            }
+            CocoonCmd::VmClone { name, source, .. } => {
+                let (hv, image) = match source {
+                    CloneSource::Snapshot(s) => match self.snapshots.get(s) {
+                        Some(snap) => (snap.hypervisor.clone(), snap.image.clone()),
+                        None => return fail("Error: inspect: snapshot not found".into()),
+                    },
+                    CloneSource::FromDir(_) => ("cloud-hypervisor".into(), String::new()),
+                };
+                let hv = if hv.is_empty() {
+                    "cloud-hypervisor".into()
+                } else {
+                    hv
+                };
+                // cocoon-cli.md §6.5: the clone record carries pid 0.
+                self.create(name, &hv, &image, 0)
+            }
+            CocoonCmd::VmInspect { vm } => match self.find(vm) {
+                Some(rec) => Ok(CocoonOk::Vm { vm: rec.clone() }),
+                None => fail(format!("Error: inspect: vm {vm}: VM not found")),
+            },
+            CocoonCmd::VmList => Ok(CocoonOk::Vms {
+                vms: self.vms.values().cloned().collect(),
+            }),
+            CocoonCmd::VmRm { id } => match self.vms.remove(id) {
+                Some(vm) => {
+                    self.stream.push_back((VmEventKind::Deleted, vm));
+                    Ok(CocoonOk::Done)
+                }
+                None => fail(format!("Error: vm {id}: VM not found")),
+            },
+            CocoonCmd::VmStart { id } => {
+                self.next_id += 1;
+                let pid = 5000 + self.next_id as i64;
+                match self.vms.get_mut(id) {
+                    Some(vm) if vm.is_running() => Ok(CocoonOk::Done),
+                    Some(vm) => {
+                        vm.state = "running".into();
+                        vm.pid = pid;
+                        let rec = vm.clone();
+                        self.stream.push_back((VmEventKind::Modified, rec));
+                        Ok(CocoonOk::Done)
+                    }
+                    None => fail(format!("Error: vm {id}: VM not found")),
+                }
+            }
+            CocoonCmd::SnapshotInspect { name } => match self.snapshots.get(name) {
+                Some(s) => Ok(CocoonOk::Snapshot {
+                    snapshot: s.clone(),
+                }),
+                None => fail("Error: inspect: snapshot not found".into()),
+            },
+            CocoonCmd::SnapshotRm { name } => match self.snapshots.remove(name) {
+                Some(_) => Ok(CocoonOk::Done),
+                None => fail(format!("Error: rm: resolve {name:?}: snapshot not found")),
+            },
+            CocoonCmd::SnapshotSave { name, vm } => {
+                if self.snapshots.contains_key(name) {
+                    return fail(format!("Error: snapshot name {name:?} already exists"));
+                }
+                let Some(rec) = self.find(vm).cloned() else {
+                    return fail(format!("Error: vm {vm}: VM not found"));
+                };
+                if !rec.is_running() {
+                    return fail("Error: save snapshot: VM not running".into());
+                }
+                self.add_snapshot(name, &rec.hypervisor, &rec.image);
+                Ok(CocoonOk::Done)
+            }
+            CocoonCmd::ReconcileStaleCreate { id } => {
+                let outcome = match self.vms.get(id) {
+                    None => "not-found",
+                    Some(v) if v.state == "creating" => {
+                        self.vms.remove(id);
+                        "collected"
+                    }
+                    Some(_) => "not-creating",
+                };
+                Ok(CocoonOk::StaleCreate {
+                    outcome: outcome.into(),
+                })
+            }
+        }
+    }
+
+    fn create(
+        &mut self,
+        name: &str,
+        hv: &str,
+        image: &str,
+        pid: i64,
+    ) -> Result<CocoonOk, CocoonError> {
+        if let Some(v) = self.vms.values().find(|v| v.name == name) {
+            return Err(CocoonError::classify(&format!(
+                "Error: create VM: reserve VM record: vm name {name:?} already exists (id: {})",
+                v.id
+            )));
+        }
+        self.next_id += 1;
+        let id = format!("V{:03}", self.next_id);
+        let rec = VmRecord {
+            id: id.clone(),
+            name: name.into(),
+            state: "running".into(),
+            pid: if pid == 0 {
+                0
+            } else {
+                pid + self.next_id as i64
+            },
+            hypervisor: hv.into(),
+            mac: Some(mac_for(&id)),
+            static_ip: None,
+            image: image.into(),
+        };
+        let mut stored = rec.clone();
+        if stored.pid == 0 {
+            stored.pid = 4242 + self.next_id as i64;
+        }
+        self.vms.insert(id, stored.clone());
+        self.stream.push_back((VmEventKind::Added, stored));
+        Ok(CocoonOk::Vm { vm: rec })
+    }
+}

@@ -1,0 +1,204 @@
+//! One line per action or event: the compact form scenario files and journal diffs show.
+//! Cocoon calls print their exact argv; annotation keys under `vm.cocoonstack.io/` drop that
+//! prefix (every key vk writes lives there, so nothing becomes ambiguous).
+
+use crate::action::{Action, Counter, Histogram, ProbeCheck, ProbeTarget, Timer};
+use crate::event::{CocoonOk, Event, KubeOk};
+use crate::status::PodStatus;
+
+fn q(s: &str) -> String {
+    format!("{s:?}")
+}
+
+pub fn short_key(k: &str) -> &str {
+    k.strip_prefix("vm.cocoonstack.io/").unwrap_or(k)
+}
+
+pub fn timer(t: &Timer) -> String {
+    let (kind, key) = match t {
+        Timer::CreateRetry { key, .. } => ("create-retry", key),
+        Timer::Recheck { key, .. } => ("recheck", key),
+        Timer::LeaseWait { key, .. } => ("lease-wait", key),
+        Timer::KubeRetry { key, .. } => ("kube-retry", key),
+        Timer::DeleteRetry { key, .. } => ("delete-retry", key),
+        Timer::EvictRetry { key, .. } => ("evict-retry", key),
+    };
+    format!("{kind} {key}")
+}
+
+pub fn counter(c: &Counter) -> String {
+    match c {
+        Counter::PodLifecycle { op, result, reason } => {
+            format!("pod_lifecycle{{op={op},result={result},reason={reason}}}")
+        }
+        Counter::OrphanVm => "orphan_vm".into(),
+        Counter::VmInspectTransientFail => "vm_inspect_transient_fail".into(),
+        Counter::PodEvictFailure => "pod_evict_failure".into(),
+        Counter::ReconcileAdoptByName => "reconcile_adopt_by_name".into(),
+        Counter::StaleCreateReconcile { outcome } => {
+            format!("stale_create_reconcile{{outcome={outcome}}}")
+        }
+        Counter::WakeIpWait { result } => format!("wake_ip_wait{{result={result}}}"),
+        Counter::SnapshotPull { result } => format!("snapshot_pull{{result={result}}}"),
+        Counter::CloneFromDir { result } => format!("clone_from_dir{{result={result}}}"),
+        Counter::StartupResume { op } => format!("startup_resume{{op={op}}}"),
+    }
+}
+
+fn probe_target(t: &ProbeTarget) -> String {
+    let check = match &t.check {
+        ProbeCheck::Icmp => "icmp".to_string(),
+        ProbeCheck::Tcp { port } => format!("tcp:{port}"),
+        ProbeCheck::SshBanner => "ssh".to_string(),
+    };
+    format!("{check} {}", t.ip.as_deref().unwrap_or("-"))
+}
+
+/// `phase=Running ready=true ip=10.0.0.5`, plus reason, message and a terminated container.
+pub fn status(s: &PodStatus) -> String {
+    let mut out = format!("phase={}", s.phase);
+    if let Some(c) = s.conditions.iter().find(|c| c.type_ == "Ready") {
+        out += &format!(" ready={}", c.status == "True");
+    }
+    if let Some(ip) = &s.pod_ip {
+        out += &format!(" ip={ip}");
+    }
+    if let Some(r) = &s.reason {
+        out += &format!(" reason={r}");
+    }
+    if let Some(m) = &s.message {
+        out += &format!(" message={}", q(m));
+    }
+    for c in &s.container_statuses {
+        if let Some(t) = &c.state.terminated {
+            out += &format!(
+                " terminated={}:{}",
+                t.reason.as_deref().unwrap_or("-"),
+                t.exit_code
+            );
+        }
+    }
+    out
+}
+
+pub fn action(a: &Action) -> String {
+    match a {
+        Action::Cocoon { op, cmd, .. } => format!("cocoon #{op} {}", cmd.argv().join(" ")),
+        Action::PatchAnnotations { op, key, set, .. } => {
+            let kv: Vec<String> = set
+                .iter()
+                .map(|(k, v)| match v {
+                    Some(v) => format!("{}={}", short_key(k), v),
+                    None => format!("{}=null", short_key(k)),
+                })
+                .collect();
+            format!("annotate #{op} {key} {}", kv.join(" "))
+        }
+        Action::PushStatus {
+            op, key, status: s, ..
+        } => format!("status #{op} {key} {}", status(s)),
+        Action::DeletePod {
+            op,
+            key,
+            uid,
+            grace_seconds,
+        } => {
+            let grace = grace_seconds.map_or("default".into(), |g| g.to_string());
+            format!("delete-pod #{op} {key} uid={uid} grace={grace}")
+        }
+        Action::RecordEvent {
+            key,
+            kind,
+            reason,
+            message,
+            ..
+        } => format!("event {key} {kind:?} {reason} {}", q(message)),
+        Action::Probe {
+            key,
+            probe,
+            target,
+            after_ms,
+        } => format!(
+            "probe {key} p{probe} {} after={after_ms}ms",
+            probe_target(target)
+        ),
+        Action::StopProbe { key } => format!("stop-probe {key}"),
+        Action::ArmTimer { timer: t, after_ms } => format!("timer {} after={after_ms}ms", timer(t)),
+        Action::Count { counter: c } => format!("count {}", counter(c)),
+        Action::Observe { histogram, millis } => match histogram {
+            Histogram::VmBootDuration { mode, backend } => {
+                format!("observe vm_boot_duration{{mode={mode},backend={backend}}} {millis}ms")
+            }
+        },
+        Action::Log { level, message } => format!("log {level:?} {}", q(message)).to_lowercase(),
+        Action::RegisterNode => "register-node".into(),
+        Action::Fatal { message } => format!("fatal {}", q(message)),
+    }
+}
+
+fn cocoon_ok(ok: &CocoonOk) -> String {
+    match ok {
+        CocoonOk::Done => "ok".into(),
+        CocoonOk::Vm { vm } => format!("ok vm {} {} {} pid={}", vm.id, vm.name, vm.state, vm.pid),
+        CocoonOk::Vms { vms } => {
+            let ids: Vec<&str> = vms.iter().map(|v| v.id.as_str()).collect();
+            format!("ok vms [{}]", ids.join(","))
+        }
+        CocoonOk::Snapshot { snapshot } => format!(
+            "ok snapshot {} hypervisor={} image={}",
+            snapshot.name, snapshot.hypervisor, snapshot.image
+        ),
+        CocoonOk::StaleCreate { outcome } => format!("ok stale-create {outcome}"),
+    }
+}
+
+pub fn event(e: &Event) -> String {
+    match e {
+        Event::PodRelistBegin => "relist-begin".into(),
+        Event::PodRelistItem { pod } => format!("relist-item {}", pod.key()),
+        Event::PodRelistEnd => "relist-end".into(),
+        Event::PodApplied { pod } => {
+            let del = if pod.deletion_timestamp.is_some() {
+                " deleting"
+            } else {
+                ""
+            };
+            format!("applied {}{del}", pod.key())
+        }
+        Event::PodDeleted { pod } => format!("deleted {}", pod.key()),
+        Event::VmListed { vms } => {
+            let ids: Vec<&str> = vms.iter().map(|v| v.id.as_str()).collect();
+            format!("vm-listed [{}]", ids.join(","))
+        }
+        Event::VmListFailed { error } => format!("vm-list-failed {}", q(&error.message)),
+        Event::VmStreamConnected => "stream-connected".into(),
+        Event::VmStream { kind, vm } => {
+            format!("stream {kind:?} {} {} {}", vm.id, vm.name, vm.state).to_string()
+        }
+        Event::VmStreamClosed { clean, .. } => format!("stream-closed clean={clean}"),
+        Event::ProbeDone { key, probe, ok, .. } => {
+            format!(
+                "probe-done {key} p{probe} {}",
+                if *ok { "ok" } else { "fail" }
+            )
+        }
+        Event::LeasesChanged { leases } => {
+            let l: Vec<String> = leases
+                .iter()
+                .map(|l| format!("{}={}", l.mac, l.ip))
+                .collect();
+            format!("leases [{}]", l.join(","))
+        }
+        Event::TimerFired { timer: t } => format!("timer-fired {}", timer(t)),
+        Event::CocoonDone { op, result } => match result {
+            Ok(ok) => format!("cocoon-done #{op} {}", cocoon_ok(ok)),
+            Err(e) => format!("cocoon-done #{op} err {:?} {}", e.kind, q(&e.message)),
+        },
+        Event::KubeDone { op, result } => match result {
+            Ok(KubeOk::Done) => format!("kube-done #{op} ok"),
+            Ok(KubeOk::Status { status: s }) => format!("kube-done #{op} ok {}", status(s)),
+            Err(e) => format!("kube-done #{op} err {:?}", e.kind),
+        },
+        Event::NodeRegistered => "node-registered".into(),
+    }
+}
