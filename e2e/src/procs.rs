@@ -243,6 +243,14 @@ fn start_time(pid: u32) -> Option<u64> {
     stat_fields(pid as i32)?.get(19)?.parse().ok()
 }
 
+/// `pid` runs and is the process that started at `start`. A zombie counts as dead: a test
+/// killed with SIGKILL stays one until its parent (or a lazy init) reaps it.
+fn is_running(pid: i32, start: u64) -> bool {
+    stat_fields(pid).is_some_and(|f| {
+        !matches!(f[0].as_str(), "Z" | "X") && f.get(19).and_then(|s| s.parse().ok()) == Some(start)
+    })
+}
+
 fn all_pids() -> Vec<i32> {
     let Ok(rd) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -426,7 +434,7 @@ fn owner_of(run: &Path) -> Owner {
             .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
     };
     match (field("pid"), field("start")) {
-        (Some(pid), Some(start)) if start_time(pid as u32) == Some(start) => Owner::Alive,
+        (Some(pid), Some(start)) if is_running(pid as i32, start) => Owner::Alive,
         _ => Owner::Dead,
     }
 }
