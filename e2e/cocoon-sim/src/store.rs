@@ -162,7 +162,9 @@ mod tests {
         m.insert("ABCDEF".into(), "web".into());
         m.insert("ABCXYZ".into(), "ABCDEF2".into());
         m.insert("QQQ111".into(), "ABC".into());
-        let name = |v: &String| v.as_str();
+        fn name(v: &String) -> &str {
+            v
+        }
         assert_eq!(resolve(&m, name, "ABCDEF"), Ok("ABCDEF"));
         assert_eq!(resolve(&m, name, "web"), Ok("ABCDEF"));
         assert_eq!(resolve(&m, name, "ABC"), Ok("QQQ111"));
