@@ -256,7 +256,7 @@ fn guest_runs_in_its_cgroup_scope_when_v2_is_writable() {
     )));
     let procs = read(&Path::new(scope).join("cgroup.procs"));
     assert!(
-        procs.lines().any(|l| l == vm["pid"].to_string()),
+        procs.lines().any(|l| l == vm["pid"].to_string().as_str()),
         "guest pid in scope: {procs}"
     );
     assert!(read(&Path::new(scope).join("cpu.stat")).contains("usage_usec"));
@@ -272,13 +272,7 @@ fn cleanup_removes_guests_and_plumbing() {
     let infos: Vec<Value> = ["c1", "c2"].iter().map(|n| sim.info(n)).collect();
     sim.run(&["sim", "cleanup"]).ok();
     for i in &infos {
-        assert!(
-            !Path::new(&format!("/proc/{}", i["pid"]))
-                .join("cmdline")
-                .exists()
-                || !read(&Path::new(&format!("/proc/{}/cmdline", i["pid"])))
-                    .contains(i["id"].as_str().unwrap())
-        );
+        assert_eq!(sim.info(i["id"].as_str().unwrap())["alive"], false);
         if let Some(ns) = i["netns"].as_str().filter(|s| !s.is_empty()) {
             assert!(!Path::new(&format!("/var/run/netns/{ns}")).exists());
         }
@@ -287,4 +281,43 @@ fn cleanup_removes_guests_and_plumbing() {
         }
     }
     assert_eq!(sim.inspect("c1")["state"], "stopped (stale)");
+}
+
+#[test]
+fn boot_delay_keeps_ports_closed_while_running() {
+    let sim = Sim::with_env(&[("COCOON_SIM_BOOT_MS", "600000")]);
+    let vm = sim.run_vm("slowboot", &[]);
+    assert_eq!(vm["state"], "running");
+    let ip = sim.info("slowboot")["ip"].as_str().unwrap().to_string();
+    wait_for("guest booting", || {
+        let r = sim.run(&["vm", "logs", "slowboot"]);
+        r.stdout.contains("booting slowboot").then_some(())
+    });
+    assert!(
+        connect(&ip, 22).is_none(),
+        "services are not up before the boot delay"
+    );
+}
+
+#[test]
+fn all_leftovers_sweeps_resources_of_a_vanished_root() {
+    let crashed = Sim::new();
+    crashed.run_vm("orphan", &[]);
+    let info = crashed.info("orphan");
+    // A killed harness: its root disappears without `sim cleanup`.
+    std::fs::remove_dir_all(&crashed.root).unwrap();
+    let sweeper = Sim::new();
+    sweeper.run(&["sim", "cleanup", "--all-leftovers"]).ok();
+    let pid = info["pid"].as_i64().unwrap();
+    let cmdline = read(Path::new(&format!("/proc/{pid}/cmdline")));
+    assert!(
+        !cmdline.contains(info["id"].as_str().unwrap()),
+        "orphan guest gone"
+    );
+    if let Some(ns) = info["netns"].as_str().filter(|s| !s.is_empty()) {
+        assert!(!Path::new(&format!("/var/run/netns/{ns}")).exists());
+        assert!(!Path::new("/sys/class/net")
+            .join(info["veth"].as_str().unwrap())
+            .exists());
+    }
 }

@@ -587,3 +587,31 @@ fn usage_errors_read_like_cobra() {
         "No VMs found.\n"
     );
 }
+
+#[test]
+fn concurrent_invocations_keep_names_unique() {
+    let sim = Sim::new();
+    sim.pull(IMAGE);
+    let children: Vec<_> = (0..6)
+        .map(|i| {
+            let name = if i < 3 {
+                "same".to_string()
+            } else {
+                format!("vm-{i}")
+            };
+            sim.spawn(&["vm", "run", "--output", "json", "--name", &name, IMAGE])
+        })
+        .collect();
+    let codes: Vec<i32> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap().status.code().unwrap())
+        .collect();
+    assert_eq!(
+        codes[..3].iter().filter(|c| **c == 0).count(),
+        1,
+        "exactly one `same` wins: {codes:?}"
+    );
+    assert!(codes[3..].iter().all(|c| *c == 0), "{codes:?}");
+    let list = sim.run(&["vm", "list", "-o", "json"]).ok().json();
+    assert_eq!(list.as_array().unwrap().len(), 4);
+}
