@@ -25,8 +25,13 @@ pub fn parent_dir(env: &Env) -> Option<PathBuf> {
 /// Creates the scope and returns its path, or `None` when cgroup v2 is absent or read-only.
 pub fn create_scope(env: &Env, id: &str) -> Option<PathBuf> {
     let scope = parent_dir(env)?.join(format!("vm-{id}.scope"));
-    fs::create_dir_all(&scope).ok()?;
-    scope.join("cgroup.procs").exists().then_some(scope)
+    // Another root's cleanup may rmdir the shared parent between our two mkdirs: retry.
+    for _ in 0..3 {
+        if fs::create_dir_all(&scope).is_ok() {
+            return scope.join("cgroup.procs").exists().then_some(scope);
+        }
+    }
+    None
 }
 
 pub fn remove_scope(path: &str) {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::cgroup;
 use crate::config::Env;
@@ -101,6 +101,7 @@ pub fn cleanup(env: &Env, all_leftovers: bool) -> Result<()> {
     }
     if all_leftovers {
         remove_unowned_links(env);
+        remove_unowned_scopes(env);
     }
     vmnet::maybe_drop_bridge(env);
     cgroup::remove_parent_if_empty(env);
@@ -138,5 +139,33 @@ fn remove_unowned_links(env: &Env) {
             netns::teardown("", &link);
         }
     }
-    let _ = Path::new("");
+}
+
+/// Empty `vm-<ID>.scope`s whose VM no live root knows; a busy scope refuses rmdir anyway.
+fn remove_unowned_scopes(env: &Env) {
+    let Some(parent) = cgroup::parent_dir(env) else {
+        return;
+    };
+    let mut live: BTreeSet<String> = ipam::claims(env)
+        .into_iter()
+        .filter(|c| c.owner_alive())
+        .map(|c| c.id)
+        .collect();
+    for p in guest_procs() {
+        if p.root().is_some_and(|r| r.join("vms").join(&p.id).is_dir()) {
+            live.insert(p.id);
+        }
+    }
+    let Ok(rd) = fs::read_dir(&parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let id = name
+            .strip_prefix("vm-")
+            .and_then(|n| n.strip_suffix(".scope"));
+        if id.is_some_and(|id| !live.contains(id)) {
+            let _ = fs::remove_dir(e.path());
+        }
+    }
 }

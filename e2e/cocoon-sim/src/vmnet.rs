@@ -110,10 +110,11 @@ pub fn recover(env: &Env, vm: &mut StoredVm) -> Result<()> {
 }
 
 pub fn attach_cgroup(env: &Env, vm: &mut StoredVm) {
-    if vm.sim.cgroup.is_empty() {
-        if let Some(p) = cgroup::create_scope(env, &vm.id) {
-            vm.sim.cgroup = p.display().to_string();
-        }
+    // Recreated when missing: a sweep may have removed the scope of a stopped VM.
+    if vm.sim.cgroup.is_empty() || !std::path::Path::new(&vm.sim.cgroup).is_dir() {
+        vm.sim.cgroup = cgroup::create_scope(env, &vm.id)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
     }
 }
 
