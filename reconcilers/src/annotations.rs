@@ -9,6 +9,12 @@ use crate::keys;
 use crate::pod::PodKey;
 use crate::state::{Lifecycle, OpOwner, State};
 
+const LIFECYCLE_TRIPLE: [&str; 3] = [
+    keys::LIFECYCLE_STATE,
+    keys::LIFECYCLE_GENERATION,
+    keys::LIFECYCLE_MESSAGE,
+];
+
 pub fn desired(s: &State, key: &PodKey) -> BTreeMap<String, Option<String>> {
     let mut want = BTreeMap::new();
     let Some(e) = s.pods.get(key) else {
@@ -48,10 +54,21 @@ pub fn sync(s: &mut State, key: &PodKey) {
     {
         return;
     }
-    let diff: BTreeMap<String, Option<String>> = desired(s, key)
-        .into_iter()
-        .filter(|(k, v)| e.pod.annotations.get(k) != v.as_ref())
+    let want = desired(s, key);
+    let mut diff: BTreeMap<String, Option<String>> = want
+        .iter()
+        .filter(|(k, v)| e.pod.annotations.get(*k) != v.as_ref())
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    // L2: the lifecycle triple is written as one unit, message null when empty, even when
+    // only one of the three differs from what the server holds.
+    if LIFECYCLE_TRIPLE.iter().any(|k| diff.contains_key(*k)) {
+        for k in LIFECYCLE_TRIPLE {
+            if let Some(v) = want.get(k) {
+                diff.insert(k.to_string(), v.clone());
+            }
+        }
+    }
     if diff.is_empty() {
         return;
     }

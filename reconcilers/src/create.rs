@@ -353,11 +353,12 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     ready_wait(s, key, if clone_path { "clone" } else { "run" });
 }
 
-/// C16: `ready` needs a resolvable IP. Clones wait 45 s for the lease; a run has no deadline.
+/// C16: `ready` needs a resolvable IP. Clones wait 45 s for the lease; a run or an adoption
+/// has no deadline (annotations.md §4.2 rule 7: `ready` requires an IP on every managed path).
 pub(crate) fn ready_wait(s: &mut State, key: &PodKey, op: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let has_ip = e.vm.as_ref().is_some_and(|v| v.ip.is_some());
-    let deadline = op != "run";
+    let deadline = op == "clone";
     e.ip_wait = Some(IpWait {
         op: op.to_string(),
         deadline,
@@ -415,7 +416,6 @@ pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: &str) {
         e.failure = None;
     }
     probe::start(s, key);
-    lifecycle::set(s, key, Lifecycle::Ready, None);
     s.emit(Action::Count {
         counter: Counter::PodLifecycle {
             op: "create".into(),
@@ -423,6 +423,8 @@ pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: &str) {
             reason: reason.into(),
         },
     });
+    // No guest work is owed, but `ready` still needs the IP (usually already leased).
+    ready_wait(s, key, "adopt");
 }
 
 /// C5: an unmanaged pod brings its own VM; vk only probes the annotated IP.
@@ -488,7 +490,9 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
             });
             ready_wait(s, key, "clone");
         }
-        _ => lifecycle::set(s, key, Lifecycle::Ready, None),
+        // Seeded `ready` stays as the server has it: no rewrite, no flap.
+        Some(Lifecycle::Ready) => {}
+        _ => ready_wait(s, key, "adopt"),
     }
     if !running {
         vmevents::hint(s, key);
@@ -573,6 +577,16 @@ fn abandon(s: &mut State, key: &PodKey) {
 
 /// C12.6 / P3: a bring-up error. Warning Event, lifecycle `failed`, and a retry with backoff.
 pub fn fail(s: &mut State, key: &PodKey, msg: String) {
+    fail_with(s, key, msg, true)
+}
+
+/// A bring-up error that a retry cannot change (a bad annotation): reported like any other,
+/// then the pod waits for a spec change (`intake::updated`) instead of a timer.
+pub fn fail_permanently(s: &mut State, key: &PodKey, msg: String) {
+    fail_with(s, key, msg, false)
+}
+
+fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: bool) {
     clear_busy(s, key);
     let Some(e) = s.pods.get_mut(key) else { return };
     if e.deleting {
@@ -590,10 +604,12 @@ pub fn fail(s: &mut State, key: &PodKey, msg: String) {
         counter: Counter::PodLifecycle {
             op: "create".into(),
             result: "failed".into(),
-            reason: "bring_up".into(),
+            reason: if retry { "bring_up" } else { "invalid_spec" }.into(),
         },
     });
-    if attempts < MAX_ATTEMPTS {
+    if !retry {
+        s.pods.get_mut(key).expect("present").permanent_failure = true;
+    } else if attempts < MAX_ATTEMPTS {
         let after_ms = (5u64 << (attempts - 1).min(40)).min(1_000_000);
         s.emit(Action::ArmTimer {
             timer: Timer::CreateRetry {

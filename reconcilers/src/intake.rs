@@ -91,14 +91,23 @@ pub fn intake(s: &mut State, key: &PodKey) {
     }
     let spec = match &e.spec {
         Ok(spec) => spec.clone(),
-        Err(err) => {
-            let reason = if err.key == crate::keys::VM_NAME && err.message.starts_with("missing") {
+        // C1: only a missing or unusable VM name is a gate (counter, no Event, no lifecycle).
+        // Any other bad annotation fails the claimed bring-up like a cocoon error would, so
+        // the operator sees lifecycle `failed` naming the key; retrying cannot help, so the
+        // pod waits for a change instead.
+        Err(err) if err.key == crate::keys::VM_NAME => {
+            let reason = if err.message.starts_with("missing") {
                 "missing_vmname"
             } else {
-                "invalid_spec"
+                "invalid_vmname"
             };
             let msg = err.to_string();
             reject(s, key, msg, reason);
+            return;
+        }
+        Err(err) => {
+            let msg = err.to_string();
+            create::fail_permanently(s, key, msg);
             return;
         }
     };

@@ -14,7 +14,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
         return;
     };
     match owner {
-        OpOwner::Status { key } => {
+        OpOwner::Status { key, pushed } => {
             let Some(e) = s.pods.get_mut(&key) else {
                 return;
             };
@@ -24,15 +24,17 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
             e.status_op = None;
             s.touched.insert(key.clone());
             match result {
-                Ok(KubeOk::Status { status }) => {
+                Ok(ok) => {
                     let e = s.pods.get_mut(&key).expect("present");
                     e.kube_failures = 0;
-                    e.pod.status = status;
-                    let desired = crate::status::derive(&s.config, &s.pods[&key]);
-                    let e = s.pods.get_mut(&key).expect("present");
-                    e.echo_mismatch = (desired != e.pod.status).then_some(desired);
+                    // Without an echo body the server holds what was pushed.
+                    e.pod.status = match ok {
+                        KubeOk::Status { status } => status,
+                        KubeOk::Done => pushed.clone(),
+                    };
+                    // The server changed what we pushed: pushing it again would loop.
+                    e.echo_mismatch = (pushed != e.pod.status).then_some(pushed);
                 }
-                Ok(KubeOk::Done) => {}
                 Err(err) => failed(s, &key, "status", err),
             }
         }

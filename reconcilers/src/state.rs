@@ -64,6 +64,9 @@ pub enum OpOwner {
     /// A Kubernetes write of the pod: status, annotations or delete.
     Status {
         key: PodKey,
+        /// What was pushed, to tell an echo that differs from it (the server changed it)
+        /// from a desired status that moved on while the write was in flight.
+        pushed: crate::status::PodStatus,
     },
     Annotations {
         key: PodKey,

@@ -219,7 +219,10 @@ pub fn sync(s: &mut State, key: &PodKey) {
         return;
     }
     let uid = e.pod.uid.clone();
-    let op = s.new_op(crate::state::OpOwner::Status { key: key.clone() });
+    let op = s.new_op(crate::state::OpOwner::Status {
+        key: key.clone(),
+        pushed: desired.clone(),
+    });
     s.pods.get_mut(key).expect("present").status_op = Some(op);
     s.emit(crate::action::Action::PushStatus {
         op,

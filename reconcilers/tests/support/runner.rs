@@ -1,0 +1,604 @@
+//! The scenario command language: each command drives or inspects a testkit `World` and
+//! returns the lines it shows. Commands that feed events show the exact actions out; `start`,
+//! `settle` and `run` show the whole trace (`> event`, then its actions indented).
+
+use std::collections::BTreeMap;
+
+use reconcilers::action::{Action, Timer};
+use reconcilers::config::{Config, OrphanPolicy, RestoreMode};
+use reconcilers::event::{CocoonOk, Event, KubeError, KubeErrorKind, SnapshotInfo, VmEventKind};
+use reconcilers::keys;
+use reconcilers::pod::{PodKey, PodView};
+use reconcilers::status;
+use reconcilers::testkit::{self, render, World};
+use reconcilers::vm::{CocoonError, CocoonErrorKind, VmRecord};
+
+pub struct Runner {
+    config: Config,
+    world: Option<World>,
+    defs: BTreeMap<PodKey, PodView>,
+    /// World switches applied to every world this runner makes.
+    dhcp: Option<u64>,
+    stream: bool,
+    echo: bool,
+}
+
+fn key(s: &str) -> PodKey {
+    let (ns, name) = s.split_once('/').unwrap_or(("default", s));
+    PodKey::new(ns, name)
+}
+
+pub fn duration_ms(s: &str) -> u64 {
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3_600_000)
+    } else {
+        (s, 1)
+    };
+    num.parse::<u64>()
+        .unwrap_or_else(|_| panic!("bad duration {s:?}"))
+        * mult
+}
+
+/// `k=v` arguments; a bare word is `word=""`.
+fn args(toks: &[String]) -> Vec<(String, String)> {
+    toks.iter()
+        .map(|t| match t.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (t.clone(), String::new()),
+        })
+        .collect()
+}
+
+/// Short annotation names a scenario may use; anything with a `/` is a full key.
+fn annotation_key(k: &str) -> Option<String> {
+    let full = match k {
+        "id" => keys::VM_ID,
+        "ip" => keys::VM_IP,
+        "vm" => keys::VM_NAME,
+        "lifecycle" => keys::LIFECYCLE_STATE,
+        "observed-gen" => keys::LIFECYCLE_GENERATION,
+        "lifecycle-message" => keys::LIFECYCLE_MESSAGE,
+        "gen" => keys::GENERATION,
+        "os" => keys::OS,
+        "backend" => keys::BACKEND,
+        "storage" => keys::STORAGE,
+        "network" => keys::NETWORK,
+        "mode" => keys::MODE,
+        "image" => keys::IMAGE,
+        "fork-from" => keys::FORK_FROM,
+        "clone-from-dir" => keys::CLONE_FROM_DIR,
+        "probe-port" => keys::PROBE_PORT,
+        "keep-snapshot" => keys::KEEP_SNAPSHOT_ON_DELETE,
+        "hibernate" => keys::HIBERNATE,
+        "no-direct-io" => keys::NO_DIRECT_IO,
+        "force-pull" => keys::FORCE_PULL,
+        "managed" => keys::MANAGED,
+        "restore-from-hibernate" => keys::RESTORE_FROM_HIBERNATE,
+        k if k.contains('/') => k,
+        _ => return None,
+    };
+    Some(full.to_string())
+}
+
+fn flag_value(v: &str) -> &str {
+    if v.is_empty() {
+        "true"
+    } else {
+        v
+    }
+}
+
+fn vm_record(a: &[(String, String)]) -> VmRecord {
+    let get = |k: &str| a.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str());
+    let id = get("id").expect("vm needs id=");
+    let mut b = testkit::vm(id, get("name").unwrap_or(""));
+    for (k, v) in a {
+        b = match k.as_str() {
+            "state" => b.state(v),
+            "pid" => b.pid(v.parse().expect("pid")),
+            "mac" => b.mac(v),
+            "ip" => b.static_ip(v),
+            "hypervisor" => b.hypervisor(v),
+            "image" => b.image(v),
+            "id" | "name" => b,
+            other => panic!("vm: unknown argument {other}"),
+        };
+    }
+    let mut r = b.build();
+    if get("mac") == Some("-") {
+        r.mac = None;
+    }
+    r
+}
+
+fn trace(w: &World, from: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for (env, actions) in &w.log[from..] {
+        out.push(format!("> {}", render::event(&env.event)));
+        out.extend(actions.iter().map(|a| format!("  {}", render::action(a))));
+    }
+    out
+}
+
+fn actions(acts: &[Action]) -> Vec<String> {
+    acts.iter().map(render::action).collect()
+}
+
+impl Runner {
+    pub fn new() -> Self {
+        Self {
+            config: Config::default(),
+            world: None,
+            defs: BTreeMap::new(),
+            dhcp: None,
+            stream: true,
+            echo: true,
+        }
+    }
+
+    fn world(&mut self) -> &mut World {
+        if self.world.is_none() {
+            let mut w = World::new(self.config.clone());
+            w.dhcp = self.dhcp;
+            w.stream = self.stream;
+            w.api.echo = self.echo;
+            self.world = Some(w);
+        }
+        self.world.as_mut().expect("made")
+    }
+
+    pub fn finish(&self) -> Vec<String> {
+        self.world
+            .as_ref()
+            .map(|w| w.violations.clone())
+            .unwrap_or_default()
+    }
+
+    fn configure(&mut self, a: &[(String, String)]) {
+        for (k, v) in a {
+            match k.as_str() {
+                "orphan_policy" => self.config.orphan_policy = OrphanPolicy::parse(v),
+                "cpu_class" => self.config.cpu_class = Some(v.clone()),
+                "restore_mode" => {
+                    self.config.restore_mode = match v.as_str() {
+                        "copy" => RestoreMode::Copy,
+                        "mmap" => RestoreMode::Mmap,
+                        _ => RestoreMode::Ondemand,
+                    }
+                }
+                "node_ip" => self.config.node_ip = v.clone(),
+                "dhcp" => {
+                    self.dhcp = match v.as_str() {
+                        "off" => None,
+                        d => Some(duration_ms(d)),
+                    }
+                }
+                "stream" => self.stream = v != "off",
+                "echo" => self.echo = v != "off",
+                "settle" => {}
+                other => panic!("unknown setting {other}"),
+            }
+        }
+        let settings = a.iter().filter(|(k, _)| k != "settle").count();
+        assert!(
+            settings == 0 || self.world.is_none(),
+            "config must come before the world is made"
+        );
+    }
+
+    fn pod(&mut self, toks: &[String]) {
+        let k = key(&toks[0]);
+        let mut b = testkit::pod(&k.namespace, &k.name);
+        for (a, v) in args(&toks[1..]) {
+            b = match a.as_str() {
+                "managed" => b.managed(),
+                "run" => b.run(&v),
+                "clone" => b.clone_of(&v),
+                "uid" => b.uid(&v),
+                "vm" if v == "-" => b.no_vm_name(),
+                "cpu" | "memory" => {
+                    let (req, lim) = v.split_once('/').unwrap_or((&v, ""));
+                    if a == "cpu" {
+                        b.cpu(req, lim)
+                    } else {
+                        b.memory(req, lim)
+                    }
+                }
+                "selector" => {
+                    let (sk, sv) = v.split_once(':').expect("selector=key:value");
+                    b.node_selector(sk, sv)
+                }
+                "cpu-class" => b.node_selector(keys::CPU_CLASS_SELECTOR, &v),
+                "restart" => b.restart_policy(&v),
+                "owner" => {
+                    let (kind, name) = v.split_once(':').expect("owner=Kind:name");
+                    b.owner(kind, name)
+                }
+                other => match annotation_key(other) {
+                    Some(full) => b.annotation(&full, flag_value(&v)),
+                    None => panic!("pod: unknown argument {other}"),
+                },
+            };
+        }
+        let pod = b.build();
+        self.defs.insert(k, pod);
+    }
+
+    pub fn run(&mut self, line: &str) -> Vec<String> {
+        let toks = super::datadriven::tokenize(line);
+        let (cmd, rest) = toks.split_first().expect("empty command");
+        let a = args(rest);
+        match cmd.as_str() {
+            "config" => {
+                self.configure(&a);
+                vec![]
+            }
+            "vm" => {
+                let r = vm_record(&a);
+                self.world().cocoon.add_vm(r);
+                vec![]
+            }
+            "snapshot" => {
+                let get = |k: &str| {
+                    a.iter()
+                        .find(|(x, _)| x == k)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                let (n, h, i) = (get("name"), get("hypervisor"), get("image"));
+                self.world().cocoon.add_snapshot(&n, &h, &i);
+                vec![]
+            }
+            "image-missing" => {
+                self.world().cocoon.unpullable.insert(rest[0].clone());
+                vec![]
+            }
+            "pod" => {
+                self.pod(rest);
+                vec![]
+            }
+            "start" => {
+                self.configure(&a);
+                let manual = a.iter().any(|(k, v)| k == "settle" && v == "false");
+                let pods: Vec<PodView> = self.defs.values().cloned().collect();
+                let w = self.world();
+                let from = w.log.len();
+                w.start_unsettled(pods, vec![]);
+                if !manual {
+                    w.settle();
+                }
+                trace(w, from)
+            }
+            "restart" => self.restart(&a),
+            "apply" => {
+                let k = key(&rest[0]);
+                let pod = self
+                    .defs
+                    .get(&k)
+                    .expect("apply: no such pod defined")
+                    .clone();
+                actions(&self.world().apply(pod))
+            }
+            "annotate" => {
+                let k = key(&rest[0]);
+                let mut out = Vec::new();
+                for t in &rest[1..] {
+                    let (ak, v) = match t.strip_suffix('-') {
+                        Some(ak) if !t.contains('=') => (ak.to_string(), None),
+                        _ => {
+                            let (ak, v) = t.split_once('=').unwrap_or((t, ""));
+                            (ak.to_string(), Some(flag_value(v).to_string()))
+                        }
+                    };
+                    let full = annotation_key(&ak).unwrap_or_else(|| panic!("key {ak}"));
+                    out.extend(actions(&self.world().annotate(&k, &full, v.as_deref())));
+                }
+                out
+            }
+            "delete" => actions(&self.world().delete_pod(&key(&rest[0]))),
+            "remove" => actions(&self.world().remove_pod(&key(&rest[0]))),
+            "relist" => {
+                let w = self.world();
+                let from = w.log.len();
+                w.relist();
+                trace(w, from)
+            }
+            "cocoon-ok" => {
+                let op = rest[0].parse().expect("op");
+                let ok = cocoon_ok(&rest[1..]);
+                actions(&self.world().cocoon_done(op, Ok(ok)))
+            }
+            "cocoon-err" => {
+                let op = rest[0].parse().expect("op");
+                let err = CocoonError::classify(&rest[1]);
+                actions(&self.world().cocoon_done(op, Err(err)))
+            }
+            "cocoon-garbage" => {
+                let op = rest[0].parse().expect("op");
+                let err = CocoonError::new(
+                    CocoonErrorKind::BadOutput,
+                    "decode output: expected value at line 1 column 1",
+                );
+                actions(&self.world().cocoon_done(op, Err(err)))
+            }
+            "kube-err" => {
+                let op = rest[0].parse().expect("op");
+                let kind = kube_kind(&rest[1]);
+                let err = KubeError {
+                    kind,
+                    message: format!("{kind:?}"),
+                };
+                actions(&self.world().kube_done(op, Err(err)))
+            }
+            "exec" => {
+                let w = self.world();
+                let from = w.log.len();
+                for op in rest {
+                    w.exec_op(op.parse().expect("op"));
+                }
+                trace(w, from)
+            }
+            "lease" => actions(&self.world().set_lease(&rest[0], &rest[1])),
+            "lease-drop" => actions(&self.world().drop_lease(&rest[0])),
+            // The lease of a VM's first NIC, by VM id (its MAC is the fake cocoon's).
+            "lease-vm" => {
+                let mac = self.mac_of(&rest[0]);
+                actions(&self.world().set_lease(&mac, &rest[1]))
+            }
+            "lease-vm-drop" => {
+                let mac = self.mac_of(&rest[0]);
+                actions(&self.world().drop_lease(&mac))
+            }
+            "probe" => {
+                let ok = rest[1] == "ok";
+                actions(
+                    &self
+                        .world()
+                        .answer_probe(&key(&rest[0]), ok)
+                        .expect("no probe scheduled for that pod"),
+                )
+            }
+            "advance" => {
+                self.world().advance(duration_ms(&rest[0]));
+                vec![]
+            }
+            "timer-fire" => {
+                let (kind, k) = (rest[0].clone(), key(&rest[1]));
+                let pick = move |t: &Timer| render::timer(t) == format!("{kind} {k}");
+                actions(&self.world().fire_timer(pick).expect("no such timer armed"))
+            }
+            "stream" => {
+                let kind = match rest[0].as_str() {
+                    "ADDED" => VmEventKind::Added,
+                    "MODIFIED" => VmEventKind::Modified,
+                    _ => VmEventKind::Deleted,
+                };
+                let vm = vm_record(&a[1..]);
+                actions(&self.world().feed(Event::VmStream { kind, vm }))
+            }
+            "stream-closed" => {
+                let clean = rest.first().is_some_and(|c| c == "clean");
+                actions(
+                    &self
+                        .world()
+                        .feed(Event::VmStreamClosed { clean, error: None }),
+                )
+            }
+            "crash" => actions(&self.world().crash(&rest[0])),
+            "vanish" => actions(&self.world().vanish(&rest[0])),
+            "fail-next" => {
+                self.world().cocoon.fail_next(&rest[0], &rest[1]);
+                vec![]
+            }
+            "garbage-next" => {
+                self.world().cocoon.garbage_next(&rest[0]);
+                vec![]
+            }
+            "kube-fail-next" => {
+                let kind = kube_kind(&rest[1]);
+                self.world().api.fail_next(&key(&rest[0]), kind);
+                vec![]
+            }
+            "unreachable" => {
+                self.world().unreachable.insert(rest[0].clone());
+                vec![]
+            }
+            "reachable" => {
+                self.world().unreachable.remove(&rest[0]);
+                vec![]
+            }
+            "settle" => {
+                let w = self.world();
+                let from = w.log.len();
+                w.settle();
+                trace(w, from)
+            }
+            "run" => {
+                let w = self.world();
+                let from = w.log.len();
+                w.run_for(duration_ms(&rest[0]));
+                trace(w, from)
+            }
+            "status" => self.status(&key(&rest[0])),
+            "annotations" => self.annotations(&key(&rest[0])),
+            "counters" => self
+                .world()
+                .counters
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect(),
+            "events" => self
+                .world()
+                .events
+                .iter()
+                .map(|e| format!("{} {} {} {:?}", e.key, e.kind, e.reason, e.message))
+                .collect(),
+            "pending" => self.world().pending().map(render::action).collect(),
+            "timers" => {
+                let w = self.world();
+                let now = w.now;
+                w.scheduled()
+                    .map(|((due, _), s)| format!("+{}ms {}", due - now, scheduled(s)))
+                    .collect()
+            }
+            "state" => self.state(),
+            "cocoon" => {
+                let c = &self.world().cocoon;
+                let mut out: Vec<String> = c
+                    .vms
+                    .values()
+                    .map(|v| format!("vm {} {} {}", v.id, v.name, v.state))
+                    .collect();
+                out.extend(c.snapshots.keys().map(|n| format!("snapshot {n}")));
+                out
+            }
+            other => panic!("unknown command {other:?}"),
+        }
+    }
+
+    fn mac_of(&mut self, id: &str) -> String {
+        let w = self.world();
+        w.cocoon
+            .vms
+            .get(id)
+            .and_then(|v| v.mac.clone())
+            .unwrap_or_else(|| testkit::mac_for(id))
+    }
+
+    fn restart(&mut self, a: &[(String, String)]) -> Vec<String> {
+        let old = self.world.take().expect("restart before start");
+        let manual = a.iter().any(|(k, v)| k == "settle" && v == "false");
+        let w = self.world();
+        w.now = old.now + 1000;
+        w.cocoon = old.cocoon;
+        w.cocoon.stream.clear();
+        w.api.pods = old.api.pods;
+        w.leases = old.leases;
+        let from = w.log.len();
+        w.start_unsettled(vec![], vec![]);
+        if !manual {
+            w.settle();
+        }
+        trace(w, from)
+    }
+
+    fn status(&mut self, k: &PodKey) -> Vec<String> {
+        let w = self.world();
+        let mut out = Vec::new();
+        if let Some(e) = w.state.pods.get(k) {
+            let d = status::derive(&w.state.config, e);
+            out.push(format!("derived: {}", render::status(&d)));
+            let when = d.start_time.as_deref().unwrap_or("-");
+            let ready_at = d
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .and_then(|c| c.last_transition_time.as_deref())
+                .unwrap_or("-");
+            out.push(format!("  startTime={when} readySince={ready_at}"));
+        } else {
+            out.push("derived: (no entry)".into());
+        }
+        match w.api.pods.get(k) {
+            Some(p) => out.push(format!("server: {}", render::status(&p.status))),
+            None => out.push("server: (no pod)".into()),
+        }
+        out
+    }
+
+    fn annotations(&mut self, k: &PodKey) -> Vec<String> {
+        let w = self.world();
+        match w.api.pods.get(k) {
+            None => vec!["(no pod)".into()],
+            Some(p) => p
+                .annotations
+                .iter()
+                .filter(|(k, _)| k.starts_with("vm.cocoonstack.io/") && k.as_str() != keys::VM_NAME)
+                .map(|(k, v)| format!("{}={v}", render::short_key(k)))
+                .collect(),
+        }
+    }
+
+    fn state(&mut self) -> Vec<String> {
+        let w = self.world();
+        let mut out: Vec<String> = w
+            .state
+            .pods
+            .iter()
+            .map(|(k, e)| {
+                let vm = e.vm.as_ref().map_or("-".into(), |v| v.record.id.clone());
+                let busy = e.busy.as_ref().map_or("-".into(), |b| step_name(&b.step));
+                let life = e.intent.state.map_or("-", |s| s.as_str());
+                format!(
+                    "{k} vm={vm} busy={busy} lifecycle={life}@{} probe={}",
+                    e.intent.generation,
+                    if e.probe.ready { "ready" } else { "not-ready" }
+                )
+            })
+            .collect();
+        for name in w.state.unclaimed.keys() {
+            out.push(format!("unclaimed {name}"));
+        }
+        if out.is_empty() {
+            out.push("(no pods)".into());
+        }
+        out
+    }
+}
+
+fn step_name(s: &reconcilers::state::Step) -> String {
+    let v = serde_json::to_value(s).expect("serializable");
+    v["step"].as_str().unwrap_or("?").to_string()
+}
+
+fn scheduled(s: &testkit::Scheduled) -> String {
+    match s {
+        testkit::Scheduled::Timer(t) => format!("timer {}", render::timer(t)),
+        testkit::Scheduled::Probe { key, probe, .. } => format!("probe {key} p{probe}"),
+        testkit::Scheduled::Lease { mac, ip } => format!("lease {mac}={ip}"),
+    }
+}
+
+fn kube_kind(s: &str) -> KubeErrorKind {
+    match s {
+        "not_found" | "404" => KubeErrorKind::NotFound,
+        "conflict" | "409" => KubeErrorKind::Conflict,
+        "invalid" | "422" => KubeErrorKind::Invalid,
+        _ => KubeErrorKind::Other,
+    }
+}
+
+/// `vm id=… name=… …` | `snapshot name=… hypervisor=… image=…` | `stale OUTCOME` | nothing.
+fn cocoon_ok(toks: &[String]) -> CocoonOk {
+    let Some((what, rest)) = toks.split_first() else {
+        return CocoonOk::Done;
+    };
+    let a = args(rest);
+    let get = |k: &str| {
+        a.iter()
+            .find(|(x, _)| x == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    match what.as_str() {
+        "vm" => CocoonOk::Vm { vm: vm_record(&a) },
+        "snapshot" => CocoonOk::Snapshot {
+            snapshot: SnapshotInfo {
+                id: format!("S-{}", get("name")),
+                name: get("name"),
+                hypervisor: get("hypervisor"),
+                image: get("image"),
+            },
+        },
+        "stale" => CocoonOk::StaleCreate {
+            outcome: rest[0].clone(),
+        },
+        other => panic!("cocoon-ok: unknown result {other}"),
+    }
+}
