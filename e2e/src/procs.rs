@@ -478,3 +478,30 @@ pub fn write_file(path: &Path, content: &str) -> Result<()> {
     f.write_all(content.as_bytes())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_its_recorded_start_matters() {
+        let me = std::process::id();
+        let start = start_time(me).expect("own /proc/self/stat");
+        assert!(is_running(me as i32, start));
+        // Same pid, other start time: a recycled pid is not the owner.
+        assert!(!is_running(me as i32, start + 1));
+    }
+
+    #[test]
+    fn owner_files_are_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(OWNER), owner_line(std::process::id())).unwrap();
+        assert!(matches!(owner_of(dir.path()), Owner::Alive));
+        fs::write(dir.path().join(OWNER), "detached\n").unwrap();
+        assert!(matches!(owner_of(dir.path()), Owner::Detached));
+        fs::write(dir.path().join(OWNER), "pid=2147483647 start=0\n").unwrap();
+        assert!(matches!(owner_of(dir.path()), Owner::Dead));
+        fs::remove_file(dir.path().join(OWNER)).unwrap();
+        assert!(matches!(owner_of(dir.path()), Owner::Dead));
+    }
+}

@@ -196,3 +196,31 @@ impl Drop for MetricsStub {
         self.task.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_scrapes_itself_and_every_job_on_loopback() {
+        let y = config_yaml(
+            9090,
+            &[ScrapeJob {
+                job: "vk-cocoon".into(),
+                targets: vec!["127.0.0.1:9091".into(), "127.0.0.1:9092".into()],
+            }],
+        );
+        assert!(y.contains(
+            "job_name: 'prometheus'\n    static_configs:\n      - targets: ['127.0.0.1:9090']"
+        ));
+        assert!(y.contains("- targets: ['127.0.0.1:9091', '127.0.0.1:9092']"));
+        assert!(y.contains("scrape_interval: 1s"));
+    }
+
+    #[test]
+    fn sample_value_reads_the_string_number() {
+        let s = serde_json::json!({ "metric": {}, "value": [1700000000.1, "42"] });
+        assert_eq!(sample_value(&s), Some(42.0));
+        assert_eq!(sample_value(&serde_json::json!({})), None);
+    }
+}
