@@ -1,0 +1,189 @@
+//! Running the real `vk-cocoon` binary against a testbed, and waiting on what it does.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use e2e::procs::Proc;
+use e2e::testbed::Testbed;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+pub struct Daemon {
+    pub proc: Proc,
+    pub journal: PathBuf,
+    pub metrics_port: u16,
+}
+
+pub struct DaemonOptions {
+    pub node: String,
+    pub orphan_policy: &'static str,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        Self {
+            node: "node-a".into(),
+            orphan_policy: "destroy",
+        }
+    }
+}
+
+pub fn start(
+    tb: &Testbed,
+    opts: &DaemonOptions,
+    journal: &PathBuf,
+    metrics_port: u16,
+    kubelet_port: u16,
+) -> Result<Daemon> {
+    let sim = tb.sim.as_ref().context("testbed without the simulator")?;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"));
+    cmd.arg("run")
+        .envs(sim.env())
+        .env("KUBECONFIG", tb.kubeconfig()?)
+        .env("VK_NODE_NAME", &opts.node)
+        .env("VK_NODE_IP", "127.0.0.1")
+        .env("VK_KUBELET_PORT", kubelet_port.to_string())
+        .env("VK_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
+        .env("VK_COCOON_BIN", &sim.bin)
+        .env("VK_LEASES_PATH", &sim.leases)
+        .env("COCOON_ROOT_DIR", &sim.root)
+        .env("VK_ORPHAN_POLICY", opts.orphan_policy)
+        .env("VK_COCOON_NET_CONTROL_SOCKET", "")
+        .env("VK_JOURNAL_PATH", journal)
+        .env("VK_LOG_LEVEL", "info");
+    let proc = tb.spawn("vk-cocoon", cmd)?;
+    Ok(Daemon {
+        proc,
+        journal: journal.clone(),
+        metrics_port,
+    })
+}
+
+/// Polls `f` every 100 ms until it yields `Some`, for at most `limit`; the error names `what`.
+pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "timed out waiting for {what}{}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn pod_manifest(
+    ns: &str,
+    name: &str,
+    node: &str,
+    annotations: serde_json::Value,
+) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "agent", "image": "ghcr.io/cocoonstack/placeholder:latest",
+                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}],
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
+        }
+    }))?)
+}
+
+pub async fn create_pod(api: &Api<Pod>, pod: &Pod) -> Result<Pod> {
+    Ok(api.create(&PostParams::default(), pod).await?)
+}
+
+pub fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn phase(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+pub fn pod_ip(p: &Pod) -> Option<String> {
+    p.status.as_ref().and_then(|s| s.pod_ip.clone())
+}
+
+pub fn annotation(p: &Pod, k: &str) -> Option<String> {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(k).cloned())
+}
+
+pub async fn wait_ready(api: &Api<Pod>, name: &str, limit: Duration) -> Result<Pod> {
+    until(&format!("pod {name} Ready"), limit, || async {
+        let p = api.get(name).await?;
+        Ok(is_ready(&p).then_some(p))
+    })
+    .await
+}
+
+/// Replays the run's journal with `--verify`: the same events must give the same actions.
+pub fn replay_verify(journal: &PathBuf) -> Result<()> {
+    let dir = journal.parent().context("journal path has no parent")?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let out = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"))
+        .arg("replay")
+        .arg("--verify")
+        .args(&files)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "replay --verify failed on {files:?}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+pub async fn metric(port: u16, name: &str) -> Result<f64> {
+    let body = reqwest_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+async fn reqwest_get(url: &str) -> Result<String> {
+    Ok(e2e::ready::http().get(url).send().await?.text().await?)
+}
