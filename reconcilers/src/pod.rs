@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::status::PodStatus;
 use crate::time::Millis;
 
-/// `namespace/name`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// `namespace/name`. Serialized as that one string, so it can key a JSON map (the State's
+/// pod table, which the journal snapshots into every file header).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PodKey {
     pub namespace: String,
     pub name: String,
@@ -29,6 +30,26 @@ impl PodKey {
 impl fmt::Display for PodKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl Serialize for PodKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PodKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        // Neither a namespace nor a pod name can contain '/'.
+        match s.split_once('/') {
+            Some((ns, name)) if !name.contains('/') => Ok(PodKey::new(ns, name)),
+            _ => Err(serde::de::Error::invalid_value(
+                serde::de::Unexpected::Str(&s),
+                &"namespace/name",
+            )),
+        }
     }
 }
 
@@ -113,5 +134,22 @@ impl PodView {
             && self.labels == other.labels
             && self.containers == other.containers
             && self.node_selector == other.node_selector
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_key_is_one_string_and_can_key_a_json_map() {
+        let k = PodKey::new("default", "web-0");
+        assert_eq!(serde_json::to_string(&k).unwrap(), "\"default/web-0\"");
+        let map: BTreeMap<PodKey, u8> = [(k.clone(), 1)].into();
+        let text = serde_json::to_string(&map).unwrap();
+        assert_eq!(text, "{\"default/web-0\":1}");
+        let back: BTreeMap<PodKey, u8> = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, map);
+        assert!(serde_json::from_str::<PodKey>("\"no-slash\"").is_err());
     }
 }
