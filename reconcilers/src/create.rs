@@ -140,15 +140,36 @@ pub fn step_done(s: &mut State, key: &PodKey, step: Step, result: Result<CocoonO
             }
         },
         (Step::InspectForkSource, Ok(CocoonOk::Vm { vm })) if !deleting => {
-            let name = names::fork_snapshot(&vm.name);
+            save_fork(s, key, &vm.name, vm.id, false);
+        }
+        (
+            Step::SaveForkSnapshot { vm, again: false },
+            Err(CocoonError {
+                kind: SnapshotNameTaken,
+                message,
+            }),
+        ) if !deleting => {
+            let source = spec.fork_from.as_deref().unwrap_or_default();
+            let name = taken_by(&message).unwrap_or_else(|| names::fork_snapshot(source));
             run_step(
                 s,
                 key,
-                Step::SaveForkSnapshot,
-                CocoonCmd::SnapshotSave { name, vm: vm.id },
+                Step::RemoveTakenFork { vm },
+                CocoonCmd::SnapshotRm { name },
             );
         }
-        (Step::SaveForkSnapshot, Ok(_)) if !deleting => {
+        (
+            Step::RemoveTakenFork { vm },
+            Ok(_)
+            | Err(CocoonError {
+                kind: SnapshotNotFound,
+                ..
+            }),
+        ) if !deleting => {
+            let source = spec.fork_from.clone().unwrap_or_default();
+            save_fork(s, key, &source, vm, true);
+        }
+        (Step::SaveForkSnapshot { .. }, Ok(_)) if !deleting => {
             let name = names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
             run_step(
                 s,
@@ -186,7 +207,7 @@ fn step_label(step: &Step, spec: &VmSpec) -> String {
             "vm inspect {}",
             spec.fork_from.as_deref().unwrap_or_default()
         ),
-        Step::SaveForkSnapshot => format!(
+        Step::SaveForkSnapshot { .. } | Step::RemoveTakenFork { .. } => format!(
             "snapshot save {}",
             names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default())
         ),
@@ -262,11 +283,8 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
         .and_then(|e| e.vm.as_ref());
     match tracked {
         Some(vm) => {
-            let cmd = CocoonCmd::SnapshotSave {
-                name: names::fork_snapshot(source),
-                vm: vm.record.id.clone(),
-            };
-            run_step(s, key, Step::SaveForkSnapshot, cmd);
+            let id = vm.record.id.clone();
+            save_fork(s, key, source, id, false);
         }
         None => run_step(
             s,
@@ -277,6 +295,26 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
             },
         ),
     }
+}
+
+fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String, again: bool) {
+    let cmd = CocoonCmd::SnapshotSave {
+        name: names::fork_snapshot(source),
+        vm: vm.clone(),
+    };
+    run_step(s, key, Step::SaveForkSnapshot { vm, again }, cmd);
+}
+
+/// The holder of a taken snapshot name: the token after `already in use by ` (or `held by
+/// `), trailing `)` stripped (cocoon-cli.md §3).
+fn taken_by(message: &str) -> Option<String> {
+    let lower = message.to_ascii_lowercase();
+    let at = ["already in use by ", "held by "]
+        .iter()
+        .find_map(|p| lower.find(p).map(|i| i + p.len()))?;
+    let id = message[at..].split_whitespace().next()?;
+    let id = id.trim_end_matches(')');
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 fn run_cmd(spec: &VmSpec) -> CocoonCmd {

@@ -50,6 +50,12 @@ pub fn try_start(s: &mut State) {
             continue;
         };
         if !spec.managed {
+            // C5: vk does not run this VM, but it is someone's: never an orphan (B8).
+            for vm in vms.iter().filter(|v| {
+                spec.static_id.as_deref() == Some(v.id.as_str()) || v.name == spec.vm_name
+            }) {
+                claimed.insert(vm.id.clone());
+            }
             intake::intake(s, key);
             continue;
         }

@@ -161,7 +161,15 @@ pub enum Step {
         name: String,
     },
     InspectForkSource,
-    SaveForkSnapshot,
+    /// `again`: the name was taken and its holder removed; a second refusal is final.
+    SaveForkSnapshot {
+        vm: String,
+        again: bool,
+    },
+    /// F1: `snapshot save` replaces a taken name — remove the holder, then save once more.
+    RemoveTakenFork {
+        vm: String,
+    },
     Clone,
     InspectNameTaken,
     RemoveVm,

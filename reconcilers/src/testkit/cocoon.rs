@@ -178,10 +178,13 @@ impl FakeCocoon {
                 }),
                 None => fail("Error: inspect: snapshot not found".into()),
             },
-            CocoonCmd::SnapshotRm { name } => match self.snapshots.remove(name) {
-                Some(_) => Ok(CocoonOk::Done),
-                None => fail(format!("Error: rm: resolve {name:?}: snapshot not found")),
-            },
+            CocoonCmd::SnapshotRm { name } => {
+                let by_id = self.snapshots.iter().find(|(_, s)| &s.id == name);
+                let name = by_id
+                    .map(|(n, _)| n.clone())
+                    .unwrap_or_else(|| name.clone());
+                self.rm_snapshot(&name)
+            }
             CocoonCmd::SnapshotSave { name, vm } => {
                 if self.snapshots.contains_key(name) {
                     return fail(format!("Error: snapshot name {name:?} already exists"));
@@ -208,6 +211,15 @@ impl FakeCocoon {
                     outcome: outcome.into(),
                 })
             }
+        }
+    }
+
+    fn rm_snapshot(&mut self, name: &str) -> Result<CocoonOk, CocoonError> {
+        match self.snapshots.remove(name) {
+            Some(_) => Ok(CocoonOk::Done),
+            None => Err(CocoonError::classify(&format!(
+                "Error: rm: resolve {name:?}: snapshot not found"
+            ))),
         }
     }
 

@@ -130,7 +130,9 @@ pub fn action(a: &Action) -> String {
                 format!("observe vm_boot_duration{{mode={mode},backend={backend}}} {millis}ms")
             }
         },
-        Action::Log { level, message } => format!("log {level:?} {}", q(message)).to_lowercase(),
+        Action::Log { level, message } => {
+            format!("log {} {}", format!("{level:?}").to_lowercase(), q(message))
+        }
         Action::RegisterNode => "register-node".into(),
         Action::Fatal { message } => format!("fatal {}", q(message)),
     }

@@ -303,6 +303,25 @@ impl Runner {
             }
             "delete" => actions(&self.world().delete_pod(&key(&rest[0]))),
             "remove" => actions(&self.world().remove_pod(&key(&rest[0]))),
+            // Gone from the API while the watch missed it: only a relist can tell.
+            "remove-silently" => {
+                self.world().api.pods.remove(&key(&rest[0]));
+                vec![]
+            }
+            "vm-listed" => {
+                let w = self.world();
+                let vms = w.cocoon.vms.values().cloned().collect();
+                actions(&w.feed(Event::VmListed { vms }))
+            }
+            "relist-begin" => actions(&self.world().feed(Event::PodRelistBegin)),
+            "relist-item" => {
+                let k = key(&rest[0]);
+                let pod = self.defs.get(&k).expect("relist-item: no such pod").clone();
+                let w = self.world();
+                w.api.pods.insert(k, pod.clone());
+                actions(&w.feed(Event::PodRelistItem { pod }))
+            }
+            "relist-end" => actions(&self.world().feed(Event::PodRelistEnd)),
             "relist" => {
                 let w = self.world();
                 let from = w.log.len();
