@@ -10,8 +10,9 @@ use crate::bins;
 use crate::certs::Pki;
 use crate::etcd::Etcd;
 use crate::ports::free_port;
-use crate::procs::{Proc, RunDir};
+use crate::procs::Proc;
 use crate::ready::wait_ready;
+use crate::rundir::RunDir;
 use crate::step;
 
 pub struct ApiServer {

@@ -8,7 +8,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::procs::write_file;
+use crate::rundir::write_file;
 
 /// A certificate and its key, as PEM files.
 #[derive(Clone, Debug)]

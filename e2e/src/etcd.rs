@@ -7,8 +7,9 @@ use anyhow::Result;
 
 use crate::bins;
 use crate::ports::free_port;
-use crate::procs::{Proc, RunDir};
+use crate::procs::Proc;
 use crate::ready::{http, wait_ready};
+use crate::rundir::RunDir;
 use crate::step;
 
 pub struct Etcd {

@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use crate::certs::Pki;
-use crate::procs::write_file;
+use crate::rundir::write_file;
 
 /// Writes an admin kubeconfig for `server` that refers to the PEM files by path (both kubectl
 /// and kube-rs resolve them), so a human can inspect the certificates next to it.

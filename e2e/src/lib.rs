@@ -1,10 +1,10 @@
 //! Real-component testbed for vk-cocoon end-to-end tests.
 //!
-//! A [`Testbed`] runs what a cocoon node talks to in production, on loopback only: kube-apiserver
-//! + etcd (no scheduler or controller-manager, so tests bind pods with `spec.nodeName`), a
-//! distribution registry, Prometheus and the cocoon simulator. Everything it starts lives under
-//! one run directory in `/tmp/vk-cocoon-testbed/`, so a run that was killed with SIGKILL is
-//! swept by the next one (see [`procs`]).
+//! A [`Testbed`] runs what a cocoon node talks to in production, on loopback only: etcd and
+//! kube-apiserver (no scheduler or controller-manager, so tests bind pods with `spec.nodeName`),
+//! a distribution registry, Prometheus and the cocoon simulator. Everything it starts lives
+//! under one run directory in `/tmp/vk-cocoon-testbed/`, so a run that was killed with SIGKILL
+//! is swept by the next one (see [`rundir`] and [`procs`]).
 
 pub mod apiserver;
 pub mod bins;
@@ -18,6 +18,7 @@ pub mod procs;
 pub mod prometheus;
 pub mod ready;
 pub mod registry;
+pub mod rundir;
 pub mod sim;
 pub mod testbed;
 

@@ -10,8 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::bins;
 use crate::ports::free_port;
-use crate::procs::{write_file, Proc, RunDir};
+use crate::procs::Proc;
 use crate::ready::{http, wait_ready};
+use crate::rundir::{write_file, RunDir};
 use crate::step;
 
 /// One scrape job: a name (the `job` label) and `host:port` targets on loopback.

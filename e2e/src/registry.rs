@@ -7,8 +7,9 @@ use anyhow::{Context, Result};
 
 use crate::bins;
 use crate::ports::free_port;
-use crate::procs::{write_file, Proc, RunDir};
+use crate::procs::Proc;
 use crate::ready::{http, wait_ready};
+use crate::rundir::{write_file, RunDir};
 use crate::step;
 
 pub struct Registry {

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-use crate::procs::RunDir;
+use crate::rundir::RunDir;
 use crate::step;
 
 /// The simulator's cargo package.

@@ -8,9 +8,10 @@ use anyhow::{Context, Result};
 use crate::apiserver::ApiServer;
 use crate::certs::Pki;
 use crate::etcd::Etcd;
-use crate::procs::{Proc, RunDir};
+use crate::procs::Proc;
 use crate::prometheus::{Prometheus, ScrapeJob};
 use crate::registry::Registry;
+use crate::rundir::RunDir;
 use crate::sim::CocoonSim;
 use crate::step;
 

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e::procs::{processes_of, sweep_leftovers, RunDir};
+use e2e::procs::processes_of;
+use e2e::rundir::{sweep_leftovers, RunDir};
 
 const CHILD: &str = "E2E_LEFTOVER_CHILD";
 

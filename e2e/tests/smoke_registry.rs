@@ -21,7 +21,7 @@ async fn push_pull_delete_round_trip() {
     client
         .push(
             &reference,
-            &[layer.clone()],
+            std::slice::from_ref(&layer),
             config,
             &RegistryAuth::Anonymous,
             None,

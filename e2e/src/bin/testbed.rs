@@ -7,8 +7,9 @@
 use std::path::Path;
 
 use anyhow::{bail, Result};
-use e2e::procs::{base_dir, detached_runs, processes_of, runs, teardown_dir};
+use e2e::procs::processes_of;
 use e2e::prometheus::ScrapeJob;
+use e2e::rundir::{base_dir, detached_runs, runs, teardown_dir};
 use e2e::{Testbed, TestbedOptions};
 
 const ENV_FILE: &str = "testbed.env";
