@@ -1,7 +1,11 @@
 //! vk-cocoon, the shell around the pure core in `reconcilers`.
 
+pub mod config;
 pub mod effects;
+pub mod journal;
 pub mod metrics;
 pub mod node_resources;
+pub mod replay;
 pub mod runtime;
 pub mod sources;
+pub mod version;

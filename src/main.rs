@@ -1,1 +1,7 @@
-fn main() {}
+//! The `vk-cocoon` binary: see `cli.rs` for its commands.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

@@ -1,0 +1,467 @@
+//! The daemon's configuration: every variable of spec/behavior.md §14 (and the journal's),
+//! parsed and validated in one place. A bad value is an error that names the variable and
+//! says what a good value looks like; all of them are reported at once.
+//!
+//! Empty means unset (§14), except where emptiness is itself a setting:
+//! `VK_COCOON_NET_CONTROL_SOCKET=` disables lease releases and `VK_JOURNAL_PATH=` disables
+//! the journal.
+
+mod node_ip;
+mod parse;
+mod table;
+mod vars;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use reconcilers::config::{OrphanPolicy, RestoreMode};
+
+use crate::journal::JournalSettings;
+
+pub use table::{effective_table, value_of};
+pub use vars::{Var, VARS};
+
+/// A quantity as written and as parsed (thousandths, so `1500m` is exact).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quantity {
+    pub text: String,
+    pub milli: i128,
+}
+
+impl Quantity {
+    /// Whole units, rounded up (`1500m` → 2), as capacity is counted (N12).
+    pub fn units(&self) -> i128 {
+        (self.milli + 999).div_euclid(1000)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    /// The names logrus accepted, so an existing unit file keeps working.
+    fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "trace" => LogLevel::Trace,
+            "debug" => LogLevel::Debug,
+            "info" => LogLevel::Info,
+            "warn" | "warning" => LogLevel::Warn,
+            "error" | "fatal" | "panic" => LogLevel::Error,
+            _ => return Err("must be one of trace, debug, info, warn, error".into()),
+        })
+    }
+
+    /// The `tracing_subscriber::EnvFilter` directive.
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+/// A value that must never reach a log or a terminal.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpSource {
+    Env,
+    Detected,
+    /// No non-loopback IPv4 exists; the Go code fell back to 127.0.0.1 (spec §18 q8).
+    Fallback,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotTransfer {
+    pub zstd_level: u32,
+    pub chunk_size_mib: u32,
+    pub concurrency: u32,
+    pub memory_budget_mib: u64,
+    pub pull_budget_mib: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: String,
+    pub node_pool: String,
+    pub snapshot_cpu_class: Option<String>,
+    pub node_ip: IpAddr,
+    pub node_ip_source: IpSource,
+    pub provider_id: Option<String>,
+    pub kubelet_port: u16,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    pub log_level: LogLevel,
+    pub oci_registry: Option<String>,
+    pub google_application_credentials: Option<PathBuf>,
+    pub orphan_policy: OrphanPolicy,
+    pub leases_path: PathBuf,
+    /// `None`: lease releases are disabled.
+    pub cocoon_net_control_socket: Option<PathBuf>,
+    pub cocoon_bin: PathBuf,
+    pub cocoon_macos_bin: PathBuf,
+    pub macos_vnc_password: Option<Secret>,
+    pub restore_mode: RestoreMode,
+    pub staging_dir: PathBuf,
+    pub cocoon_snapshot_dir: PathBuf,
+    pub cocoon_root_dir: PathBuf,
+    pub cgroup_parent: String,
+    pub reserve_percent: u32,
+    pub node_cpu: Option<Quantity>,
+    pub node_mem: Option<Quantity>,
+    pub node_storage: Option<Quantity>,
+    pub node_hugepages: Option<Quantity>,
+    pub node_pods: u32,
+    pub snapshot: SnapshotTransfer,
+    /// `None`: journaling is disabled.
+    pub journal: Option<JournalSettings>,
+    /// Variables that were set (non-empty) in the environment.
+    pub set: BTreeSet<&'static str>,
+    /// Accepted values that deserve a word (unknown orphan policy, no registry, …).
+    pub warnings: Vec<String>,
+}
+
+/// One bad variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub var: &'static str,
+    /// `None` for secrets: the value is not repeated back.
+    pub value: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={v:?}: {}", self.var, self.message),
+            None => write!(f, "{}: {}", self.var, self.message),
+        }
+    }
+}
+
+/// Every bad variable, reported together so one edit fixes them all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+const MIB: i128 = 1 << 20;
+
+/// Reads variables through `lookup`, remembering every error instead of stopping at one.
+struct Env<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    errors: Vec<ConfigError>,
+    warnings: Vec<String>,
+    set: BTreeSet<&'static str>,
+}
+
+impl Env<'_> {
+    /// Set and non-empty (§14: empty = unset).
+    fn get(&mut self, var: &'static str) -> Option<String> {
+        let v = (self.lookup)(var).filter(|v| !v.is_empty())?;
+        self.set.insert(var);
+        Some(v)
+    }
+
+    fn parsed<T>(
+        &mut self,
+        var: &'static str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let raw = self.get(var)?;
+        match parse(raw.trim()) {
+            Ok(v) => Some(v),
+            Err(message) => {
+                self.errors.push(ConfigError {
+                    var,
+                    value: Some(raw),
+                    message,
+                });
+                None
+            }
+        }
+    }
+
+    fn or<T>(
+        &mut self,
+        var: &'static str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> T {
+        self.parsed(var, parse).unwrap_or(default)
+    }
+
+    fn text(&mut self, var: &'static str, default: &str) -> String {
+        self.get(var).unwrap_or_else(|| default.to_string())
+    }
+
+    fn path(&mut self, var: &'static str, default: &str) -> PathBuf {
+        PathBuf::from(self.text(var, default))
+    }
+
+    /// A path whose explicit empty value turns the feature off.
+    fn path_or_off(&mut self, var: &'static str, default: &str) -> Option<PathBuf> {
+        match (self.lookup)(var) {
+            Some(v) if v.is_empty() => {
+                self.set.insert(var);
+                None
+            }
+            _ => Some(self.path(var, default)),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the process environment. A variable that is not valid UTF-8 is an error too.
+    pub fn from_env() -> Result<Config, ConfigErrors> {
+        let mut not_utf8 = Vec::new();
+        for v in VARS {
+            if let Some(raw) = std::env::var_os(v.name) {
+                if raw.to_str().is_none() {
+                    not_utf8.push(ConfigError {
+                        var: v.name,
+                        value: None,
+                        message: "is not valid UTF-8".into(),
+                    });
+                }
+            }
+        }
+        let lookup = |name: &str| std::env::var(name).ok();
+        match Self::from_lookup(&lookup) {
+            Ok(c) if not_utf8.is_empty() => Ok(c),
+            Ok(_) => Err(ConfigErrors(not_utf8)),
+            Err(mut e) => {
+                e.0.extend(not_utf8);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads variables from `lookup` (`None` = unset): the testable core of `from_env`.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut env = Env {
+            lookup,
+            errors: Vec::new(),
+            warnings: Vec::new(),
+            set: BTreeSet::new(),
+        };
+        let e = &mut env;
+
+        let kubeconfig = e.get("KUBECONFIG").map(PathBuf::from);
+        let node_name = e.or("VK_NODE_NAME", "cocoon-pool".into(), parse::dns_subdomain);
+        let node_pool = e.or("VK_NODE_POOL", "default".into(), parse::label_value);
+        let snapshot_cpu_class = e.parsed("VK_SNAPSHOT_CPU_CLASS", parse::label_value);
+        let (node_ip, node_ip_source) = match e.parsed("VK_NODE_IP", parse::ip) {
+            Some(ip) => (ip, IpSource::Env),
+            None => match node_ip::first_non_loopback_ipv4() {
+                Some(ip) => (IpAddr::V4(ip), IpSource::Detected),
+                None => (IpAddr::V4(Ipv4Addr::LOCALHOST), IpSource::Fallback),
+            },
+        };
+        if node_ip_source == IpSource::Fallback && !e.set.contains("VK_NODE_IP") {
+            e.warnings.push(
+                "no non-loopback IPv4 address found; the node advertises 127.0.0.1 \
+                 (set VK_NODE_IP to the address peers should dial)"
+                    .into(),
+            );
+        }
+        let provider_id = e.get("VK_PROVIDER_ID");
+        let kubelet_port = e.or("VK_KUBELET_PORT", 10250, parse::port);
+        let tls_cert = e.path("VK_TLS_CERT", "/etc/cocoon/vk/tls/vk-kubelet.crt");
+        let tls_key = e.path("VK_TLS_KEY", "/etc/cocoon/vk/tls/vk-kubelet.key");
+        let metrics_addr = e.or(
+            "VK_METRICS_ADDR",
+            parse::listen_addr(":9091").expect("default"),
+            parse::listen_addr,
+        );
+        let peer_addr = e.or(
+            "VK_PEER_ADDR",
+            parse::listen_addr(":12501").expect("default"),
+            parse::listen_addr,
+        );
+        let log_level = e.or("VK_LOG_LEVEL", LogLevel::Info, LogLevel::parse);
+        let oci_registry = e.get("OCI_REGISTRY");
+        if oci_registry.is_none() {
+            e.warnings.push(
+                "OCI_REGISTRY is not set: snapshot push and pull (delete-time save, hibernate, \
+                 wake from the registry) will fail until it is"
+                    .into(),
+            );
+        }
+        let google_application_credentials =
+            e.get("GOOGLE_APPLICATION_CREDENTIALS").map(PathBuf::from);
+        let orphan_policy = match e.get("VK_ORPHAN_POLICY") {
+            None => OrphanPolicy::Destroy,
+            Some(v) => {
+                let p = OrphanPolicy::parse(v.trim());
+                if !matches!(v.trim(), "destroy" | "alert" | "keep") {
+                    e.warnings.push(format!(
+                        "VK_ORPHAN_POLICY={v:?} is not destroy, alert or keep; behaving as alert (B8)"
+                    ));
+                }
+                p
+            }
+        };
+        let leases_path = e.path("VK_LEASES_PATH", "/var/lib/cocoon/net/leases.json");
+        let cocoon_net_control_socket = e.path_or_off(
+            "VK_COCOON_NET_CONTROL_SOCKET",
+            "/run/cocoon-net/control.sock",
+        );
+        let cocoon_bin = e.path("VK_COCOON_BIN", "/usr/local/bin/cocoon");
+        let cocoon_macos_bin = e.path("VK_COCOON_MACOS_BIN", "/usr/local/bin/cocoon-macos");
+        let macos_vnc_password = match e.get("COCOON_MACOS_VNC_PASSWORD") {
+            Some(p) if p.len() > 8 => {
+                e.errors.push(ConfigError {
+                    var: "COCOON_MACOS_VNC_PASSWORD",
+                    value: None,
+                    message: format!("is {} bytes; VNC passwords are at most 8 bytes", p.len()),
+                });
+                None
+            }
+            p => p.map(Secret),
+        };
+        let restore_mode = e.or("VK_RESTORE_MODE", RestoreMode::Ondemand, |s| match s {
+            "copy" => Ok(RestoreMode::Copy),
+            "ondemand" => Ok(RestoreMode::Ondemand),
+            "mmap" => Ok(RestoreMode::Mmap),
+            _ => Err("must be one of copy, ondemand, mmap".into()),
+        });
+        let staging_dir = e.path("VK_STAGING_DIR", "/var/lib/cocoon/vk-staging");
+        let cocoon_snapshot_dir = e.path(
+            "VK_COCOON_SNAPSHOT_DIR",
+            "/var/lib/cocoon/snapshot/localfile",
+        );
+        let cocoon_root_dir = e.path("COCOON_ROOT_DIR", "/var/lib/cocoon");
+        let cgroup_parent = e.text("COCOON_CGROUP_PARENT", "cocoon.slice");
+        let reserve_percent = e.or("VK_RESERVE_PERCENT", 20, |s| parse::int_in(s, 0, 100));
+        let node_cpu = e.parsed("VK_NODE_CPU", parse::quantity);
+        let node_mem = e.parsed("VK_NODE_MEM", parse::quantity);
+        let node_storage = e.parsed("VK_NODE_STORAGE", parse::quantity);
+        let node_hugepages = e.parsed("VK_NODE_HUGEPAGES", parse::quantity);
+        let node_pods = e.or("VK_NODE_PODS", 256, |s| parse::int_in(s, 0, 1_000_000));
+        let snapshot = SnapshotTransfer {
+            zstd_level: e.or("SNAPSHOT_ZSTD_LEVEL", 0, |s| parse::int_in(s, 0, 22)),
+            chunk_size_mib: e.or("SNAPSHOT_CHUNK_SIZE_MIB", 0, |s| {
+                parse::int_in(s, 0, 1 << 20)
+            }),
+            concurrency: e.or("SNAPSHOT_TRANSFER_CONCURRENCY", 8, |s| {
+                parse::int_in(s, 1, 1024)
+            }),
+            memory_budget_mib: e.or("SNAPSHOT_MEMORY_BUDGET_MIB", 9216, |s| {
+                parse::int_in(s, 1, 1 << 30)
+            }),
+            pull_budget_mib: e.or("SNAPSHOT_PULL_BUDGET_MIB", 2048, |s| {
+                parse::int_in(s, 1, 1 << 30)
+            }),
+        };
+        let journal_path =
+            e.path_or_off("VK_JOURNAL_PATH", "/var/lib/vk-cocoon/journal/events.jsonl");
+        let max_bytes = e.or("VK_JOURNAL_MAX_BYTES", 64 * MIB as u64, |s| {
+            let q = parse::quantity(s)?;
+            if q.units() < MIB {
+                return Err(
+                    "must be at least 1Mi: a file also holds a snapshot of the state".into(),
+                );
+            }
+            u64::try_from(q.units()).map_err(|_| "is too large".to_string())
+        });
+        let files = e.or("VK_JOURNAL_FILES", 8, |s| parse::int_in(s, 1, 1000));
+        let journal = journal_path.map(|path| JournalSettings {
+            path,
+            max_bytes,
+            files,
+        });
+
+        if !env.errors.is_empty() {
+            return Err(ConfigErrors(env.errors));
+        }
+        Ok(Config {
+            kubeconfig,
+            node_name,
+            node_pool,
+            snapshot_cpu_class,
+            node_ip,
+            node_ip_source,
+            provider_id,
+            kubelet_port,
+            tls_cert,
+            tls_key,
+            metrics_addr,
+            peer_addr,
+            log_level,
+            oci_registry,
+            google_application_credentials,
+            orphan_policy,
+            leases_path,
+            cocoon_net_control_socket,
+            cocoon_bin,
+            cocoon_macos_bin,
+            macos_vnc_password,
+            restore_mode,
+            staging_dir,
+            cocoon_snapshot_dir,
+            cocoon_root_dir,
+            cgroup_parent,
+            reserve_percent,
+            node_cpu,
+            node_mem,
+            node_storage,
+            node_hugepages,
+            node_pods,
+            snapshot,
+            journal,
+            set: env.set,
+            warnings: env.warnings,
+        })
+    }
+
+    /// The settings the pure core decides with (also written into every journal header).
+    pub fn to_core(&self) -> reconcilers::Config {
+        reconcilers::Config {
+            node_name: self.node_name.clone(),
+            node_ip: self.node_ip.to_string(),
+            orphan_policy: self.orphan_policy,
+            cpu_class: self.snapshot_cpu_class.clone(),
+            restore_mode: self.restore_mode,
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Value parsers for configuration variables. Each returns a message that completes the
+//! sentence "VAR=\"value\": …", so the error says what a good value looks like.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use super::Quantity;
+
+pub fn port(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err("must be a port number, 1–65535".into()),
+    }
+}
+
+pub fn int_in<T>(s: &str, lo: T, hi: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    match s.parse::<T>() {
+        Ok(v) if v >= lo && v <= hi => Ok(v),
+        _ => Err(format!("must be a whole number from {lo} to {hi}")),
+    }
+}
+
+/// A non-negative Kubernetes quantity (`8`, `1500m`, `64Gi`, `1e3`).
+pub fn quantity(s: &str) -> Result<Quantity, String> {
+    match reconcilers::quantity::parse_milli(s) {
+        Some(milli) if milli >= 0 => Ok(Quantity {
+            text: s.to_string(),
+            milli,
+        }),
+        Some(_) => Err("must not be negative".into()),
+        None => Err("must be a Kubernetes quantity such as 8, 1500m, 64Gi or 500M".into()),
+    }
+}
+
+/// `HOST:PORT` to listen on. An empty host means every IPv4 address, as Go's `:9091` did.
+pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let hint = "must be [HOST]:PORT with an IP address or no host, e.g. :9091, 127.0.0.1:9091 or [::1]:9091";
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| hint.to_string())?;
+    let port: u16 = port.parse().map_err(|_| hint.to_string())?;
+    let ip = match host {
+        "" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        _ => return Err(hint.into()),
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+pub fn ip(s: &str) -> Result<IpAddr, String> {
+    s.parse()
+        .map_err(|_| "must be an IP address such as 10.0.0.5".into())
+}
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
+pub fn label_value(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let inner_ok = b
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    let ends_ok = b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric);
+    if b.len() <= 63 && inner_ok && ends_ok {
+        Ok(s.to_string())
+    } else {
+        Err("must be a valid label value: at most 63 characters, letters, digits, '-', '_' and '.', starting and ending with a letter or digit".into())
+    }
+}
+
+/// A node name: an RFC 1123 DNS subdomain (lowercase, at most 253 characters).
+pub fn dns_subdomain(s: &str) -> Result<String, String> {
+    let label_ok = |l: &str| {
+        let b = l.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-'
+    };
+    if s.len() <= 253 && s.split('.').all(label_ok) {
+        Ok(s.to_string())
+    } else {
+        Err("must be a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253 characters".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_in_go_and_rust_forms() {
+        assert_eq!(listen_addr(":9091").unwrap().to_string(), "0.0.0.0:9091");
+        assert_eq!(
+            listen_addr("127.0.0.1:1").unwrap().to_string(),
+            "127.0.0.1:1"
+        );
+        assert_eq!(listen_addr("[::1]:80").unwrap().to_string(), "[::1]:80");
+        assert_eq!(
+            listen_addr("localhost:9").unwrap().to_string(),
+            "127.0.0.1:9"
+        );
+        for bad in ["9091", "example.com:80", ":99999", ":", "1.2.3.4"] {
+            assert!(listen_addr(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_values() {
+        for good in ["a", "amd-epyc-9004", "A_b.c", &"x".repeat(63)] {
+            assert!(label_value(good).is_ok(), "{good}");
+        }
+        for bad in ["-a", "a-", "a b", "a/b", &"x".repeat(64)] {
+            assert!(label_value(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn node_names() {
+        assert!(dns_subdomain("cocoon-pool").is_ok());
+        assert!(dns_subdomain("node-1.zone-a").is_ok());
+        for bad in ["Cocoon", "a..b", "-a", "a_b", ""] {
+            assert!(dns_subdomain(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Every environment variable the daemon reads (spec/behavior.md §14 plus the journal's),
+//! its default and what it means. One list, so `check-config`, the README and the parser
+//! cannot drift apart (a test holds them together).
+
+pub struct Var {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+const fn var(name: &'static str, default: &'static str, meaning: &'static str) -> Var {
+    Var {
+        name,
+        default,
+        meaning,
+    }
+}
+
+pub const VARS: &[Var] = &[
+    var(
+        "KUBECONFIG",
+        "unset → ~/.kube/config → in-cluster",
+        "how to reach the API server",
+    ),
+    var(
+        "VK_NODE_NAME",
+        "cocoon-pool",
+        "the Node this host registers as (DNS subdomain)",
+    ),
+    var(
+        "VK_NODE_POOL",
+        "default",
+        "value of the node label cocoonstack.io/pool",
+    ),
+    var(
+        "VK_SNAPSHOT_CPU_CLASS",
+        "unset",
+        "node label cocoonstack.io/snapshot-cpu-class; pods selecting another class are rejected",
+    ),
+    var(
+        "VK_NODE_IP",
+        "first non-loopback IPv4",
+        "the node's InternalIP (peers dial it)",
+    ),
+    var("VK_PROVIDER_ID", "unset", "spec.providerID of the Node"),
+    var(
+        "VK_KUBELET_PORT",
+        "10250",
+        "kubelet API port, also advertised in the Node status",
+    ),
+    var(
+        "VK_TLS_CERT",
+        "/etc/cocoon/vk/tls/vk-kubelet.crt",
+        "kubelet API certificate (self-signed when missing)",
+    ),
+    var(
+        "VK_TLS_KEY",
+        "/etc/cocoon/vk/tls/vk-kubelet.key",
+        "kubelet API key",
+    ),
+    var("VK_METRICS_ADDR", ":9091", "listen address of /metrics"),
+    var(
+        "VK_PEER_ADDR",
+        ":12501",
+        "listen address of the snapshot peer API",
+    ),
+    var(
+        "VK_LOG_LEVEL",
+        "info",
+        "trace, debug, info, warn or error (invalid → startup fails)",
+    ),
+    var(
+        "OCI_REGISTRY",
+        "unset (warning)",
+        "registry base for snapshot push/pull; required by the spec, optional in this build",
+    ),
+    var(
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "unset",
+        "service-account file used to push (GCP ADC)",
+    ),
+    var(
+        "VK_ORPHAN_POLICY",
+        "destroy",
+        "VMs no pod claims at startup: destroy, alert or keep (unknown → alert)",
+    ),
+    var(
+        "VK_LEASES_PATH",
+        "/var/lib/cocoon/net/leases.json",
+        "cocoon-net DHCP lease file",
+    ),
+    var(
+        "VK_COCOON_NET_CONTROL_SOCKET",
+        "/run/cocoon-net/control.sock",
+        "cocoon-net lease-release socket; set empty to disable releases",
+    ),
+    var("VK_COCOON_BIN", "/usr/local/bin/cocoon", "the cocoon CLI"),
+    var(
+        "VK_COCOON_MACOS_BIN",
+        "/usr/local/bin/cocoon-macos",
+        "the cocoon-macos CLI",
+    ),
+    var(
+        "COCOON_MACOS_VNC_PASSWORD",
+        "unset (no VNC)",
+        "VNC password of macOS guests, at most 8 bytes (never printed)",
+    ),
+    var(
+        "VK_RESTORE_MODE",
+        "ondemand",
+        "snapshot restore mode: copy, ondemand or mmap (invalid → startup fails)",
+    ),
+    var(
+        "VK_STAGING_DIR",
+        "/var/lib/cocoon/vk-staging",
+        "scratch space for snapshot transfers",
+    ),
+    var(
+        "VK_COCOON_SNAPSHOT_DIR",
+        "/var/lib/cocoon/snapshot/localfile",
+        "cocoon's local snapshot store",
+    ),
+    var(
+        "COCOON_ROOT_DIR",
+        "/var/lib/cocoon",
+        "cocoon's root; its filesystem sizes ephemeral-storage",
+    ),
+    var(
+        "COCOON_CGROUP_PARENT",
+        "cocoon.slice",
+        "cgroup parent of the VM scopes (stats)",
+    ),
+    var(
+        "VK_RESERVE_PERCENT",
+        "20",
+        "share of capacity held back from allocatable, 0–100",
+    ),
+    var(
+        "VK_NODE_CPU",
+        "auto (logical CPUs)",
+        "cpu capacity, a Kubernetes quantity",
+    ),
+    var(
+        "VK_NODE_MEM",
+        "auto (MemTotal)",
+        "memory capacity, a quantity",
+    ),
+    var(
+        "VK_NODE_STORAGE",
+        "auto (statfs of COCOON_ROOT_DIR)",
+        "ephemeral-storage capacity, a quantity",
+    ),
+    var(
+        "VK_NODE_HUGEPAGES",
+        "auto (HugePages_Total × size)",
+        "huge-page capacity, a quantity",
+    ),
+    var("VK_NODE_PODS", "256", "pods capacity"),
+    var(
+        "SNAPSHOT_ZSTD_LEVEL",
+        "0",
+        "zstd level for pushed snapshots, 0–22 (0: v1 format)",
+    ),
+    var(
+        "SNAPSHOT_CHUNK_SIZE_MIB",
+        "0",
+        "chunk size of pushed snapshots (0: v1 format)",
+    ),
+    var(
+        "SNAPSHOT_TRANSFER_CONCURRENCY",
+        "8",
+        "parallel blob transfers",
+    ),
+    var(
+        "SNAPSHOT_MEMORY_BUDGET_MIB",
+        "9216",
+        "memory a snapshot push may use",
+    ),
+    var(
+        "SNAPSHOT_PULL_BUDGET_MIB",
+        "2048",
+        "memory a snapshot pull may use",
+    ),
+    var(
+        "VK_JOURNAL_PATH",
+        "/var/lib/vk-cocoon/journal/events.jsonl",
+        "the event journal; set empty to disable it",
+    ),
+    var(
+        "VK_JOURNAL_MAX_BYTES",
+        "64Mi",
+        "rotate a journal file at this size (a quantity, at least 1Mi)",
+    ),
+    var(
+        "VK_JOURNAL_FILES",
+        "8",
+        "journal files kept, the current one included (1–1000)",
+    ),
+];

@@ -1,0 +1,21 @@
+//! The loop's record of every event it consumed and every action it produced (architecture
+//! invariant 4): versioned JSON lines, each chained to the one before by sha256, rotated by
+//! size. `vk-cocoon replay` feeds it back through the same reducer.
+//!
+//! A file is one `header` line (format version, node, core config, created-at and a snapshot
+//! of the `State` the file starts from, so every file replays on its own) followed by an
+//! `event` line and an `actions` line per reduce step. Byte-level format: [`record`].
+
+mod digest;
+mod files;
+mod problem;
+mod reader;
+pub mod record;
+mod writer;
+
+pub use digest::Digest;
+pub use files::{existing as existing_files, rotated_path};
+pub use problem::{JournalError, Problem};
+pub use reader::{Entry, Loc, Reader};
+pub use record::{Header, Start, FORMAT_VERSION};
+pub use writer::{Journal, JournalSettings};

@@ -1,0 +1,341 @@
+//! Reading a journal back and proving it is the one that was written: every line's hash, every
+//! `prev` link (across files too), seq continuity and the header → (event, actions)* shape.
+//! The first problem ends the read and names its file, line and seq.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use reconcilers::{Action, Envelope};
+
+use super::digest::Digest;
+use super::problem::{JournalError, Problem};
+use super::record::{self, Header, Record, Start};
+
+/// Where a record is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loc {
+    pub file: Arc<Path>,
+    /// 1-based.
+    pub line: u64,
+}
+
+#[derive(Debug)]
+pub enum Entry {
+    /// A file begins; for `start: open` its state is a fresh process's.
+    File { loc: Loc, header: Box<Header> },
+    /// One reduce step as the loop journaled it; `loc` is the event's line.
+    Step {
+        loc: Loc,
+        envelope: Envelope,
+        actions: Vec<Action>,
+    },
+}
+
+pub struct Reader {
+    files: Vec<PathBuf>,
+    next_file: usize,
+    cur: Option<(Arc<Path>, BufReader<File>)>,
+    line_no: u64,
+    buf: Vec<u8>,
+    /// Hash of the last record read; `None` before the first header.
+    last: Option<Digest>,
+    last_file_no: Option<u64>,
+    /// Seq of the last event of the current process's run.
+    last_seq: Option<u64>,
+    /// The current file has produced its header.
+    in_file: bool,
+    done: bool,
+}
+
+impl Reader {
+    /// Reads the given files in journal order: sorted by the `file_no` in their headers, so
+    /// a shell glob (`events.jsonl*`) is enough.
+    pub fn open(paths: &[PathBuf]) -> Result<Reader, JournalError> {
+        let mut keyed = Vec::with_capacity(paths.len());
+        for p in paths {
+            keyed.push((file_no_of(p)?, p.clone()));
+        }
+        keyed.sort_by_key(|(n, _)| *n);
+        Ok(Reader {
+            files: keyed.into_iter().map(|(_, p)| p).collect(),
+            next_file: 0,
+            cur: None,
+            line_no: 0,
+            buf: Vec::with_capacity(1 << 20),
+            last: None,
+            last_file_no: None,
+            last_seq: None,
+            in_file: false,
+            done: false,
+        })
+    }
+
+    /// The files in the order they are read.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    fn err(&self, file: &Path, line: u64, seq: Option<u64>, problem: Problem) -> JournalError {
+        JournalError {
+            file: file.to_path_buf(),
+            line,
+            seq,
+            problem,
+        }
+    }
+
+    /// The next line of the current file, decoded and checked against the chain; `None` at
+    /// the end of the file.
+    fn next_line(&mut self) -> Option<Result<(Loc, record::Line), JournalError>> {
+        let (path, rd) = self.cur.as_mut()?;
+        let path = path.clone();
+        self.buf.clear();
+        match rd.read_until(b'\n', &mut self.buf) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => {
+                let line = self.line_no + 1;
+                return Some(Err(self.err(&path, line, None, Problem::Io(e.to_string()))));
+            }
+        }
+        self.line_no += 1;
+        let loc = Loc {
+            file: path.clone(),
+            line: self.line_no,
+        };
+        let Some(bytes) = self.buf.strip_suffix(b"\n") else {
+            return Some(Err(self.err(&path, loc.line, None, Problem::Truncated)));
+        };
+        let line = match record::decode(bytes) {
+            Ok(l) => l,
+            Err(p) => return Some(Err(self.err(&path, loc.line, None, p))),
+        };
+        let seq = line.record.seq();
+        // A header's link is checked in `header`, after the more telling file-order checks.
+        let is_header = matches!(line.record, Record::Header(_));
+        if let Some(expected) = self.last.filter(|_| !is_header) {
+            if line.prev != expected {
+                let p = Problem::BrokenLink {
+                    expected,
+                    found: line.prev,
+                };
+                return Some(Err(self.err(&path, loc.line, seq, p)));
+            }
+        }
+        if line.computed != line.hash {
+            let p = Problem::HashMismatch {
+                stored: line.hash,
+                computed: line.computed,
+            };
+            return Some(Err(self.err(&path, loc.line, seq, p)));
+        }
+        self.last = Some(line.hash);
+        Some(Ok((loc, line)))
+    }
+
+    fn open_next_file(&mut self) -> Option<Result<(), JournalError>> {
+        let path = self.files.get(self.next_file)?.clone();
+        self.next_file += 1;
+        self.line_no = 0;
+        self.in_file = false;
+        match File::open(&path) {
+            Ok(f) => {
+                self.cur = Some((
+                    Arc::from(path.as_path()),
+                    BufReader::with_capacity(1 << 20, f),
+                ));
+                Some(Ok(()))
+            }
+            Err(e) => Some(Err(self.err(&path, 0, None, Problem::Io(e.to_string())))),
+        }
+    }
+
+    fn header(
+        &mut self,
+        loc: Loc,
+        header: Box<Header>,
+        prev: Digest,
+    ) -> Result<Entry, JournalError> {
+        let e = |p| self.err(&loc.file, loc.line, None, p);
+        if let Some(before) = self.last_file_no {
+            if header.file_no != before + 1 {
+                return Err(e(Problem::FileGap {
+                    expected: before + 1,
+                    found: header.file_no,
+                }));
+            }
+        }
+        // The very first file of a journal chains from 64 zeros. When older files were
+        // rotated away, the first file given is the anchor and its prev cannot be checked.
+        let expected = match self.last {
+            Some(last) => Some(last),
+            None if header.file_no == 0 => Some(Digest::GENESIS),
+            None => None,
+        };
+        if let Some(expected) = expected.filter(|x| *x != prev) {
+            return Err(e(Problem::BrokenLink {
+                expected,
+                found: prev,
+            }));
+        }
+        if header.config != header.state.config {
+            return Err(e(Problem::ConfigMismatch));
+        }
+        match header.start {
+            Start::Open => self.last_seq = None,
+            Start::Rotate => {
+                if self.last_file_no.is_some() && header.after_seq != self.last_seq {
+                    let expected = self.last_seq.map_or(0, |s| s + 1);
+                    let found = header.after_seq.map_or(0, |s| s + 1);
+                    return Err(e(Problem::SeqGap { expected, found }));
+                }
+                self.last_seq = header.after_seq;
+            }
+        }
+        self.last_file_no = Some(header.file_no);
+        self.in_file = true;
+        Ok(Entry::File { loc, header })
+    }
+}
+
+impl Iterator for Reader {
+    type Item = Result<Entry, JournalError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let out = self.advance();
+        if !matches!(out, Some(Ok(_))) {
+            self.done = true;
+        }
+        out
+    }
+}
+
+impl Reader {
+    fn advance(&mut self) -> Option<Result<Entry, JournalError>> {
+        loop {
+            if self.cur.is_none() {
+                if let Err(e) = self.open_next_file()? {
+                    return Some(Err(e));
+                }
+            }
+            let first_line = !self.in_file;
+            let Some(next) = self.next_line() else {
+                let (path, _) = self.cur.take().expect("a file is open");
+                if first_line {
+                    return Some(Err(self.err(&path, 0, None, Problem::EmptyFile)));
+                }
+                continue;
+            };
+            let (loc, line) = match next {
+                Ok(v) => v,
+                Err(e) => return Some(Err(e)),
+            };
+            match line.record {
+                Record::Header(h) if first_line => return Some(self.header(loc, h, line.prev)),
+                Record::Header(_) => return Some(Err(self.out_of_order(&loc, "event", "header"))),
+                _ if first_line => {
+                    let found = kind(&line.record);
+                    return Some(Err(self.out_of_order(&loc, "header", found)));
+                }
+                Record::Actions { seq, .. } => {
+                    return Some(Err(self.err(
+                        &loc.file,
+                        loc.line,
+                        Some(seq),
+                        Problem::OutOfOrder {
+                            expected: "event",
+                            found: "actions",
+                        },
+                    )))
+                }
+                Record::Event(envelope) => return Some(self.step(loc, envelope)),
+            }
+        }
+    }
+
+    fn step(&mut self, loc: Loc, envelope: Envelope) -> Result<Entry, JournalError> {
+        let seq = envelope.seq;
+        if let Some(last) = self.last_seq {
+            if seq != last + 1 {
+                let p = Problem::SeqGap {
+                    expected: last + 1,
+                    found: seq,
+                };
+                return Err(self.err(&loc.file, loc.line, Some(seq), p));
+            }
+        }
+        let actions = match self.next_line() {
+            None => return Err(self.err(&loc.file, loc.line, Some(seq), Problem::MissingActions)),
+            Some(Err(e)) => return Err(e),
+            Some(Ok((aloc, line))) => match line.record {
+                Record::Actions { seq: a, actions } if a == seq => actions,
+                Record::Actions { seq: a, .. } => {
+                    let p = Problem::ActionsSeq {
+                        event: seq,
+                        found: a,
+                    };
+                    return Err(self.err(&aloc.file, aloc.line, Some(a), p));
+                }
+                other => {
+                    let found = kind(&other);
+                    return Err(self.out_of_order(&aloc, "actions", found));
+                }
+            },
+        };
+        self.last_seq = Some(seq);
+        Ok(Entry::Step {
+            loc,
+            envelope,
+            actions,
+        })
+    }
+
+    fn out_of_order(&self, loc: &Loc, expected: &'static str, found: &'static str) -> JournalError {
+        self.err(
+            &loc.file,
+            loc.line,
+            None,
+            Problem::OutOfOrder { expected, found },
+        )
+    }
+}
+
+fn kind(r: &Record) -> &'static str {
+    match r {
+        Record::Header(_) => "header",
+        Record::Event(_) => "event",
+        Record::Actions { .. } => "actions",
+    }
+}
+
+/// The header's `file_no`, read to put files in order before they are checked.
+fn file_no_of(path: &Path) -> Result<u64, JournalError> {
+    #[derive(Deserialize)]
+    struct FileNo {
+        file_no: u64,
+    }
+    let err = |line, problem| JournalError {
+        file: path.to_path_buf(),
+        line,
+        seq: None,
+        problem,
+    };
+    let f = File::open(path).map_err(|e| err(0, Problem::Io(e.to_string())))?;
+    let mut first = Vec::new();
+    BufReader::new(f)
+        .read_until(b'\n', &mut first)
+        .map_err(|e| err(1, Problem::Io(e.to_string())))?;
+    if first.is_empty() {
+        return Err(err(0, Problem::EmptyFile));
+    }
+    serde_json::from_slice::<FileNo>(first.strip_suffix(b"\n").unwrap_or(&first))
+        .map(|h| h.file_no)
+        .map_err(|e| err(1, Problem::BadJson(e.to_string())))
+}

@@ -1,0 +1,364 @@
+//! The three kinds of journal line and their exact bytes.
+//!
+//! Every line is one JSON object whose first member is `"kind"` and whose last two members are
+//! `"prev"` and `"hash"`:
+//!
+//! ```text
+//! {"kind":"header","version":1,"file_no":0,…,"state":{…},"prev":"000…","hash":"9f2…"}
+//! {"kind":"event","seq":1,"at":1777622400000,"event":{…},"prev":"9f2…","hash":"41c…"}
+//! {"kind":"actions","seq":1,"actions":[…],"prev":"41c…","hash":"d07…"}
+//! ```
+//!
+//! `hash` = sha256(prev ‖ body) in lowercase hex, where `prev` is the 64 hex digits of the
+//! previous record's hash and `body` is the line exactly as written with its final
+//! `,"hash":"…"` member removed (so it ends in `"prev":"…"}`). Hashing the written bytes,
+//! not a re-serialization, means any change to any byte of a record is caught, and another
+//! tool can check a journal with nothing but sha256 and string slicing.
+
+use serde::{Deserialize, Serialize};
+
+use reconcilers::time::Millis;
+use reconcilers::{Action, Config, Envelope, Event, State};
+
+use super::digest::Digest;
+use super::problem::Problem;
+
+/// Bumped on any change a version-1 reader could misread.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// `,"hash":"` + 64 digits + `"}`: the fixed-size end of every line.
+const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;
+
+/// Why a file begins: a process (re)start, whose State is fresh, or a size rotation, whose
+/// State is the one the previous file ended with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Start {
+    Open,
+    Rotate,
+}
+
+/// The first line of every file: enough to replay the file on its own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    pub version: u32,
+    /// Counts files over the journal's whole life; rotation renames files, this never changes.
+    pub file_no: u64,
+    pub node: String,
+    pub created_at: Millis,
+    /// `vk-cocoon <version>` of the process that wrote the file.
+    pub writer: String,
+    pub start: Start,
+    /// Seq of the last event written before this file (a rotation continues from it).
+    pub after_seq: Option<u64>,
+    pub config: Config,
+    pub state: State,
+}
+
+/// What a line holds once decoded.
+#[derive(Debug)]
+pub enum Record {
+    Header(Box<Header>),
+    Event(Envelope),
+    Actions { seq: u64, actions: Vec<Action> },
+}
+
+impl Record {
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Record::Header(_) => None,
+            Record::Event(e) => Some(e.seq),
+            Record::Actions { seq, .. } => Some(*seq),
+        }
+    }
+}
+
+/// One line, decoded, with its chain fields.
+#[derive(Debug)]
+pub struct Line {
+    pub record: Record,
+    pub prev: Digest,
+    pub hash: Digest,
+    /// sha256(prev ‖ body) computed from the bytes read; equal to `hash` when intact.
+    pub computed: Digest,
+}
+
+#[derive(Serialize)]
+struct HeaderOut<'a> {
+    kind: &'static str,
+    version: u32,
+    file_no: u64,
+    node: &'a str,
+    created_at: Millis,
+    writer: &'a str,
+    start: Start,
+    after_seq: Option<u64>,
+    config: &'a Config,
+    state: &'a State,
+    prev: &'a str,
+}
+
+#[derive(Serialize)]
+struct EventOut<'a> {
+    kind: &'static str,
+    seq: u64,
+    at: Millis,
+    event: &'a Event,
+    prev: &'a str,
+}
+
+#[derive(Serialize)]
+struct ActionsOut<'a> {
+    kind: &'static str,
+    seq: u64,
+    actions: &'a [Action],
+    prev: &'a str,
+}
+
+// No `#[serde(flatten)]`: it buffers the value and then cannot read State's integer map keys.
+#[derive(Deserialize)]
+struct HeaderIn {
+    version: u32,
+    file_no: u64,
+    node: String,
+    created_at: Millis,
+    writer: String,
+    start: Start,
+    after_seq: Option<u64>,
+    config: Config,
+    state: State,
+    prev: String,
+}
+
+#[derive(Deserialize)]
+struct EventIn {
+    seq: u64,
+    at: Millis,
+    event: Event,
+    prev: String,
+}
+
+#[derive(Deserialize)]
+struct ActionsIn {
+    seq: u64,
+    actions: Vec<Action>,
+    prev: String,
+}
+
+/// The header fields a writer supplies; `state` is borrowed so a snapshot costs no clone.
+pub struct HeaderFields<'a> {
+    pub file_no: u64,
+    pub created_at: Millis,
+    pub start: Start,
+    pub after_seq: Option<u64>,
+    pub config: &'a Config,
+    pub state: &'a State,
+}
+
+pub fn encode_header(
+    out: &mut Vec<u8>,
+    h: &HeaderFields<'_>,
+    prev: &Digest,
+) -> serde_json::Result<Digest> {
+    let writer = format!("vk-cocoon {}", crate::version::VERSION);
+    let body = HeaderOut {
+        kind: "header",
+        version: FORMAT_VERSION,
+        file_no: h.file_no,
+        node: &h.config.node_name,
+        created_at: h.created_at,
+        writer: &writer,
+        start: h.start,
+        after_seq: h.after_seq,
+        config: h.config,
+        state: h.state,
+        prev: prev.as_str(),
+    };
+    encode(out, &body, prev)
+}
+
+pub fn encode_event(out: &mut Vec<u8>, e: &Envelope, prev: &Digest) -> serde_json::Result<Digest> {
+    let body = EventOut {
+        kind: "event",
+        seq: e.seq,
+        at: e.at,
+        event: &e.event,
+        prev: prev.as_str(),
+    };
+    encode(out, &body, prev)
+}
+
+pub fn encode_actions(
+    out: &mut Vec<u8>,
+    seq: u64,
+    actions: &[Action],
+    prev: &Digest,
+) -> serde_json::Result<Digest> {
+    let body = ActionsOut {
+        kind: "actions",
+        seq,
+        actions,
+        prev: prev.as_str(),
+    };
+    encode(out, &body, prev)
+}
+
+/// Appends one complete line (with its newline) to `out` and returns its hash. On error
+/// `out` is left as it was.
+fn encode(out: &mut Vec<u8>, body: &impl Serialize, prev: &Digest) -> serde_json::Result<Digest> {
+    let start = out.len();
+    if let Err(e) = serde_json::to_writer(&mut *out, body) {
+        out.truncate(start);
+        return Err(e);
+    }
+    let hash = Digest::chain(prev, &out[start..], b"");
+    // The body ends in `}`; the hash goes in as the last member.
+    out.pop();
+    out.extend_from_slice(b",\"hash\":\"");
+    out.extend_from_slice(hash.as_str().as_bytes());
+    out.extend_from_slice(b"\"}\n");
+    Ok(hash)
+}
+
+/// Decodes one line (without its newline) and recomputes its hash from the bytes.
+pub fn decode(line: &[u8]) -> Result<Line, Problem> {
+    let (head, hash) = split_line(line)?;
+    let kind = kind_of(line)?;
+    let bad_json = |e: serde_json::Error| Problem::BadJson(e.to_string());
+    let (record, prev) = match kind {
+        "header" => {
+            // The version first: a newer header may not parse as this version's fields.
+            #[derive(Deserialize)]
+            struct VersionOnly {
+                version: u32,
+            }
+            let v: VersionOnly = serde_json::from_slice(line).map_err(bad_json)?;
+            if v.version != FORMAT_VERSION {
+                return Err(Problem::UnsupportedVersion(v.version));
+            }
+            let h: HeaderIn = serde_json::from_slice(line).map_err(bad_json)?;
+            let header = Header {
+                version: h.version,
+                file_no: h.file_no,
+                node: h.node,
+                created_at: h.created_at,
+                writer: h.writer,
+                start: h.start,
+                after_seq: h.after_seq,
+                config: h.config,
+                state: h.state,
+            };
+            (Record::Header(Box::new(header)), h.prev)
+        }
+        "event" => {
+            let e: EventIn = serde_json::from_slice(line).map_err(bad_json)?;
+            let env = Envelope {
+                seq: e.seq,
+                at: e.at,
+                event: e.event,
+            };
+            (Record::Event(env), e.prev)
+        }
+        "actions" => {
+            let a: ActionsIn = serde_json::from_slice(line).map_err(bad_json)?;
+            (
+                Record::Actions {
+                    seq: a.seq,
+                    actions: a.actions,
+                },
+                a.prev,
+            )
+        }
+        other => return Err(Problem::UnknownKind(other.to_string())),
+    };
+    let prev = Digest::parse(&prev).ok_or(Problem::BadPrevField(prev))?;
+    let computed = Digest::chain(&prev, head, b"}");
+    Ok(Line {
+        record,
+        prev,
+        hash,
+        computed,
+    })
+}
+
+/// Splits `…,"hash":"<64 hex>"}` into the body without its closing brace, and the hash.
+fn split_line(line: &[u8]) -> Result<(&[u8], Digest), Problem> {
+    let missing = || Problem::NoHash;
+    if line.len() < HASH_SUFFIX_LEN + 2 {
+        return Err(missing());
+    }
+    let (head, suffix) = line.split_at(line.len() - HASH_SUFFIX_LEN);
+    if !suffix.starts_with(b",\"hash\":\"") || !suffix.ends_with(b"\"}") {
+        return Err(missing());
+    }
+    let hex = std::str::from_utf8(&suffix[9..73]).map_err(|_| missing())?;
+    let hash = Digest::parse(hex).ok_or_else(missing)?;
+    Ok((head, hash))
+}
+
+/// The writer always puts `kind` first, so the kind is read without parsing the line.
+fn kind_of(line: &[u8]) -> Result<&str, Problem> {
+    let rest = line
+        .strip_prefix(b"{\"kind\":\"")
+        .ok_or_else(|| Problem::BadJson("the line does not begin with {\"kind\":\"…\"".into()))?;
+    let end = rest
+        .iter()
+        .position(|&c| c == b'"')
+        .ok_or_else(|| Problem::BadJson("unterminated kind".into()))?;
+    std::str::from_utf8(&rest[..end]).map_err(|_| Problem::BadJson("kind is not UTF-8".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(seq: u64) -> Envelope {
+        Envelope {
+            seq,
+            at: 1_000 + seq as i64,
+            event: Event::PodRelistBegin,
+        }
+    }
+
+    #[test]
+    fn a_line_round_trips_and_its_hash_covers_the_written_bytes() {
+        let mut out = Vec::new();
+        let h = encode_event(&mut out, &env(7), &Digest::GENESIS).unwrap();
+        assert_eq!(out.last(), Some(&b'\n'));
+        let line = &out[..out.len() - 1];
+        let text = std::str::from_utf8(line).unwrap();
+        assert!(text.starts_with("{\"kind\":\"event\",\"seq\":7,"), "{text}");
+        // An independent check: strip the hash member, hash prev ‖ rest.
+        let body = format!("{}}}", &text[..text.len() - HASH_SUFFIX_LEN]);
+        assert_eq!(h, Digest::chain(&Digest::GENESIS, body.as_bytes(), b""));
+        let d = decode(line).unwrap();
+        assert_eq!(d.hash, h);
+        assert_eq!(d.computed, h);
+        assert_eq!(d.prev, Digest::GENESIS);
+        assert!(matches!(d.record, Record::Event(e) if e == env(7)));
+    }
+
+    #[test]
+    fn a_changed_byte_changes_the_computed_hash() {
+        let mut out = Vec::new();
+        encode_actions(&mut out, 3, &[], &Digest::GENESIS).unwrap();
+        out.pop();
+        let pos = out.iter().position(|&c| c == b'3').unwrap();
+        out[pos] = b'4';
+        let d = decode(&out).unwrap();
+        assert_ne!(d.computed, d.hash);
+    }
+
+    #[test]
+    fn malformed_lines_are_named() {
+        assert_eq!(decode(b"{}").unwrap_err(), Problem::NoHash);
+        let mut out = Vec::new();
+        encode_actions(&mut out, 1, &[], &Digest::GENESIS).unwrap();
+        let text = String::from_utf8(out).unwrap().replace("actions", "action");
+        let err = decode(text.trim_end().as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, Problem::UnknownKind(ref k) if k == "action"),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,336 @@
+//! Appending to the journal, and size-bounded rotation.
+//!
+//! The loop owns one `Journal`. For every envelope it reduces it calls [`Journal::record`]
+//! *before* it executes the actions, then [`Journal::rotate_if_needed`] with the state the
+//! reduce left, so a new file's header holds exactly the state its first event meets.
+//!
+//! Each `record` is one `write(2)` of two lines (event + actions). There is no fsync per
+//! record: the journal explains a run, it is not the source of truth (the cluster and cocoon
+//! are), so a power cut may lose the tail; a crash of the process loses nothing written.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use reconcilers::time::Millis;
+use reconcilers::{Action, Config, Envelope, State};
+
+use super::digest::Digest;
+use super::files::rotated_path;
+use super::record::{self, HeaderFields, Start};
+
+/// Where and how much (from `VK_JOURNAL_PATH`, `VK_JOURNAL_MAX_BYTES`, `VK_JOURNAL_FILES`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalSettings {
+    /// The file being written; rotated files are `<path>.1` (newest) … `<path>.<files-1>`.
+    pub path: PathBuf,
+    /// A file is rotated once it holds at least this many bytes.
+    pub max_bytes: u64,
+    /// Files kept, the current one included (≥ 1).
+    pub files: u32,
+}
+
+pub struct Journal {
+    settings: JournalSettings,
+    config: Config,
+    file: File,
+    /// Bytes in the current file.
+    bytes: u64,
+    /// Records written to the current file after its header.
+    records: u64,
+    file_no: u64,
+    last: Digest,
+    last_seq: Option<u64>,
+    last_at: Millis,
+    /// Reused for every record so the hot path does not allocate.
+    buf: Vec<u8>,
+    /// Set after a failed write: the file may end mid-line, so nothing more is appended.
+    broken: Option<String>,
+}
+
+impl Journal {
+    /// Starts a new file for this process (its header says `"start":"open"`), chained to the
+    /// last record of the previous run when there is one. The previous file is rotated away.
+    pub fn open(settings: &JournalSettings, config: &Config, state: &State) -> Result<Journal> {
+        Self::open_at(settings, config, state, wall_clock_ms())
+    }
+
+    /// [`Journal::open`] with the header's `created_at` given (tests, generated journals).
+    pub fn open_at(
+        settings: &JournalSettings,
+        config: &Config,
+        state: &State,
+        created_at: Millis,
+    ) -> Result<Journal> {
+        if settings.files == 0 {
+            bail!("the journal needs at least one file (VK_JOURNAL_FILES ≥ 1)");
+        }
+        let path = &settings.path;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).with_context(|| {
+                format!(
+                    "cannot create the journal directory {}; make it writable, point \
+                     VK_JOURNAL_PATH elsewhere, or set VK_JOURNAL_PATH= (empty) to disable the journal",
+                    dir.display()
+                )
+            })?;
+        }
+        let previous = match previous_tail(path)? {
+            Some(t) => Some(t),
+            None => previous_tail(&rotated_path(path, 1))?,
+        };
+        let (prev, file_no) = match previous {
+            Some(t) => (t.hash, t.file_no + 1),
+            None => (Digest::GENESIS, 0),
+        };
+        if fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false) {
+            shift_files(settings)?;
+        }
+        let file = create(path)?;
+        let mut j = Journal {
+            settings: settings.clone(),
+            config: config.clone(),
+            file,
+            bytes: 0,
+            records: 0,
+            file_no,
+            last: prev,
+            last_seq: None,
+            last_at: created_at,
+            buf: Vec::with_capacity(64 * 1024),
+            broken: None,
+        };
+        j.write_header(Start::Open, state, created_at)?;
+        Ok(j)
+    }
+
+    /// Writes the event and the actions it produced, and returns once both lines are handed
+    /// to the kernel. Seqs must be consecutive within a process.
+    pub fn record(&mut self, envelope: &Envelope, actions: &[Action]) -> Result<()> {
+        if let Some(why) = &self.broken {
+            bail!("the journal stopped after an earlier write error: {why}");
+        }
+        if let Some(last) = self.last_seq {
+            if envelope.seq != last + 1 {
+                bail!(
+                    "journal: event seq {} does not follow seq {last}; the loop must number \
+                     every envelope it reduces consecutively",
+                    envelope.seq
+                );
+            }
+        }
+        self.buf.clear();
+        let ev = record::encode_event(&mut self.buf, envelope, &self.last)
+            .context("journal: cannot serialize the event")?;
+        let acts = record::encode_actions(&mut self.buf, envelope.seq, actions, &ev)
+            .context("journal: cannot serialize the actions")?;
+        self.write_buf()?;
+        self.last = acts;
+        self.last_seq = Some(envelope.seq);
+        self.last_at = envelope.at;
+        self.records += 2;
+        Ok(())
+    }
+
+    /// Starts the next file when the current one is full. `state` must be the state after the
+    /// last recorded envelope was reduced: it becomes the new file's starting point.
+    pub fn rotate_if_needed(&mut self, state: &State) -> Result<bool> {
+        // A file holding only its header is never rotated, or a state larger than the limit
+        // would rotate forever.
+        if self.bytes < self.settings.max_bytes || self.records == 0 || self.broken.is_some() {
+            return Ok(false);
+        }
+        self.file.sync_data().ok();
+        shift_files(&self.settings)?;
+        self.file = create(&self.settings.path)?;
+        self.file_no += 1;
+        self.bytes = 0;
+        self.records = 0;
+        self.write_header(Start::Rotate, state, self.last_at)?;
+        Ok(true)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.settings.path
+    }
+
+    /// The hash the next record will chain from.
+    pub fn last_hash(&self) -> Digest {
+        self.last
+    }
+
+    pub fn file_no(&self) -> u64 {
+        self.file_no
+    }
+
+    fn write_header(&mut self, start: Start, state: &State, created_at: Millis) -> Result<()> {
+        self.buf.clear();
+        let fields = HeaderFields {
+            file_no: self.file_no,
+            created_at,
+            start,
+            after_seq: self.last_seq,
+            config: &self.config,
+            state,
+        };
+        let h = record::encode_header(&mut self.buf, &fields, &self.last)
+            .context("journal: cannot serialize the state snapshot for the file header")?;
+        self.write_buf()?;
+        self.last = h;
+        Ok(())
+    }
+
+    fn write_buf(&mut self) -> Result<()> {
+        if let Err(e) = self.file.write_all(&self.buf) {
+            let why = format!("write to {}: {e}", self.settings.path.display());
+            self.broken = Some(why.clone());
+            bail!("journal: {why}");
+        }
+        self.bytes += self.buf.len() as u64;
+        Ok(())
+    }
+}
+
+fn create(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .with_context(|| format!("cannot create the journal file {}", path.display()))
+}
+
+/// `<path>` becomes `<path>.1`, `.1` becomes `.2`, …; the oldest beyond `files` is deleted.
+fn shift_files(s: &JournalSettings) -> Result<()> {
+    let oldest = rotated_path(&s.path, s.files as u64 - 1);
+    match fs::remove_file(&oldest) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot remove {}", oldest.display())),
+    }
+    for k in (0..s.files as u64 - 1).rev() {
+        let from = rotated_path(&s.path, k);
+        let to = rotated_path(&s.path, k + 1);
+        match fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot rotate {} to {}", from.display(), to.display())
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Tail {
+    hash: Digest,
+    file_no: u64,
+}
+
+/// The chain end of an existing journal file, so a new process continues the chain. A tail
+/// the previous process left mid-write (no newline, or an event without its actions) is cut
+/// off: `record` had not returned, so those actions never ran.
+fn previous_tail(path: &Path) -> Result<Option<Tail>> {
+    let mut f = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot open {}", path.display()));
+        }
+    };
+    let Some(file_no) = header_file_no(&mut f) else {
+        tracing::warn!(
+            file = %path.display(),
+            "the previous journal file has no readable header; the new file starts a new chain"
+        );
+        return Ok(None);
+    };
+    let mut len = f.metadata()?.len();
+    loop {
+        let Some((line_start, line)) = last_line(&mut f, len)? else {
+            return Ok(None);
+        };
+        let complete = line.ends_with(b"\n");
+        let is_event = line.starts_with(b"{\"kind\":\"event\"");
+        let hash = hash_of_line(&line);
+        if complete && !is_event {
+            if let Some(hash) = hash {
+                return Ok(Some(Tail { hash, file_no }));
+            }
+            tracing::warn!(file = %path.display(), "the previous journal file ends in an unreadable record; the new file starts a new chain");
+            return Ok(None);
+        }
+        tracing::warn!(
+            file = %path.display(),
+            bytes = len - line_start,
+            "cutting an unfinished record off the end of the previous journal file"
+        );
+        f.set_len(line_start)?;
+        len = line_start;
+    }
+}
+
+fn header_file_no(f: &mut File) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct FileNo {
+        file_no: u64,
+    }
+    f.seek(SeekFrom::Start(0)).ok()?;
+    let mut first = Vec::new();
+    io::BufRead::read_until(&mut io::BufReader::new(&mut *f), b'\n', &mut first).ok()?;
+    serde_json::from_slice::<FileNo>(first.strip_suffix(b"\n")?)
+        .ok()
+        .map(|h| h.file_no)
+}
+
+/// The last line of the first `len` bytes (with its newline if it has one) and where it starts.
+fn last_line(f: &mut File, len: u64) -> io::Result<Option<(u64, Vec<u8>)>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    // Read backwards in chunks until the newline that ends the line before the last one.
+    let mut tail: Vec<u8> = Vec::new();
+    let mut pos = len;
+    loop {
+        let step = pos.min(64 * 1024);
+        pos -= step;
+        let mut chunk = vec![0u8; step as usize];
+        f.seek(SeekFrom::Start(pos))?;
+        f.read_exact(&mut chunk)?;
+        chunk.extend_from_slice(&tail);
+        tail = chunk;
+        // Skip the final newline itself: it ends the last line.
+        let search = &tail[..tail.len() - usize::from(tail.ends_with(b"\n"))];
+        if let Some(nl) = search.iter().rposition(|&c| c == b'\n') {
+            let start = pos + nl as u64 + 1;
+            return Ok(Some((start, tail[nl + 1..].to_vec())));
+        }
+        if pos == 0 {
+            return Ok(Some((0, tail)));
+        }
+    }
+}
+
+fn hash_of_line(line: &[u8]) -> Option<Digest> {
+    // …,"hash":"<64 hex>"}\n
+    let body = line.strip_suffix(b"\"}\n")?;
+    let hex = body.get(body.len().checked_sub(64)?..)?;
+    let before = &body[..body.len() - 64];
+    if !before.ends_with(b",\"hash\":\"") {
+        return None;
+    }
+    Digest::parse(std::str::from_utf8(hex).ok()?)
+}
+
+fn wall_clock_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}

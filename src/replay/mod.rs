@@ -1,0 +1,251 @@
+//! `vk-cocoon replay`: read a journal (checking its chain), feed every event through the same
+//! reducer starting from the first file's header state, and compare the actions it produces
+//! with the journaled ones. A difference is a determinism bug, and this says where.
+
+mod focus;
+mod json_diff;
+mod replayer;
+mod timeline;
+
+use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use reconcilers::pod::PodKey;
+use reconcilers::testkit::render;
+use reconcilers::{Action, Envelope, State};
+
+use crate::journal::{Entry, JournalError, Reader};
+
+pub use focus::Focus;
+pub use replayer::Replayer;
+pub use timeline::Timeline;
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub files: Vec<PathBuf>,
+    /// Show only what concerns this pod (everything is still reduced).
+    pub pod: Option<PodKey>,
+    /// Stop after the event with this seq.
+    pub until: Option<u64>,
+    /// Stop at the first difference instead of noting it and going on.
+    pub verify: bool,
+    /// No timeline (benchmarks, `--state` alone).
+    pub quiet: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub files: usize,
+    pub steps: u64,
+    pub actions: u64,
+    /// Steps whose replayed actions differ (only without `verify`, which stops at the first).
+    pub differing: u64,
+    /// Rotations whose header state differs from the replayed state.
+    pub state_differences: u64,
+    pub last_seq: Option<u64>,
+}
+
+/// The reducer disagreed with the journal at one step.
+#[derive(Clone, Debug)]
+pub struct Divergence {
+    pub file: PathBuf,
+    pub line: u64,
+    pub envelope: Envelope,
+    pub journaled: Vec<Action>,
+    pub replayed: Vec<Action>,
+}
+
+#[derive(Debug)]
+pub enum Failure {
+    Journal(JournalError),
+    Actions(Box<Divergence>),
+    State {
+        file: PathBuf,
+        differences: Vec<String>,
+    },
+    Output(io::Error),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Output(e)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Journal(e) => write!(f, "journal check failed: {e}"),
+            Failure::Actions(d) => fmt_divergence(d, f),
+            Failure::State { file, differences } => {
+                writeln!(
+                    f,
+                    "{}:1: the state this rotated file starts from differs from the replayed state:",
+                    file.display()
+                )?;
+                for d in differences {
+                    writeln!(f, "    {d}")?;
+                }
+                f.write_str(
+                    "the reducer is not deterministic, or it changed since the journal was written",
+                )
+            }
+            Failure::Output(e) => write!(f, "cannot write the timeline: {e}"),
+        }
+    }
+}
+
+fn fmt_divergence(d: &Divergence, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    writeln!(
+        f,
+        "{}:{} (seq {}): the reducer's actions differ from the journaled ones",
+        d.file.display(),
+        d.line + 1,
+        d.envelope.seq
+    )?;
+    writeln!(f, "  event: {}", render::event(&d.envelope.event))?;
+    let first = d
+        .journaled
+        .iter()
+        .zip(&d.replayed)
+        .position(|(a, b)| a != b)
+        .unwrap_or(d.journaled.len().min(d.replayed.len()));
+    for (name, list, other) in [
+        ("journaled", &d.journaled, &d.replayed),
+        ("replayed", &d.replayed, &d.journaled),
+    ] {
+        writeln!(f, "  {name} ({} actions):", list.len())?;
+        for (i, a) in list.iter().enumerate() {
+            let differs = other.get(i) != Some(a);
+            let mark = if differs { '*' } else { ' ' };
+            writeln!(f, "   {mark}[{i}] {}", render::action(a))?;
+            if differs {
+                let json = serde_json::to_string(a).unwrap_or_default();
+                writeln!(f, "        {json}")?;
+            }
+        }
+    }
+    write!(
+        f,
+        "first difference at action {first}; a determinism bug in reconcilers, or a journal \
+         edited with its hashes recomputed"
+    )
+}
+
+/// Replays `opts.files`, writing the timeline to `out`. The final state is returned for
+/// `--state`.
+pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State>), Failure> {
+    let reader = Reader::open(&opts.files).map_err(Failure::Journal)?;
+    let mut summary = Summary::default();
+    let mut replayer = Replayer::new();
+    let mut focus = opts.pod.clone().map(Focus::new);
+    let mut timeline = Timeline::new(out);
+    let show = !opts.quiet;
+    for entry in reader {
+        match entry.map_err(Failure::Journal)? {
+            Entry::File { loc, header } => {
+                summary.files += 1;
+                if show {
+                    timeline.file(&loc, &header)?;
+                }
+                if let Err(differences) = replayer.begin_file(&header) {
+                    summary.state_differences += 1;
+                    if opts.verify {
+                        return Err(Failure::State {
+                            file: loc.file.to_path_buf(),
+                            differences,
+                        });
+                    }
+                    if show {
+                        timeline.note("the state this file starts from differs from the replayed state; continuing from the file's")?;
+                    }
+                }
+            }
+            Entry::Step {
+                loc,
+                envelope,
+                actions,
+            } => {
+                if opts.until.is_some_and(|u| envelope.seq > u) {
+                    break;
+                }
+                let seq = envelope.seq;
+                let shown: Vec<bool> = match &mut focus {
+                    Some(f) => {
+                        let before = replayer.state().expect("a header came first");
+                        let ev = f.event(&envelope.event, before);
+                        let acts: Vec<bool> = actions.iter().map(|a| f.action(a)).collect();
+                        if !ev && !acts.contains(&true) {
+                            Vec::new()
+                        } else {
+                            acts
+                        }
+                    }
+                    None => vec![true; actions.len()],
+                };
+                let event_shown = show && (focus.is_none() || !shown.is_empty());
+                if event_shown {
+                    timeline.event(&envelope)?;
+                    for (a, s) in actions.iter().zip(&shown) {
+                        if *s {
+                            timeline.action(a)?;
+                        }
+                    }
+                }
+                let kept = opts.verify.then(|| envelope.clone());
+                let replayed = replayer.step(envelope);
+                summary.steps += 1;
+                summary.actions += actions.len() as u64;
+                summary.last_seq = Some(seq);
+                if replayed != actions {
+                    summary.differing += 1;
+                    if let Some(envelope) = kept {
+                        return Err(Failure::Actions(Box::new(Divergence {
+                            file: loc.file.to_path_buf(),
+                            line: loc.line,
+                            envelope,
+                            journaled: actions,
+                            replayed,
+                        })));
+                    }
+                    if event_shown {
+                        timeline.note("the reducer now produces different actions for this event (run with --verify for details)")?;
+                    }
+                }
+            }
+        }
+    }
+    Ok((summary, replayer.state().cloned()))
+}
+
+/// The one-line verdict printed after a replay.
+pub fn verdict(s: &Summary, verify: bool, files: &[PathBuf]) -> String {
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| {
+            Path::new(p)
+                .file_name()
+                .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
+        })
+        .collect();
+    let outcome = if s.differing == 0 && s.state_differences == 0 {
+        if verify {
+            "chain intact, every action list identical".to_string()
+        } else {
+            "chain intact, actions identical".to_string()
+        }
+    } else {
+        format!(
+            "chain intact, but {} steps produce different actions and {} rotated states differ",
+            s.differing, s.state_differences
+        )
+    };
+    format!(
+        "replayed {} events ({} actions) from {} file(s) [{}]: {outcome}",
+        s.steps,
+        s.actions,
+        s.files,
+        names.join(", ")
+    )
+}
