@@ -7,8 +7,11 @@ use crate::pod::PodKey;
 use crate::spec::Os;
 use crate::state::State;
 
-const FIRST_BACKOFF_MS: u64 = 100;
-const MAX_BACKOFF_MS: u64 = 1000;
+/// Kept in µs: R3's series (100, 150, 225, 337.5, 506.25, 759.375 ms, cap 1 s) must not
+/// drift by rounding every step to whole milliseconds.
+const FIRST_BACKOFF_US: u64 = 100_000;
+const MAX_BACKOFF_US: u64 = 1_000_000;
+const FIRST_BACKOFF_MS: u64 = FIRST_BACKOFF_US / 1000;
 const READY_INTERVAL_MS: u64 = 5000;
 const FAILURES_TO_FLIP: u32 = 3;
 
@@ -17,7 +20,7 @@ pub fn start(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.probe.active = true;
     e.probe.failures = 0;
-    e.probe.backoff_ms = FIRST_BACKOFF_MS;
+    e.probe.backoff_us = FIRST_BACKOFF_US;
     schedule(s, key, 0);
 }
 
@@ -73,15 +76,15 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
         if p.failures >= FAILURES_TO_FLIP {
             p.ready = false;
             p.failures = 0;
-            p.backoff_ms = FIRST_BACKOFF_MS * 3 / 2;
+            p.backoff_us = FIRST_BACKOFF_US * 3 / 2;
             FIRST_BACKOFF_MS
         } else {
             READY_INTERVAL_MS
         }
     } else {
-        let wait = p.backoff_ms.max(FIRST_BACKOFF_MS);
-        p.backoff_ms = (wait * 3 / 2).min(MAX_BACKOFF_MS);
-        wait
+        let wait = p.backoff_us.max(FIRST_BACKOFF_US);
+        p.backoff_us = (wait * 3 / 2).min(MAX_BACKOFF_US);
+        wait / 1000
     };
     if p.ready != was_ready {
         e.ready_changed_at = Some(now);

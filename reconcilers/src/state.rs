@@ -235,7 +235,8 @@ pub struct ProbeState {
     pub seq: u64,
     pub ready: bool,
     pub failures: u32,
-    pub backoff_ms: u64,
+    /// The next not-ready wait, in µs.
+    pub backoff_us: u64,
     /// Active but not scheduled: no IP to probe yet.
     pub waiting_ip: bool,
 }

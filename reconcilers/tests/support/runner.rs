@@ -411,8 +411,12 @@ impl Runner {
             }
             "crash" => actions(&self.world().crash(&rest[0])),
             "vanish" => actions(&self.world().vanish(&rest[0])),
+            // `fail-next VERB TEXT [N]`: the next N calls of VERB fail with TEXT.
             "fail-next" => {
-                self.world().cocoon.fail_next(&rest[0], &rest[1]);
+                let n: usize = rest.get(2).map_or(1, |n| n.parse().expect("count"));
+                for _ in 0..n {
+                    self.world().cocoon.fail_next(&rest[0], &rest[1]);
+                }
                 vec![]
             }
             "garbage-next" => {
