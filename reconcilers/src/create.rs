@@ -494,7 +494,12 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
 /// (start time, readiness and its transition time) so a restart does not flap the pod.
 pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
     let running = vm.is_running();
-    track(s, key, vm, false);
+    let cached_ip = s
+        .pods
+        .get(key)
+        .and_then(|e| e.pod.annotation(keys::VM_IP))
+        .map(str::to_string);
+    track_with_ip(s, key, vm, cached_ip);
     let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
     e.started_at = e
@@ -538,12 +543,22 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
 }
 
 pub(crate) fn track(s: &mut State, key: &PodKey, record: VmRecord, unmanaged: bool) {
-    let Some(e) = s.pods.get_mut(key) else { return };
     let ip = if unmanaged {
         record.static_ip.clone()
     } else {
         None
     };
+    track_inner(s, key, record, unmanaged, ip)
+}
+
+/// A managed VM re-attached after a restart: its `ip` annotation is the IP cache until the
+/// lease file is read (R6), so the pod's podIP does not flap.
+fn track_with_ip(s: &mut State, key: &PodKey, record: VmRecord, ip: Option<String>) {
+    track_inner(s, key, record, false, ip)
+}
+
+fn track_inner(s: &mut State, key: &PodKey, record: VmRecord, unmanaged: bool, ip: Option<String>) {
+    let Some(e) = s.pods.get_mut(key) else { return };
     let tracked = Tracked {
         record,
         ip,

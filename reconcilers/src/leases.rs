@@ -31,6 +31,7 @@ pub fn changed(s: &mut State, table: Vec<Lease>) {
         }
     }
     s.leases = next;
+    s.leases_seen = true;
     for mac in macs {
         if let Some(key) = s.macs.get(&mac).cloned() {
             refresh_ip(s, &key);
@@ -44,6 +45,10 @@ pub fn resolve(s: &State, vm: &Tracked) -> Option<String> {
         return Some(ip.clone());
     }
     if vm.unmanaged {
+        return vm.ip.clone();
+    }
+    // Before the lease file was read (a restart), the IP the pod already shows stands.
+    if !s.leases_seen {
         return vm.ip.clone();
     }
     let mac = vm.record.mac.as_ref()?.to_ascii_lowercase();

@@ -27,8 +27,8 @@ pub fn try_start(s: &mut State) {
             if let Some(class) = &spec.cpu_class {
                 if s.config.cpu_class.as_deref() != Some(class.as_str()) {
                     let message = format!(
-                        "pod {key} requires snapshot cpu class {class:?} but this node's class is {:?}; refusing to register",
-                        s.config.cpu_class
+                        "pod {key} requires snapshot cpu class {class:?} but this node's class is {}; refusing to register",
+                        s.config.cpu_class.as_deref().map_or("unset".to_string(), |c| format!("{c:?}"))
                     );
                     s.emit(Action::Fatal { message });
                     return;

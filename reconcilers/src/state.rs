@@ -35,6 +35,9 @@ pub struct State {
     /// Startup reconcile done: destructive decisions are allowed from here on.
     pub started: bool,
     pub leases: BTreeMap<String, Lease>,
+    /// The lease file has been read once: until then a cached IP is not evidence of loss.
+    #[serde(default)]
+    pub leases_seen: bool,
     /// DHCP MAC → pod, to route lease changes without scanning pods.
     pub macs: BTreeMap<String, PodKey>,
     /// VM id → time of its last in-place restart (W4 cooldown).
@@ -263,6 +266,7 @@ impl State {
             relist: Relist::default(),
             started: false,
             leases: BTreeMap::new(),
+            leases_seen: false,
             macs: BTreeMap::new(),
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),

@@ -505,6 +505,9 @@ impl Runner {
         w.leases = old.leases;
         let from = w.log.len();
         w.start_unsettled(vec![], vec![]);
+        // The shell's lease-file source reports the table once it has read it.
+        let leases = w.leases.values().cloned().collect();
+        w.feed(Event::LeasesChanged { leases });
         if !manual {
             w.settle();
         }
