@@ -14,6 +14,14 @@ pub enum CloneSource {
     FromDir(String),
 }
 
+/// Reads an i128 quantity through i64. `CocoonCmd` and `Action` are internally tagged, so
+/// serde buffers them before decoding, and that buffer cannot hold an i128: reading a
+/// journaled `vm run` back (replay) failed with "i128 is not supported". No CPU count or byte
+/// size comes near i64::MAX.
+fn opt_i128<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
+    Option::<i64>::deserialize(d).map(|v| v.map(i128::from))
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "verb", rename_all = "snake_case")]
 pub enum CocoonCmd {
@@ -24,9 +32,12 @@ pub enum CocoonCmd {
     VmRun {
         name: String,
         image: String,
+        #[serde(deserialize_with = "opt_i128")]
         cpu: Option<i128>,
         cpu_policy: CpuPolicy,
+        #[serde(deserialize_with = "opt_i128")]
         memory: Option<i128>,
+        #[serde(deserialize_with = "opt_i128")]
         storage: Option<i128>,
         network: Option<String>,
         windows: bool,
@@ -234,5 +245,38 @@ fn cpu_flags(push: &mut impl FnMut(&str), p: &CpuPolicy) {
         push(&q.to_string());
         push("--cpu-period-us");
         push(&per.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_run_action_reads_back_from_json() {
+        let cmd = CocoonCmd::VmRun {
+            name: "vk-a".into(),
+            image: "ubuntu:24.04".into(),
+            cpu: Some(2),
+            cpu_policy: CpuPolicy {
+                weight: 39,
+                quota_us: None,
+                period_us: None,
+            },
+            memory: Some(4 << 30),
+            storage: None,
+            network: None,
+            windows: false,
+            fc: false,
+            no_direct_io: false,
+        };
+        let action = crate::Action::Cocoon {
+            op: 1,
+            key: None,
+            cmd,
+        };
+        let text = serde_json::to_string(&action).unwrap();
+        let back: crate::Action = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, action);
     }
 }
