@@ -117,7 +117,11 @@ fn run() -> ExitCode {
         Err(e) => return config_error(&e),
     };
     let filter = tracing_subscriber::EnvFilter::new(config.log_level.as_filter());
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
@@ -131,9 +135,12 @@ fn run() -> ExitCode {
     }
 }
 
-/// The daemon loop lives in `vk_cocoon::runtime`; this is where the lead wires it in.
-fn daemon(_config: Config) -> anyhow::Result<()> {
-    anyhow::bail!("the daemon loop is not wired yet")
+fn daemon(config: Config) -> anyhow::Result<()> {
+    let settings = vk_cocoon::runtime::Settings::from_config(&config)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(vk_cocoon::runtime::run(settings))
 }
 
 fn replay(args: ReplayArgs) -> ExitCode {

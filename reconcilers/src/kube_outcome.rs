@@ -104,15 +104,22 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
 /// with backoff; the declarative sync re-derives what to write when the timer fires.
 fn failed(s: &mut State, key: &PodKey, what: &str, err: KubeError) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    match err.kind {
-        KubeErrorKind::NotFound | KubeErrorKind::Conflict | KubeErrorKind::Invalid => {
+    // A 422 on a status write is our own bug (an invalid status), not a superseded pod: it is
+    // logged loudly and retried, so a fixed derivation heals it.
+    let superseded = match err.kind {
+        KubeErrorKind::NotFound | KubeErrorKind::Conflict => true,
+        KubeErrorKind::Invalid => what != "status",
+        KubeErrorKind::Other => false,
+    };
+    match superseded {
+        true => {
             e.superseded = true;
             s.emit(Action::Log {
                 level: Level::Info,
                 message: format!("pod {key}: {what} dropped, pod superseded: {}", err.message),
             });
         }
-        KubeErrorKind::Other => {
+        false => {
             e.kube_failures += 1;
             e.kube_backoff = true;
             let after_ms = (RETRY_FIRST_MS << (e.kube_failures - 1).min(8)).min(RETRY_MAX_MS);

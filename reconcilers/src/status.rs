@@ -13,9 +13,9 @@ pub struct PodStatus {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "hostIP", default, skip_serializing_if = "Option::is_none")]
     pub host_ip: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "podIP", default, skip_serializing_if = "Option::is_none")]
     pub pod_ip: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<String>,

@@ -1,6 +1,8 @@
 //! The daemon: sources feed one loop that owns the core's State; every event is reduced,
 //! journaled with its actions, and only then are the actions executed.
 
+mod settings;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -14,19 +16,9 @@ use crate::effects::cocoon::CocoonCli;
 use crate::effects::node::{self, NodeSettings};
 use crate::effects::probes::{Pinger, Probes};
 use crate::effects::Executor;
+use crate::journal::{Journal, JournalSettings};
 use crate::metrics::{self, Metrics};
 use crate::sources::{cocoon_stream, lease_file, pods};
-
-/// Placeholder until the journal writer lands.
-struct Journal;
-impl Journal {
-    fn record(&mut self, _e: &Envelope, _a: &[Action]) -> Result<()> {
-        Ok(())
-    }
-    fn flush(&mut self) -> Result<()> {
-        Ok(())
-    }
-}
 
 pub struct Settings {
     pub core: reconcilers::Config,
@@ -34,7 +26,7 @@ pub struct Settings {
     pub cocoon: CocoonCli,
     pub leases_path: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
-    // journal: wired in when the journal writer lands
+    pub journal: Option<JournalSettings>,
 }
 
 fn now_ms() -> i64 {
@@ -98,7 +90,13 @@ pub async fn run(settings: Settings) -> Result<()> {
     }
 
     let mut state = State::new(settings.core.clone());
-    let mut journal: Option<Journal> = None;
+    let mut journal = match &settings.journal {
+        Some(j) => Some(
+            Journal::open(j, &settings.core, &state)
+                .context("opening the journal (VK_JOURNAL_PATH)")?,
+        ),
+        None => None,
+    };
     let mut seq = 0u64;
     let result = loop {
         let event = tokio::select! {
@@ -115,7 +113,10 @@ pub async fn run(settings: Settings) -> Result<()> {
         };
         let actions = reduce(&mut state, envelope.clone());
         if let Some(j) = journal.as_mut() {
-            if let Err(e) = j.record(&envelope, &actions) {
+            if let Err(e) = j
+                .record(&envelope, &actions)
+                .and_then(|()| j.rotate_if_needed(&state).map(drop))
+            {
                 tracing::error!(error = %e, "journal write failed; continuing without a journal");
                 journal = None;
             }
@@ -154,9 +155,6 @@ pub async fn run(settings: Settings) -> Result<()> {
         t.abort();
     }
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    if let Some(j) = journal.as_mut() {
-        let _ = j.flush();
-    }
     result
 }
 

@@ -1,0 +1,45 @@
+//! What the loop needs, taken from the validated configuration. Node capacity is read here,
+//! once, so a bad override or an unreadable /proc aborts startup before anything registers.
+
+use anyhow::{Context, Result};
+
+use super::Settings;
+use crate::config::Config;
+use crate::effects::cocoon::CocoonCli;
+use crate::effects::node::NodeSettings;
+use crate::node_resources::{self, Overrides};
+
+impl Settings {
+    pub fn from_config(c: &Config) -> Result<Settings> {
+        let text = |q: &Option<crate::config::Quantity>| q.as_ref().map(|q| q.text.clone());
+        let overrides = Overrides {
+            cpu: text(&c.node_cpu),
+            memory: text(&c.node_mem),
+            storage: text(&c.node_storage),
+            hugepages: text(&c.node_hugepages),
+            pods: Some(c.node_pods as u64),
+            reserve_percent: c.reserve_percent,
+            root_dir: c.cocoon_root_dir.display().to_string(),
+        };
+        let (capacity, allocatable) =
+            node_resources::compute(&overrides).context("computing node capacity")?;
+        Ok(Settings {
+            core: c.to_core(),
+            node: NodeSettings {
+                name: c.node_name.clone(),
+                ip: c.node_ip.to_string(),
+                pool: c.node_pool.clone(),
+                cpu_class: c.snapshot_cpu_class.clone(),
+                provider_id: c.provider_id.clone(),
+                kubelet_port: c.kubelet_port,
+                version: crate::version::kubelet_version().to_string(),
+                capacity,
+                allocatable,
+            },
+            cocoon: CocoonCli::new(c.cocoon_bin.display().to_string()),
+            leases_path: c.leases_path.clone(),
+            metrics_addr: Some(c.metrics_addr),
+            journal: c.journal.clone(),
+        })
+    }
+}
