@@ -7,6 +7,7 @@
 //! `event` line and an `actions` line per reduce step. Byte-level format: [`record`].
 
 mod digest;
+mod export;
 mod files;
 mod problem;
 mod reader;
@@ -14,6 +15,7 @@ pub mod record;
 mod writer;
 
 pub use digest::Digest;
+pub use export::write_run;
 pub use files::{existing as existing_files, rotated_path};
 pub use problem::{JournalError, Problem};
 pub use reader::{Entry, Loc, Reader};

@@ -133,7 +133,8 @@ impl Reader {
             };
             return Some(Err(self.err(&path, loc.line, seq, p)));
         }
-        self.last = Some(line.hash);
+        // Not yet `self.last = line.hash`: a header's link is checked against the record
+        // before it, in `header`; every caller advances the chain once the line is accepted.
         Some(Ok((loc, line)))
     }
 
@@ -159,6 +160,7 @@ impl Reader {
         loc: Loc,
         header: Box<Header>,
         prev: Digest,
+        hash: Digest,
     ) -> Result<Entry, JournalError> {
         let e = |p| self.err(&loc.file, loc.line, None, p);
         if let Some(before) = self.last_file_no {
@@ -196,6 +198,7 @@ impl Reader {
                 self.last_seq = header.after_seq;
             }
         }
+        self.last = Some(hash);
         self.last_file_no = Some(header.file_no);
         self.in_file = true;
         Ok(Entry::File { loc, header })
@@ -238,7 +241,9 @@ impl Reader {
                 Err(e) => return Some(Err(e)),
             };
             match line.record {
-                Record::Header(h) if first_line => return Some(self.header(loc, h, line.prev)),
+                Record::Header(h) if first_line => {
+                    return Some(self.header(loc, h, line.prev, line.hash))
+                }
                 Record::Header(_) => return Some(Err(self.out_of_order(&loc, "event", "header"))),
                 _ if first_line => {
                     let found = kind(&line.record);
@@ -255,7 +260,10 @@ impl Reader {
                         },
                     )))
                 }
-                Record::Event(envelope) => return Some(self.step(loc, envelope)),
+                Record::Event(envelope) => {
+                    self.last = Some(line.hash);
+                    return Some(self.step(loc, envelope));
+                }
             }
         }
     }
@@ -275,7 +283,10 @@ impl Reader {
             None => return Err(self.err(&loc.file, loc.line, Some(seq), Problem::MissingActions)),
             Some(Err(e)) => return Err(e),
             Some(Ok((aloc, line))) => match line.record {
-                Record::Actions { seq: a, actions } if a == seq => actions,
+                Record::Actions { seq: a, actions } if a == seq => {
+                    self.last = Some(line.hash);
+                    actions
+                }
                 Record::Actions { seq: a, .. } => {
                     let p = Problem::ActionsSeq {
                         event: seq,

@@ -9,6 +9,8 @@ use reconcilers::{Action, Event, OpId, State, Timer};
 pub struct Focus {
     key: PodKey,
     text: String,
+    /// From the pod's `vm.cocoonstack.io/name`: stream events can precede the VM's indexing.
+    vm_name: Option<String>,
     ops: BTreeSet<OpId>,
 }
 
@@ -29,6 +31,7 @@ impl Focus {
         Self {
             key,
             text,
+            vm_name: None,
             ops: BTreeSet::new(),
         }
     }
@@ -38,13 +41,22 @@ impl Focus {
         match e {
             Event::PodRelistItem { pod }
             | Event::PodApplied { pod }
-            | Event::PodDeleted { pod } => pod.key() == self.key,
+            | Event::PodDeleted { pod } => {
+                let mine = pod.key() == self.key;
+                if mine {
+                    if let Some(n) = pod.annotation(reconcilers::keys::VM_NAME) {
+                        self.vm_name = Some(n.to_string());
+                    }
+                }
+                mine
+            }
             Event::ProbeDone { key, .. } => *key == self.key,
             Event::TimerFired { timer } => *timer_key(timer) == self.key,
             Event::CocoonDone { op, .. } | Event::KubeDone { op, .. } => self.ops.remove(op),
             Event::VmStream { vm, .. } => {
                 before.vm_ids.get(&vm.id) == Some(&self.key)
                     || before.vm_names.get(&vm.name) == Some(&self.key)
+                    || self.vm_name.as_deref() == Some(vm.name.as_str())
             }
             _ => false,
         }

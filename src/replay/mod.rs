@@ -171,20 +171,16 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
                     break;
                 }
                 let seq = envelope.seq;
-                let shown: Vec<bool> = match &mut focus {
+                let (event_mine, shown): (bool, Vec<bool>) = match &mut focus {
                     Some(f) => {
                         let before = replayer.state().expect("a header came first");
                         let ev = f.event(&envelope.event, before);
                         let acts: Vec<bool> = actions.iter().map(|a| f.action(a)).collect();
-                        if !ev && !acts.contains(&true) {
-                            Vec::new()
-                        } else {
-                            acts
-                        }
+                        (ev || acts.contains(&true), acts)
                     }
-                    None => vec![true; actions.len()],
+                    None => (true, vec![true; actions.len()]),
                 };
-                let event_shown = show && (focus.is_none() || !shown.is_empty());
+                let event_shown = show && event_mine;
                 if event_shown {
                     timeline.event(&envelope)?;
                     for (a, s) in actions.iter().zip(&shown) {

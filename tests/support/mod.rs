@@ -1,0 +1,75 @@
+//! Helpers shared by the root package's integration tests.
+
+#![allow(dead_code)]
+
+pub mod scenarios;
+
+use std::path::{Path, PathBuf};
+
+use reconcilers::testkit::World;
+use vk_cocoon::journal::{write_run, JournalSettings};
+
+/// Where the committed sample journal lives.
+pub fn sample_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/sample/demo.jsonl")
+}
+
+/// The wall time the fake world starts at: the journal's `created_at`.
+pub const WORLD_START: i64 = 1_777_600_000_000;
+
+/// Journals `w`'s whole run at `path` (no rotation unless `max_bytes` says so).
+pub fn journal_world(w: &World, path: &Path, max_bytes: u64, files: u32) {
+    let settings = JournalSettings {
+        path: path.to_path_buf(),
+        max_bytes,
+        files,
+    };
+    let config = w.state.config.clone();
+    write_run(&settings, &config, WORLD_START, &w.log).expect("journal the run");
+}
+
+/// Reads the journal at `src` and writes it again at `dst` through the writer, letting
+/// `edit` change any step first. The writer does not reduce, so the copy has an intact hash
+/// chain whatever `edit` did: only replay can tell.
+pub fn rewrite(
+    src: &Path,
+    dst: &Path,
+    mut edit: impl FnMut(&mut reconcilers::Envelope, &mut Vec<reconcilers::Action>),
+) {
+    use vk_cocoon::journal::{Entry, Journal, Reader};
+    let settings = JournalSettings {
+        path: dst.to_path_buf(),
+        max_bytes: u64::MAX,
+        files: 1,
+    };
+    let mut journal = None;
+    for entry in Reader::open(&[src.to_path_buf()]).expect("open") {
+        match entry.expect("the source journal is intact") {
+            Entry::File { header, .. } => {
+                journal = Some(
+                    Journal::open_at(&settings, &header.config, &header.state, header.created_at)
+                        .expect("open the copy"),
+                );
+            }
+            Entry::Step {
+                mut envelope,
+                mut actions,
+                ..
+            } => {
+                edit(&mut envelope, &mut actions);
+                journal
+                    .as_mut()
+                    .expect("a header first")
+                    .record(&envelope, &actions)
+                    .expect("record");
+            }
+        }
+    }
+}
+
+/// The binary under test.
+pub fn vk_cocoon() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_vk-cocoon"));
+    c.env_clear();
+    c
+}
