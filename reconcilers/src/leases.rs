@@ -1,37 +1,48 @@
 //! The cocoon-net lease table (spec/cocoon-net-leases.md §5) and IP resolution for DHCP NICs.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use crate::create;
 use crate::event::Lease;
 use crate::pod::PodKey;
 use crate::state::{State, Tracked};
 
-pub fn changed(s: &mut State, table: Vec<Lease>) {
-    let mut next: BTreeMap<String, Lease> = BTreeMap::new();
-    for mut lease in table {
-        lease.mac = lease.mac.to_ascii_lowercase();
-        // Duplicate MACs should not happen; if they do, the latest expiry wins.
-        match next.get(&lease.mac) {
-            Some(have) if have.expiry >= lease.expiry => {}
-            _ => {
-                next.insert(lease.mac.clone(), lease);
-            }
-        }
+/// The shell re-reads the whole lease file, so every change arrives as the full table. With
+/// one VM per lease that is O(n) per event; the diff below is a merge walk over two sorted
+/// sequences without allocating, and only changed MACs are cloned and routed.
+pub fn changed(s: &mut State, mut table: Vec<Lease>) {
+    for l in &mut table {
+        l.mac.make_ascii_lowercase();
     }
-    let mut macs: BTreeSet<String> = BTreeSet::new();
-    for (mac, lease) in &next {
-        if s.leases.get(mac) != Some(lease) {
-            macs.insert(mac.clone());
-        }
-    }
-    for mac in s.leases.keys() {
-        if !next.contains_key(mac) {
-            macs.insert(mac.clone());
-        }
-    }
-    s.leases = next;
+    // Duplicate MACs should not happen; if they do, the latest expiry wins (stable: on a tie
+    // the first row).
+    table.sort_by(|a, b| a.mac.cmp(&b.mac).then(b.expiry.cmp(&a.expiry)));
+    table.dedup_by(|later, first| later.mac == first.mac);
     s.leases_seen = true;
+    let mut gone: Vec<String> = Vec::new();
+    let mut upsert: Vec<usize> = Vec::new();
+    let mut old = s.leases.iter().peekable();
+    for (i, l) in table.iter().enumerate() {
+        while let Some((mac, _)) = old.next_if(|(mac, _)| mac.as_str() < l.mac.as_str()) {
+            gone.push(mac.clone());
+        }
+        match old.next_if(|(mac, _)| **mac == l.mac) {
+            Some((_, have)) if have == l => {}
+            _ => upsert.push(i),
+        }
+    }
+    gone.extend(old.map(|(mac, _)| mac.clone()));
+    if gone.is_empty() && upsert.is_empty() {
+        return;
+    }
+    let mut macs: Vec<String> = Vec::with_capacity(gone.len() + upsert.len());
+    for mac in gone {
+        s.leases.remove(&mac);
+        macs.push(mac);
+    }
+    for i in upsert {
+        let l = table[i].clone();
+        macs.push(l.mac.clone());
+        s.leases.insert(l.mac.clone(), l);
+    }
     for mac in macs {
         if let Some(key) = s.macs.get(&mac).cloned() {
             refresh_ip(s, &key);

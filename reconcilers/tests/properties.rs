@@ -1,1 +1,262 @@
+//! Property tests: random startup inventories and random event sequences with random faults,
+//! driven through the testkit World. The World checks "one VM operation in flight per pod"
+//! and "never `vm rm` a VM its pod still wants" on every feed; the tests add determinism,
+//! exactly-once handling of startup VMs, collection of gone pods, and convergence.
 
+use proptest::prelude::*;
+use reconcilers::action::Action;
+use reconcilers::cocoon::CocoonCmd;
+use reconcilers::config::{Config, OrphanPolicy};
+use reconcilers::event::KubeErrorKind;
+use reconcilers::keys;
+use reconcilers::pod::{PodKey, PodView};
+use reconcilers::testkit::{pod, vm, World};
+use reconcilers::{reduce, State};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Add(u8, bool),
+    Delete(u8),
+    Remove(u8),
+    Crash(u8),
+    Vanish(u8),
+    Fault(u8, bool),
+    KubeFault(u8),
+    Advance(u16),
+    Relist,
+    Settle,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..6u8, any::<bool>()).prop_map(|(i, c)| Op::Add(i, c)),
+        1 => (0..6u8).prop_map(Op::Delete),
+        1 => (0..6u8).prop_map(Op::Remove),
+        1 => (0..6u8).prop_map(Op::Crash),
+        1 => (0..6u8).prop_map(Op::Vanish),
+        2 => (0..7u8, any::<bool>()).prop_map(|(v, g)| Op::Fault(v, g)),
+        1 => (0..6u8).prop_map(Op::KubeFault),
+        2 => (1..20_000u16).prop_map(Op::Advance),
+        1 => Just(Op::Relist),
+        2 => Just(Op::Settle),
+    ]
+}
+
+const VERBS: [&str; 7] = [
+    "vm run",
+    "vm clone",
+    "vm inspect",
+    "vm rm",
+    "vm start",
+    "image pull",
+    "snapshot inspect",
+];
+
+fn key(i: u8) -> PodKey {
+    PodKey::new("default", format!("p{i}"))
+}
+
+fn new_pod(i: u8, clone: bool, gen: u32) -> PodView {
+    let b = pod("default", &format!("p{i}"))
+        .managed()
+        .uid(&format!("u{i}-{gen}"));
+    if clone {
+        b.clone_of("acme/agent")
+    } else {
+        b.run("ubuntu:24.04")
+    }
+    .build()
+}
+
+/// Startup inventory: pods with a VM found by id, by name, or none; orphan VMs.
+#[derive(Clone, Debug)]
+struct Inventory {
+    policy: u8,
+    pods: Vec<u8>,
+    orphans: u8,
+}
+
+fn inventory() -> impl Strategy<Value = Inventory> {
+    (0..3u8, prop::collection::vec(0..3u8, 0..4), 0..3u8).prop_map(|(policy, pods, orphans)| {
+        Inventory {
+            policy,
+            pods,
+            orphans,
+        }
+    })
+}
+
+fn world(inv: &Inventory) -> (World, Vec<String>) {
+    let policy = [
+        OrphanPolicy::Destroy,
+        OrphanPolicy::Alert,
+        OrphanPolicy::Keep,
+    ][inv.policy as usize];
+    let mut w = World::new(Config {
+        orphan_policy: policy,
+        ..Config::default()
+    });
+    w.cocoon
+        .add_snapshot("acme/agent", "cloud-hypervisor", "base:1");
+    let (mut pods, mut vms, mut ids) = (vec![], vec![], vec![]);
+    for (i, how) in inv.pods.iter().enumerate() {
+        let i = i as u8 + 10;
+        let id = format!("OLD{i}");
+        let mut p = new_pod(i, false, 0);
+        p.annotations
+            .insert(keys::LIFECYCLE_STATE.into(), "ready".into());
+        match how {
+            0 => {
+                p.annotations.insert(keys::VM_ID.into(), id.clone());
+                vms.push(vm(&id, &format!("vk-p{i}")).build());
+                ids.push(id);
+            }
+            1 => {
+                vms.push(vm(&id, &format!("vk-p{i}")).build());
+                ids.push(id);
+            }
+            _ => {}
+        }
+        pods.push(p);
+    }
+    for o in 0..inv.orphans {
+        let id = format!("ORPH{o}");
+        vms.push(vm(&id, &format!("orphan-{o}")).build());
+        ids.push(id);
+    }
+    w.start(pods, vms);
+    (w, ids)
+}
+
+/// B4/B5/B8: every VM listed at startup is adopted by one pod or handled by the orphan
+/// policy — exactly one of these, once.
+fn handled_once(w: &World, ids: &[String]) -> Result<(), String> {
+    for id in ids {
+        let tracked = w
+            .state
+            .pods
+            .values()
+            .filter(|e| e.vm.as_ref().is_some_and(|v| &v.record.id == id))
+            .count();
+        let removed = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::Cocoon { key: None, cmd: CocoonCmd::VmRm { id: x }, .. } if x == id)).count();
+        let indexed = w.state.unclaimed.values().filter(|v| &v.id == id).count();
+        if tracked + removed + indexed != 1 {
+            return Err(format!(
+                "VM {id}: tracked {tracked}, removed {removed}, indexed {indexed}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn apply_op(w: &mut World, gens: &mut [u32; 6], op: &Op) {
+    match *op {
+        Op::Add(i, clone) => {
+            if !w.api.pods.contains_key(&key(i)) {
+                gens[i as usize] += 1;
+                w.apply(new_pod(i, clone, gens[i as usize]));
+            }
+        }
+        Op::Delete(i) => {
+            w.delete_pod(&key(i));
+        }
+        Op::Remove(i) => {
+            w.remove_pod(&key(i));
+        }
+        Op::Crash(i) | Op::Vanish(i) => {
+            let id = w
+                .cocoon
+                .vms
+                .values()
+                .find(|v| v.name == format!("vk-p{i}"))
+                .map(|v| v.id.clone());
+            if let Some(id) = id {
+                if matches!(op, Op::Crash(_)) {
+                    w.crash(&id);
+                } else {
+                    w.vanish(&id);
+                }
+            }
+        }
+        Op::Fault(v, garbage) => {
+            let verb = VERBS[v as usize];
+            if garbage {
+                w.cocoon.garbage_next(verb)
+            } else {
+                w.cocoon.fail_next(verb, "Error: injected: i/o timeout")
+            }
+        }
+        Op::KubeFault(i) => w.api.fail_next(&key(i), KubeErrorKind::Other),
+        Op::Advance(ms) => w.run_for(ms as u64),
+        Op::Relist => w.relist(),
+        Op::Settle => w.settle(),
+    }
+}
+
+fn converged(w: &World) -> Result<(), String> {
+    for (k, p) in &w.api.pods {
+        let ready = p
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let failed = p.status.reason.as_deref() == Some("ProviderFailed")
+            || p.annotation(keys::LIFECYCLE_STATE) == Some("failed")
+            || p.status.phase == "Failed";
+        let evict_kept = w.counters.contains_key("pod_evict_failure");
+        if p.deletion_timestamp.is_some() {
+            return Err(format!("{k} still terminating"));
+        }
+        if !(ready || failed || evict_kept) {
+            return Err(format!(
+                "{k} neither Ready nor failed: {:?} lifecycle={:?}",
+                p.status.phase,
+                p.annotation(keys::LIFECYCLE_STATE)
+            ));
+        }
+    }
+    for (k, e) in &w.state.pods {
+        match w.api.pods.get(k) {
+            Some(p) if p.uid == e.pod.uid => {}
+            _ => return Err(format!("{k}: state kept after the pod is gone")),
+        }
+    }
+    Ok(())
+}
+
+fn replay_identical(w: &World) -> Result<(), String> {
+    let mut a = State::new(w.state.config.clone());
+    let mut b = State::new(w.state.config.clone());
+    for (env, logged) in &w.log {
+        let x = serde_json::to_string(&reduce(&mut a, env.clone())).unwrap();
+        let y = serde_json::to_string(&reduce(&mut b, env.clone())).unwrap();
+        let z = serde_json::to_string(logged).unwrap();
+        if x != y || x != z {
+            return Err(format!("seq {}: actions differ on replay", env.seq));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_runs_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op(), 1..40)) {
+        let (mut w, ids) = world(&inv);
+        prop_assert!(handled_once(&w, &ids).is_ok(), "{:?}", handled_once(&w, &ids));
+        let mut gens = [0u32; 6];
+        for op in &ops {
+            apply_op(&mut w, &mut gens, op);
+        }
+        // Faults stop; the world gets time to converge (delete retries back off to 60 s).
+        w.cocoon.faults.clear();
+        w.api.faults.clear();
+        w.run_for(15 * 60 * 1000);
+        prop_assert!(w.violations.is_empty(), "{:?}", w.violations);
+        prop_assert!(converged(&w).is_ok(), "{:?}", converged(&w));
+        let rm_orphans: Vec<_> = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::Cocoon { key: None, cmd: CocoonCmd::VmRm { .. }, .. })).collect();
+        prop_assert!(rm_orphans.len() <= inv.orphans as usize + inv.pods.len());
+        prop_assert!(replay_identical(&w).is_ok(), "{:?}", replay_identical(&w));
+    }
+}
