@@ -114,13 +114,18 @@ pub fn step_done(s: &mut State, key: &PodKey, step: Step, result: Result<CocoonO
                 ..
             }),
         ) => evict(s, key, &reason, &message),
-        (Step::RemoveForEvict { .. }, Err(err)) => s.emit(Action::Log {
-            level: Level::Warn,
-            message: format!(
-                "pod {key}: vm rm failed, keeping the pod so its name is not reused: {}",
-                err.message
-            ),
-        }),
+        (Step::RemoveForEvict { .. }, Err(err)) => {
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "pod {key}: vm rm failed, keeping the pod so its name is not reused: {}",
+                    err.message
+                ),
+            });
+            // W4 keeps the pod, but a stopped VM sends no further events: without a W5
+            // recheck (which replays W4) the pod would stay NotReady forever.
+            defer_recheck(s, key);
+        }
         _ => {}
     }
 }
@@ -210,6 +215,28 @@ fn inconclusive(
             uid,
         },
         after_ms: next_delay,
+    });
+}
+
+fn defer_recheck(s: &mut State, key: &PodKey) {
+    let now = s.now;
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let uid = e.pod.uid.clone();
+    e.busy = Some(Busy {
+        op: None,
+        step: Step::Recover {
+            attempt: 3,
+            first_failure: Some(now),
+            delay_ms: RECHECK_FIRST_MS,
+        },
+        since: now,
+    });
+    s.emit(Action::ArmTimer {
+        timer: Timer::Recheck {
+            key: key.clone(),
+            uid,
+        },
+        after_ms: RECHECK_FIRST_MS,
     });
 }
 
