@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use daemon::{
-    annotation, create_pod, is_ready, phase, pod_ip, pod_manifest, until, wait_ready, DaemonOptions,
+    annotation, create_pod, is_ready, phase, pod_ip, pod_manifest, terminated_reason, until,
+    wait_ready, watch_for, DaemonOptions,
 };
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -192,29 +193,14 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     // 6: a VM that vanishes turns its pod Failed / VMGone (latency is measured, not asserted).
     let clone_id =
         annotation(&pods.get("clone-a").await?, "vm.cocoonstack.io/id").context("clone-a id")?;
+    let vmgone =
+        |p: &Pod| phase(p) == "Failed" && terminated_reason(p).as_deref() == Some("VMGone");
+    let seen = watch_for(pods.clone(), "clone-a", vmgone);
     let t0 = Instant::now();
     sim.run(&["sim", "fault", "vanish", &clone_id])?;
-    until("clone-a Failed/VMGone or removed", LIMIT, || async {
-        let Some(p) = pods.get_opt("clone-a").await? else {
-            return Ok(Some(()));
-        };
-        let gone = phase(&p) == "Failed"
-            && p.status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        c.state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .and_then(|t| t.reason.as_deref())
-                            == Some("VMGone")
-                    })
-                });
-        Ok(gone.then_some(()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(60))?;
+    seen.wait("clone-a Failed/VMGone", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
     eprintln!(
         "measure: VM vanished -> pod Failed/VMGone in {:?}",
         t0.elapsed()
@@ -223,5 +209,155 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     d.proc.stop();
     daemon::replay_verify(&journal1)?;
     daemon::replay_verify(&journal2)?;
+    Ok(())
+}
+
+fn guest_pid(tb: &Testbed, id: &str) -> Result<i64> {
+    let info = tb
+        .sim
+        .as_ref()
+        .context("sim")?
+        .run(&["vm", "inspect", id])?;
+    let v: serde_json::Value = serde_json::from_str(&info)?;
+    Ok(v["pid"].as_i64().unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
+    let mut tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
+    let img = "ghcr.io/cocoonstack/ubuntu:24.04";
+    {
+        let sim = tb.sim.as_ref().context("sim")?;
+        sim.run(&["image", "pull", img])?;
+        sim.run(&["vm", "run", "--output", "json", "--name", "orphan-x", img])?;
+    }
+    let orphan = vm_ids(&tb);
+    ensure!(orphan.len() == 1, "expected one orphan VM, have {orphan:?}");
+
+    // 5a: alert keeps the orphan and counts it.
+    let j_alert = tb.run_dir().join("journal-alert").join("events.jsonl");
+    let alert = DaemonOptions {
+        orphan_policy: "alert",
+        ..DaemonOptions::default()
+    };
+    let metrics_port = e2e::ports::free_port()?;
+    let mut d = daemon::start(
+        &tb,
+        &alert,
+        &j_alert,
+        metrics_port,
+        e2e::ports::free_port()?,
+    )?;
+    wait_node(&tb).await.with_context(|| d.proc.log_tail(40))?;
+    let counted = until("orphan counted", LIMIT, || async {
+        let n = daemon::metric(metrics_port, "cocoon_vk_orphan_vm_total").await?;
+        Ok((n >= 1.0).then_some(n))
+    })
+    .await?;
+    ensure!(counted == 1.0, "orphan counted {counted} times");
+    ensure!(vm_ids(&tb) == orphan, "alert must keep the orphan VM");
+    d.proc.stop();
+
+    // 5b: destroy removes it.
+    let j_destroy = tb.run_dir().join("journal-destroy").join("events.jsonl");
+    let opts = DaemonOptions::default();
+    d = daemon::start(
+        &tb,
+        &opts,
+        &j_destroy,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    until("orphan destroyed", LIMIT, || async {
+        Ok(vm_ids(&tb).is_empty().then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
+
+    let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
+    let run_pod = |name: &str| {
+        pod_manifest(
+            NS,
+            name,
+            NODE,
+            json!({"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/name": format!("vk-default-{name}"),
+                   "cocoonset.cocoonstack.io/mode": "run", "cocoonset.cocoonstack.io/image": img}),
+        )
+    };
+
+    // 6: a crashed VM is restarted in place; a second crash inside 30 s evicts RestartCooldown.
+    create_pod(&pods, &run_pod("crash-a")?).await?;
+    let p = wait_ready(&pods, "crash-a", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+    let id = annotation(&p, "vm.cocoonstack.io/id").context("crash-a id")?;
+    let pid_before = guest_pid(&tb, &id)?;
+    tb.sim
+        .as_ref()
+        .context("sim")?
+        .run(&["sim", "fault", "crash", &id])?;
+    until("crash-a restarted in place", LIMIT, || async {
+        let pid = guest_pid(&tb, &id)?;
+        Ok((pid != 0 && pid != pid_before).then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
+    ensure!(
+        vm_ids(&tb).contains(&id),
+        "the restart must keep the same VM"
+    );
+    wait_ready(&pods, "crash-a", LIMIT).await?;
+    // The stream reports a change only once a poll (200 ms) has seen it: let it see the VM
+    // running again, or the second crash would look like the first one continuing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let evicted = watch_for(pods.clone(), "crash-a", |p| {
+        phase(p) == "Failed" && terminated_reason(p).as_deref() == Some("RestartCooldown")
+    });
+    tb.sim
+        .as_ref()
+        .context("sim")?
+        .run(&["sim", "fault", "crash", &id])?;
+    evicted
+        .wait("crash-a evicted RestartCooldown", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+
+    // 7a: killed event streams reconnect; a vanish after that is still seen.
+    tb.sim
+        .as_ref()
+        .context("sim")?
+        .run(&["sim", "fault", "kill-streams"])?;
+    create_pod(&pods, &run_pod("after-kill")?).await?;
+    let p = wait_ready(&pods, "after-kill", LIMIT).await?;
+    let id = annotation(&p, "vm.cocoonstack.io/id").context("after-kill id")?;
+    tokio::time::sleep(Duration::from_secs(3)).await; // the fixed 2 s reconnect delay
+    let seen = watch_for(pods.clone(), "after-kill", |p| {
+        terminated_reason(p).as_deref() == Some("VMGone")
+    });
+    tb.sim
+        .as_ref()
+        .context("sim")?
+        .run(&["sim", "fault", "vanish", &id])?;
+    seen.wait("after-kill evicted VMGone", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+
+    // 7b: an apiserver restart loses no pod: a pod made before is still Ready, one made after runs.
+    create_pod(&pods, &run_pod("before-restart")?).await?;
+    wait_ready(&pods, "before-restart", LIMIT).await?;
+    tb.restart_apiserver().await?;
+    let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
+    create_pod(&pods, &run_pod("after-restart")?).await?;
+    wait_ready(&pods, "after-restart", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+    ensure!(
+        is_ready(&pods.get("before-restart").await?),
+        "before-restart lost Ready"
+    );
+
+    d.proc.stop();
+    daemon::replay_verify(&j_alert)?;
+    daemon::replay_verify(&j_destroy)?;
     Ok(())
 }

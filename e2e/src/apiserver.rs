@@ -24,8 +24,26 @@ pub struct ApiServer {
 
 impl ApiServer {
     pub async fn start(run: &RunDir, pki: &Pki, etcd: &Etcd) -> Result<ApiServer> {
+        Self::start_on(run, pki, etcd, free_port()?).await
+    }
+
+    /// Stops the apiserver and starts it again on the same port, as an outage clients must
+    /// ride out (the daemon's watch and writes reconnect to the same URL).
+    pub async fn restart(&mut self, run: &RunDir, pki: &Pki, etcd: &Etcd) -> Result<()> {
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_default();
+        step!("restarting kube-apiserver on port {port}");
+        self.proc.stop();
+        *self = Self::start_on(run, pki, etcd, port).await?;
+        Ok(())
+    }
+
+    async fn start_on(run: &RunDir, pki: &Pki, etcd: &Etcd, port: u16) -> Result<ApiServer> {
         let bin = bins::built("kube-apiserver")?;
-        let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
         let kubeconfig = run.path().join("kubeconfig");
         crate::kubeconfig::write(&kubeconfig, &url, pki)?;

@@ -159,6 +159,18 @@ impl Testbed {
         Ok(tb)
     }
 
+    /// Stops and restarts kube-apiserver on the same URL (etcd keeps the data).
+    pub async fn restart_apiserver(&mut self) -> Result<()> {
+        let (Some(api), Some(pki), Some(etcd)) = (
+            self.apiserver.as_mut(),
+            self.pki.as_ref(),
+            self.etcd.as_ref(),
+        ) else {
+            anyhow::bail!("this testbed has no control plane");
+        };
+        api.restart(&self.run, pki, etcd).await
+    }
+
     pub fn run_dir(&self) -> &Path {
         self.run.path()
     }

@@ -187,3 +187,59 @@ pub async fn metric(port: u16, name: &str) -> Result<f64> {
 async fn reqwest_get(url: &str) -> Result<String> {
     Ok(e2e::ready::http().get(url).send().await?.text().await?)
 }
+
+/// Watches one pod from now on and resolves with the first version matching `pred`. Started
+/// before the trigger, so a state the pod passes through quickly (Failed, then force-deleted
+/// within milliseconds) is still seen.
+pub struct Seen(
+    tokio::sync::oneshot::Receiver<Pod>,
+    tokio::task::JoinHandle<()>,
+);
+
+pub fn watch_for(api: Api<Pod>, name: &str, pred: impl Fn(&Pod) -> bool + Send + 'static) -> Seen {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, cfg).boxed();
+        let mut tx = Some(tx);
+        while let Some(ev) = stream.next().await {
+            let pod = match ev {
+                Ok(
+                    watcher::Event::Apply(p)
+                    | watcher::Event::InitApply(p)
+                    | watcher::Event::Delete(p),
+                ) => p,
+                _ => continue,
+            };
+            if pred(&pod) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(pod);
+                }
+                return;
+            }
+        }
+    });
+    Seen(rx, task)
+}
+
+impl Seen {
+    pub async fn wait(self, what: &str, limit: Duration) -> Result<Pod> {
+        let r = tokio::time::timeout(limit, self.0).await;
+        self.1.abort();
+        match r {
+            Ok(Ok(p)) => Ok(p),
+            _ => bail!("timed out waiting for {what}"),
+        }
+    }
+}
+
+pub fn terminated_reason(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
+}
