@@ -20,6 +20,8 @@ pub struct Daemon {
 pub struct DaemonOptions {
     pub node: String,
     pub orphan_policy: &'static str,
+    /// Extra environment, e.g. simulator timing for a benchmark.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DaemonOptions {
@@ -27,6 +29,7 @@ impl Default for DaemonOptions {
         Self {
             node: "node-a".into(),
             orphan_policy: "destroy",
+            env: Vec::new(),
         }
     }
 }
@@ -53,7 +56,8 @@ pub fn start(
         .env("VK_ORPHAN_POLICY", opts.orphan_policy)
         .env("VK_COCOON_NET_CONTROL_SOCKET", "")
         .env("VK_JOURNAL_PATH", journal)
-        .env("VK_LOG_LEVEL", "info");
+        .env("VK_LOG_LEVEL", "info")
+        .envs(opts.env.iter().cloned());
     let proc = tb.spawn("vk-cocoon", cmd)?;
     Ok(Daemon {
         proc,

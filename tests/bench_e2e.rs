@@ -1,0 +1,240 @@
+//! `make bench-e2e`: N pods (BENCH_PODS, default 200) created at once on the real testbed with
+//! zero simulated boot time. Measures — never asserts — create → Ready (from the daemon's own
+//! journal, so the figures are the daemon's view, in ms), API writes per pod lifecycle, daemon
+//! RSS and CPU at steady state, and VM-vanished → pod Failed latency. The one assertion is the
+//! issue's: the node Lease never misses a renewal while the pods are created.
+
+#[path = "e2e/daemon.rs"]
+mod daemon;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use daemon::{annotation, phase, pod_manifest, terminated_reason, watch_for, DaemonOptions};
+use e2e::testbed::{Testbed, TestbedOptions};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+use reconcilers::{Action, Event};
+use serde_json::json;
+
+const NS: &str = "default";
+const NODE: &str = "node-a";
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// (utime + stime in seconds, RSS bytes) of a process, from /proc.
+fn usage(pid: u32) -> Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit(')').next().context("stat")?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / tick;
+    let rss = f[21].parse::<u64>()? * 4096;
+    Ok((cpu, rss))
+}
+
+/// Per pod: ms from the daemon first seeing it to the status push that made it Ready.
+fn create_to_ready(journal: &PathBuf) -> Result<Vec<f64>> {
+    let dir = journal.parent().context("dir")?;
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for entry in vk_cocoon::journal::Reader::open(&files)? {
+        let vk_cocoon::journal::Entry::Step {
+            envelope, actions, ..
+        } = entry?
+        else {
+            continue;
+        };
+        if let Event::PodApplied { pod } | Event::PodRelistItem { pod } = &envelope.event {
+            seen.entry(format!("{}/{}", pod.namespace, pod.name))
+                .or_insert(envelope.at);
+        }
+        for a in &actions {
+            if let Action::PushStatus { key, status, .. } = a {
+                let ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if let (true, Some(t0)) = (ready, seen.remove(&key.to_string())) {
+                    out.push((envelope.at - t0) as f64);
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: run with `make bench-e2e`"]
+async fn bench_many_pods() -> Result<()> {
+    let n: usize = std::env::var("BENCH_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
+    let img = "ghcr.io/cocoonstack/ubuntu:24.04";
+    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let metrics_port = e2e::ports::free_port()?;
+    let opts = DaemonOptions {
+        env: vec![
+            ("COCOON_SIM_BOOT_MS".into(), "0".into()),
+            ("COCOON_SIM_LEASE_DELAY_MS".into(), "0".into()),
+        ],
+        ..DaemonOptions::default()
+    };
+    let mut d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
+    let client = tb.client()?;
+    daemon::until("node lease", Duration::from_secs(60), || async {
+        let leases: Api<Lease> = Api::namespaced(tb.client()?, "kube-node-lease");
+        Ok(leases.get_opt(NODE).await?.map(|_| ()))
+    })
+    .await?;
+
+    // Every renewTime the Lease shows while the pods are created.
+    let renewals: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let lease_task = {
+        let renewals = renewals.clone();
+        let api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+        tokio::spawn(async move {
+            let cfg =
+                kube::runtime::watcher::Config::default().fields(&format!("metadata.name={NODE}"));
+            let mut s = kube::runtime::watcher(api, cfg).boxed();
+            while let Some(Ok(ev)) = s.next().await {
+                if let kube::runtime::watcher::Event::Apply(l)
+                | kube::runtime::watcher::Event::InitApply(l) = ev
+                {
+                    if let Some(t) = l.spec.and_then(|s| s.renew_time) {
+                        renewals.lock().unwrap().push(t.0.as_millisecond());
+                    }
+                }
+            }
+        })
+    };
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let t0 = Instant::now();
+    let names: Vec<String> = (0..n).map(|i| format!("bench-{i:04}")).collect();
+    futures::stream::iter(names.clone())
+        .map(|name| {
+            let pods = pods.clone();
+            async move {
+                let p = pod_manifest(NS, &name, NODE, json!({
+                    "cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/name": format!("vk-{name}"),
+                    "cocoonset.cocoonstack.io/mode": "run", "cocoonset.cocoonstack.io/image": img}))?;
+                daemon::create_pod(&pods, &p).await
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    let created = t0.elapsed();
+    daemon::until(
+        &format!("{n} pods Ready"),
+        Duration::from_secs(600),
+        || async {
+            let list = pods.list(&ListParams::default()).await?;
+            let ready = list.items.iter().filter(|p| daemon::is_ready(p)).count();
+            Ok((ready == n).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
+    let all_ready = t0.elapsed();
+
+    // Steady state: nothing changes for 10 s; sample the daemon's CPU and memory.
+    let (cpu0, _) = usage(d.proc.pid())?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (cpu1, rss) = usage(d.proc.pid())?;
+    let renew = renewals.lock().unwrap().clone();
+    lease_task.abort();
+
+    // VM vanished → pod Failed, for a handful of pods.
+    let mut vanish_ms = Vec::new();
+    for name in names.iter().take(5) {
+        let p = pods.get(name).await?;
+        let id = annotation(&p, "vm.cocoonstack.io/id").context("id")?;
+        let seen = watch_for(pods.clone(), name, |p| {
+            phase(p) == "Failed" && terminated_reason(p).as_deref() == Some("VMGone")
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t = Instant::now();
+        tb.sim
+            .as_ref()
+            .context("sim")?
+            .run(&["sim", "fault", "vanish", &id])?;
+        seen.wait("vanish evicted", Duration::from_secs(30)).await?;
+        vanish_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    // Delete the rest and wait for the objects to go.
+    for name in names.iter().skip(5) {
+        pods.delete(name, &DeleteParams::default()).await?;
+    }
+    daemon::until("all pods gone", Duration::from_secs(600), || async {
+        Ok(pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    let writes = daemon::metric(metrics_port, "cocoon_vk_api_writes_total").await?;
+    d.proc.stop();
+
+    let lat = create_to_ready(&journal)?;
+    vanish_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let max_gap = renew.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    println!("bench-e2e: {n} pods, zero simulated boot time");
+    println!("  API create calls done in {created:?}; all Ready after {all_ready:?}");
+    println!(
+        "  create -> Ready (daemon journal, ms): p50 {:.0}  p99 {:.0}  max {:.0}  ({} pods)",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN),
+        lat.len()
+    );
+    println!(
+        "  API writes per pod lifecycle (status, annotations, deletes, events): {:.2}",
+        writes / n as f64
+    );
+    println!(
+        "  daemon at steady state: RSS {:.1} MiB, CPU {:.3} cores",
+        rss as f64 / 1048576.0,
+        (cpu1 - cpu0) / 10.0
+    );
+    println!(
+        "  VM vanished -> pod Failed/VMGone (ms): p50 {:.0}  max {:.0}",
+        percentile(&vanish_ms, 0.5),
+        vanish_ms.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "  node Lease renewals seen: {}, largest gap {} ms",
+        renew.len(),
+        max_gap
+    );
+    ensure!(renew.len() >= 2, "too few Lease renewals observed to judge");
+    ensure!(
+        max_gap < 20_000,
+        "the node Lease missed a renewal: a gap of {max_gap} ms (renewals every 10 s)"
+    );
+    daemon::replay_verify(&journal)?;
+    Ok(())
+}
