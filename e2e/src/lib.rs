@@ -9,6 +9,7 @@
 pub mod apiserver;
 pub mod bins;
 pub mod certs;
+pub mod daemon;
 pub mod etcd;
 pub mod kube;
 pub mod kubeconfig;

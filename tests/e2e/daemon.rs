@@ -1,6 +1,9 @@
+//! Shared by several test crates; each uses only part of it.
+#![allow(dead_code)]
+
 //! Running the real `vk-cocoon` binary against a testbed, and waiting on what it does.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -13,8 +16,6 @@ use serde_json::json;
 
 pub struct Daemon {
     pub proc: Proc,
-    pub journal: PathBuf,
-    pub metrics_port: u16,
 }
 
 pub struct DaemonOptions {
@@ -37,32 +38,19 @@ impl Default for DaemonOptions {
 pub fn start(
     tb: &Testbed,
     opts: &DaemonOptions,
-    journal: &PathBuf,
+    journal: &Path,
     metrics_port: u16,
     kubelet_port: u16,
 ) -> Result<Daemon> {
-    let sim = tb.sim.as_ref().context("testbed without the simulator")?;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"));
-    cmd.arg("run")
-        .envs(sim.env())
-        .env("KUBECONFIG", tb.kubeconfig()?)
-        .env("VK_NODE_NAME", &opts.node)
-        .env("VK_NODE_IP", "127.0.0.1")
-        .env("VK_KUBELET_PORT", kubelet_port.to_string())
-        .env("VK_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
-        .env("VK_COCOON_BIN", &sim.bin)
-        .env("VK_LEASES_PATH", &sim.leases)
-        .env("COCOON_ROOT_DIR", &sim.root)
-        .env("VK_ORPHAN_POLICY", opts.orphan_policy)
-        .env("VK_COCOON_NET_CONTROL_SOCKET", "")
-        .env("VK_JOURNAL_PATH", journal)
-        .env("VK_LOG_LEVEL", "info")
-        .envs(opts.env.iter().cloned());
-    let proc = tb.spawn("vk-cocoon", cmd)?;
+    let mut o =
+        e2e::daemon::DaemonOptions::new(env!("CARGO_BIN_EXE_vk-cocoon"), journal.to_path_buf())?;
+    o.node = opts.node.clone();
+    o.orphan_policy = opts.orphan_policy.into();
+    o.metrics_port = metrics_port;
+    o.kubelet_port = kubelet_port;
+    o.env = opts.env.clone();
     Ok(Daemon {
-        proc,
-        journal: journal.clone(),
-        metrics_port,
+        proc: e2e::daemon::start(tb, &o)?,
     })
 }
 

@@ -1,0 +1,57 @@
+//! Starting the real `vk-cocoon` daemon against a testbed, wired to its simulator.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::procs::Proc;
+use crate::testbed::Testbed;
+
+pub struct DaemonOptions {
+    /// The `vk-cocoon` binary (tests pass `env!("CARGO_BIN_EXE_vk-cocoon")`).
+    pub bin: PathBuf,
+    pub node: String,
+    pub orphan_policy: String,
+    pub journal: PathBuf,
+    pub metrics_port: u16,
+    pub kubelet_port: u16,
+    /// Extra environment, e.g. simulator timing for a benchmark.
+    pub env: Vec<(String, String)>,
+}
+
+impl DaemonOptions {
+    pub fn new(bin: impl Into<PathBuf>, journal: PathBuf) -> Result<Self> {
+        Ok(Self {
+            bin: bin.into(),
+            node: "node-a".into(),
+            orphan_policy: "destroy".into(),
+            journal,
+            metrics_port: crate::ports::free_port()?,
+            kubelet_port: crate::ports::free_port()?,
+            env: Vec::new(),
+        })
+    }
+}
+
+/// Spawns `vk-cocoon run` as part of the testbed's run (torn down with it).
+pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
+    let sim = tb.sim.as_ref().context("testbed without the simulator")?;
+    let mut cmd = Command::new(&o.bin);
+    cmd.arg("run")
+        .envs(sim.env())
+        .env("KUBECONFIG", tb.kubeconfig()?)
+        .env("VK_NODE_NAME", &o.node)
+        .env("VK_NODE_IP", "127.0.0.1")
+        .env("VK_KUBELET_PORT", o.kubelet_port.to_string())
+        .env("VK_METRICS_ADDR", format!("127.0.0.1:{}", o.metrics_port))
+        .env("VK_COCOON_BIN", &sim.bin)
+        .env("VK_LEASES_PATH", &sim.leases)
+        .env("COCOON_ROOT_DIR", &sim.root)
+        .env("VK_ORPHAN_POLICY", &o.orphan_policy)
+        .env("VK_COCOON_NET_CONTROL_SOCKET", "")
+        .env("VK_JOURNAL_PATH", &o.journal)
+        .env("VK_LOG_LEVEL", "info")
+        .envs(o.env.iter().cloned());
+    tb.spawn("vk-cocoon", cmd)
+}
