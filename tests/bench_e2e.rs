@@ -52,6 +52,7 @@ fn create_to_ready(journal: &PathBuf) -> Result<Vec<f64>> {
         .map(|e| e.path())
         .collect();
     let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+    let mut done: std::collections::BTreeSet<String> = Default::default();
     let mut out = Vec::new();
     for entry in vk_cocoon::journal::Reader::open(&files)? {
         let vk_cocoon::journal::Entry::Step {
@@ -70,8 +71,11 @@ fn create_to_ready(journal: &PathBuf) -> Result<Vec<f64>> {
                     .conditions
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True");
-                if let (true, Some(t0)) = (ready, seen.remove(&key.to_string())) {
-                    out.push((envelope.at - t0) as f64);
+                let key = key.to_string();
+                if let (true, Some(t0)) = (ready, seen.get(&key)) {
+                    if done.insert(key) {
+                        out.push((envelope.at - t0) as f64);
+                    }
                 }
             }
         }
