@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::action::Action;
 use crate::keys;
 use crate::pod::PodKey;
-use crate::state::{Lifecycle, OpOwner, State};
+use crate::state::{Lifecycle, OpOwner, PodEntry, State};
 
 const LIFECYCLE_TRIPLE: [&str; 3] = [
     keys::LIFECYCLE_STATE,
@@ -16,31 +16,86 @@ const LIFECYCLE_TRIPLE: [&str; 3] = [
 ];
 
 pub fn desired(s: &State, key: &PodKey) -> BTreeMap<String, Option<String>> {
-    let mut want = BTreeMap::new();
-    let Some(e) = s.pods.get(key) else {
-        return want;
-    };
-    if let Some(vm) = e.vm.as_ref().filter(|v| !v.unmanaged) {
-        want.insert(keys::VM_ID.to_string(), Some(vm.record.id.clone()));
-        if let Some(ip) = &vm.ip {
-            want.insert(keys::VM_IP.to_string(), Some(ip.clone()));
+    let mut buf = Decimal::default();
+    match s.pods.get(key) {
+        Some(e) => Wanted::of(e, &mut buf)
+            .entries()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect(),
+        None => BTreeMap::new(),
+    }
+}
+
+/// What vk wants on the pod, borrowed from its entry. It is compared with the pod after
+/// every event that touches it and almost always already holds, so that comparison
+/// allocates nothing; only a patch that goes out is built as a map.
+struct Wanted<'a> {
+    vm_id: Option<&'a str>,
+    vm_ip: Option<&'a str>,
+    /// State, generation and message (`None` when empty: L2 writes it as null).
+    lifecycle: Option<(&'static str, &'a str, Option<&'a str>)>,
+}
+
+impl<'a> Wanted<'a> {
+    fn of(e: &'a PodEntry, generation: &'a mut Decimal) -> Self {
+        let vm = e.vm.as_ref().filter(|v| !v.unmanaged);
+        let lifecycle = e.intent.state.map(|state| {
+            (
+                state.as_str(),
+                generation.format(e.intent.generation),
+                e.intent.message.as_deref().filter(|m| !m.is_empty()),
+            )
+        });
+        Wanted {
+            vm_id: vm.map(|v| v.record.id.as_str()),
+            vm_ip: vm.and_then(|v| v.ip.as_deref()),
+            lifecycle,
         }
     }
-    if let Some(state) = e.intent.state {
-        want.insert(
-            keys::LIFECYCLE_STATE.to_string(),
-            Some(state.as_str().to_string()),
-        );
-        want.insert(
-            keys::LIFECYCLE_GENERATION.to_string(),
-            Some(e.intent.generation.to_string()),
-        );
-        want.insert(
-            keys::LIFECYCLE_MESSAGE.to_string(),
-            e.intent.message.clone().filter(|m| !m.is_empty()),
-        );
+
+    /// Every wanted key with its value (`None`: the key must be absent).
+    fn entries(&self) -> impl Iterator<Item = (&'static str, Option<&'a str>)> + '_ {
+        let vm = [
+            self.vm_id.map(|id| (keys::VM_ID, Some(id))),
+            self.vm_ip.map(|ip| (keys::VM_IP, Some(ip))),
+        ];
+        let lifecycle = self.lifecycle.map(|(state, generation, message)| {
+            [
+                (keys::LIFECYCLE_STATE, Some(state)),
+                (keys::LIFECYCLE_GENERATION, Some(generation)),
+                (keys::LIFECYCLE_MESSAGE, message),
+            ]
+        });
+        vm.into_iter()
+            .flatten()
+            .chain(lifecycle.into_iter().flatten())
     }
-    want
+}
+
+/// An i64 in decimal, on the stack.
+#[derive(Default)]
+struct Decimal {
+    buf: [u8; 20],
+}
+
+impl Decimal {
+    fn format(&mut self, n: i64) -> &str {
+        let mut at = self.buf.len();
+        let mut rest = n.unsigned_abs();
+        loop {
+            at -= 1;
+            self.buf[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            at -= 1;
+            self.buf[at] = b'-';
+        }
+        std::str::from_utf8(&self.buf[at..]).expect("ASCII")
+    }
 }
 
 pub fn sync(s: &mut State, key: &PodKey) {
@@ -54,23 +109,24 @@ pub fn sync(s: &mut State, key: &PodKey) {
     {
         return;
     }
-    let want = desired(s, key);
-    let mut diff: BTreeMap<String, Option<String>> = want
-        .iter()
-        .filter(|(k, v)| e.pod.annotations.get(*k) != v.as_ref())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut generation = Decimal::default();
+    let want = Wanted::of(e, &mut generation);
+    let differs = |(k, v): &(&str, Option<&str>)| e.pod.annotation(k) != *v;
+    if !want.entries().any(|kv| differs(&kv)) {
+        return;
+    }
+    let mut diff: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut triple = false;
+    for (k, v) in want.entries().filter(differs) {
+        triple |= LIFECYCLE_TRIPLE.contains(&k);
+        diff.insert(k.to_string(), v.map(str::to_string));
+    }
     // L2: the lifecycle triple is written as one unit, message null when empty, even when
     // only one of the three differs from what the server holds.
-    if LIFECYCLE_TRIPLE.iter().any(|k| diff.contains_key(*k)) {
-        for k in LIFECYCLE_TRIPLE {
-            if let Some(v) = want.get(k) {
-                diff.insert(k.to_string(), v.clone());
-            }
+    if triple {
+        for (k, v) in want.entries().filter(|(k, _)| LIFECYCLE_TRIPLE.contains(k)) {
+            diff.insert(k.to_string(), v.map(str::to_string));
         }
-    }
-    if diff.is_empty() {
-        return;
     }
     // §4.2 rule 7: the status goes out before `ready` is exposed.
     let exposes_ready = diff
@@ -91,4 +147,16 @@ pub fn sync(s: &mut State, key: &PodKey) {
         uid,
         set: diff,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decimal;
+
+    #[test]
+    fn decimal_is_to_string() {
+        for n in [0, 1, -1, 9, 10, 42, -1000, i64::MAX, i64::MIN] {
+            assert_eq!(Decimal::default().format(n), n.to_string());
+        }
+    }
 }

@@ -84,111 +84,299 @@ pub const CONTAINER: &str = "agent";
 use crate::config::Config;
 use crate::pod::PodKey;
 use crate::state::{Lifecycle, PodEntry, State, Terminal};
-use crate::time::{parse_rfc3339, rfc3339_seconds, Millis};
+use crate::time::{parse_rfc3339, Millis, Rfc3339};
 
 /// The complete status vk wants the server to hold for this pod (spec/behavior.md §5).
 pub fn derive(config: &Config, e: &PodEntry) -> PodStatus {
-    let ts = |t: Option<Millis>| t.map(rfc3339_seconds);
-    // S1/S2: start time is kept once the server has one.
-    let start_time = e.pod.status.start_time.clone().or_else(|| ts(e.started_at));
-    let host_ip = Some(config.node_ip.clone());
-    let restart_never = e.pod.restart_policy.as_deref() == Some("Never");
-    if let Some(terminal) = &e.terminal {
-        let (phase, code, reason, message) = match terminal {
-            Terminal::Evicted { reason, message } => {
-                ("Failed", 1, reason.clone(), Some(message.clone()))
-            }
-            Terminal::Succeeded => ("Succeeded", 0, "Completed".to_string(), None),
-        };
-        return PodStatus {
-            phase: phase.into(),
-            reason: None,
-            message: message.clone(),
-            host_ip,
-            pod_ip: None,
-            start_time,
-            conditions: conditions(e, false),
-            container_statuses: vec![ContainerStatus {
-                name: CONTAINER.into(),
-                ready: false,
-                started: Some(false),
-                state: ContainerState {
-                    running: None,
-                    terminated: Some(Terminated {
-                        exit_code: code,
-                        reason: Some(reason),
-                        message,
-                        finished_at: None,
-                    }),
-                },
-                ..ContainerStatus::default()
-            }],
-        };
+    Desired::of(config, e).to_status()
+}
+
+/// `derive(config, e) == *status`, without building the derived status.
+pub fn is_desired(config: &Config, e: &PodEntry, status: &PodStatus) -> bool {
+    Desired::of(config, e).matches(status)
+}
+
+/// The desired status as borrowed parts of the entry (spec/behavior.md §5). It is compared
+/// with the server's status after every event that touches the pod, and is almost always
+/// equal: the comparison must not allocate, so only a status that goes out is built.
+struct Desired<'a> {
+    phase: &'static str,
+    reason: Option<&'static str>,
+    message: Option<&'a str>,
+    host_ip: &'a str,
+    pod_ip: Option<&'a str>,
+    start_time: Option<Stamp<'a>>,
+    /// `None`: no conditions at all (a pod without a VM).
+    conditions: Option<Conditions>,
+    /// `None`: no container status (a pod without a VM).
+    container: Option<Container<'a>>,
+}
+
+/// A timestamp as the status shows it: the server's own text, or one of ours.
+#[derive(Clone, Copy)]
+enum Stamp<'a> {
+    Server(&'a str),
+    Ours(Rfc3339),
+}
+
+impl Stamp<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Stamp::Server(t) => t,
+            Stamp::Ours(t) => t.as_str(),
+        }
     }
-    let Some(vm) = &e.vm else {
-        // S1: no VM → Pending with no conditions and no container statuses (the operator's
-        // wake gate depends on that); P3: a failed create shows ProviderFailed.
-        let (phase, reason, message) = match &e.failure {
-            Some(msg) => (
-                if restart_never { "Failed" } else { "Pending" },
-                Some("ProviderFailed".to_string()),
-                Some(msg.clone()),
-            ),
-            None => ("Pending", None, None),
+}
+
+/// The four conditions: scheduled and initialized since the start, ready since it changed.
+struct Conditions {
+    since: Option<Rfc3339>,
+    ready: bool,
+    ready_at: Option<Rfc3339>,
+}
+
+struct Container<'a> {
+    ready: bool,
+    started: bool,
+    /// `None`: running since the pod's start time.
+    terminated: Option<(i32, &'a str, Option<&'a str>)>,
+}
+
+impl<'a> Desired<'a> {
+    fn of(config: &'a Config, e: &'a PodEntry) -> Self {
+        // S1/S2: start time is kept once the server has one.
+        let start_time = match &e.pod.status.start_time {
+            Some(t) => Some(Stamp::Server(t)),
+            None => e.started_at.map(|t| Stamp::Ours(Rfc3339::seconds(t))),
         };
-        return PodStatus {
-            phase: phase.into(),
-            reason,
-            message,
+        let host_ip = config.node_ip.as_str();
+        let restart_never = e.pod.restart_policy.as_deref() == Some("Never");
+        if let Some(terminal) = &e.terminal {
+            let (phase, code, reason, message) = match terminal {
+                Terminal::Evicted { reason, message } => {
+                    ("Failed", 1, reason.as_str(), Some(message.as_str()))
+                }
+                Terminal::Succeeded => ("Succeeded", 0, "Completed", None),
+            };
+            return Desired {
+                phase,
+                reason: None,
+                message,
+                host_ip,
+                pod_ip: None,
+                start_time,
+                conditions: Some(Conditions::of(e, false)),
+                container: Some(Container {
+                    ready: false,
+                    started: false,
+                    terminated: Some((code, reason, message)),
+                }),
+            };
+        }
+        let Some(vm) = &e.vm else {
+            // S1: no VM → Pending with no conditions and no container statuses (the operator's
+            // wake gate depends on that); P3: a failed create shows ProviderFailed.
+            let (phase, reason, message) = match &e.failure {
+                Some(msg) => (
+                    if restart_never { "Failed" } else { "Pending" },
+                    Some("ProviderFailed"),
+                    Some(msg.as_str()),
+                ),
+                None => ("Pending", None, None),
+            };
+            return Desired {
+                phase,
+                reason,
+                message,
+                host_ip,
+                pod_ip: None,
+                start_time,
+                conditions: None,
+                container: None,
+            };
+        };
+        let ready = e.probe.ready && e.intent.state == Some(Lifecycle::Ready);
+        Desired {
+            phase: "Running",
+            reason: None,
+            message: None,
             host_ip,
+            pod_ip: vm.ip.as_deref(),
             start_time,
-            ..PodStatus::default()
+            conditions: Some(Conditions::of(e, ready)),
+            container: Some(Container {
+                ready,
+                started: true,
+                terminated: None,
+            }),
+        }
+    }
+
+    fn start_time(&self) -> Option<&str> {
+        self.start_time.as_ref().map(Stamp::as_str)
+    }
+
+    fn to_status(&self) -> PodStatus {
+        let start_time = self.start_time().map(str::to_string);
+        PodStatus {
+            phase: self.phase.into(),
+            reason: self.reason.map(Into::into),
+            message: self.message.map(Into::into),
+            host_ip: Some(self.host_ip.into()),
+            pod_ip: self.pod_ip.map(Into::into),
+            start_time: start_time.clone(),
+            conditions: self
+                .conditions
+                .as_ref()
+                .map(Conditions::to_vec)
+                .unwrap_or_default(),
+            container_statuses: self
+                .container
+                .iter()
+                .map(|c| c.to_status(start_time.clone()))
+                .collect(),
+        }
+    }
+
+    /// Field by field what `self.to_status() == *s` would say.
+    fn matches(&self, s: &PodStatus) -> bool {
+        let conditions = match &self.conditions {
+            Some(c) => c.matches(&s.conditions),
+            None => s.conditions.is_empty(),
         };
-    };
-    let ready = e.probe.ready && e.intent.state == Some(Lifecycle::Ready);
-    PodStatus {
-        phase: "Running".into(),
-        reason: None,
-        message: None,
-        host_ip,
-        pod_ip: vm.ip.clone(),
-        start_time: start_time.clone(),
-        conditions: conditions(e, ready),
-        container_statuses: vec![ContainerStatus {
-            name: CONTAINER.into(),
+        let container = match (&self.container, s.container_statuses.as_slice()) {
+            (Some(c), [cs]) => c.matches(cs, self.start_time()),
+            (None, []) => true,
+            _ => false,
+        };
+        s.phase == self.phase
+            && s.reason.as_deref() == self.reason
+            && s.message.as_deref() == self.message
+            && s.host_ip.as_deref() == Some(self.host_ip)
+            && s.pod_ip.as_deref() == self.pod_ip
+            && s.start_time.as_deref() == self.start_time()
+            && conditions
+            && container
+    }
+}
+
+impl Conditions {
+    fn of(e: &PodEntry, ready: bool) -> Self {
+        let since = e
+            .pod
+            .status
+            .start_time
+            .as_deref()
+            .and_then(parse_rfc3339)
+            .or(e.started_at);
+        let ready_at = e.ready_changed_at.or(since);
+        Conditions {
+            since: since.map(Rfc3339::seconds),
             ready,
-            started: Some(true),
-            state: ContainerState {
+            ready_at: ready_at.map(Rfc3339::seconds),
+        }
+    }
+
+    /// Type, status and transition time of each condition, in order.
+    fn rows(&self) -> [(&'static str, bool, Option<&str>); 4] {
+        let since = self.since.as_ref().map(Rfc3339::as_str);
+        let ready_at = self.ready_at.as_ref().map(Rfc3339::as_str);
+        [
+            ("PodScheduled", true, since),
+            ("Initialized", true, since),
+            ("ContainersReady", self.ready, ready_at),
+            ("Ready", self.ready, ready_at),
+        ]
+    }
+
+    fn to_vec(&self) -> Vec<Condition> {
+        self.rows()
+            .into_iter()
+            .map(|(t, ok, at)| Condition {
+                type_: t.into(),
+                status: true_false(ok).into(),
+                last_transition_time: at.map(Into::into),
+            })
+            .collect()
+    }
+
+    fn matches(&self, have: &[Condition]) -> bool {
+        have.len() == 4
+            && self.rows().iter().zip(have).all(|((t, ok, at), c)| {
+                c.type_ == *t
+                    && c.status == true_false(*ok)
+                    && c.last_transition_time.as_deref() == *at
+            })
+    }
+}
+
+fn true_false(ok: bool) -> &'static str {
+    if ok {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+impl Container<'_> {
+    fn to_status(&self, start_time: Option<String>) -> ContainerStatus {
+        let state = match self.terminated {
+            Some((exit_code, reason, message)) => ContainerState {
+                running: None,
+                terminated: Some(Terminated {
+                    exit_code,
+                    reason: Some(reason.into()),
+                    message: message.map(Into::into),
+                    finished_at: None,
+                }),
+            },
+            None => ContainerState {
                 running: Some(Running {
                     started_at: start_time,
                 }),
                 terminated: None,
             },
+        };
+        ContainerStatus {
+            name: CONTAINER.into(),
+            ready: self.ready,
+            started: Some(self.started),
+            state,
             ..ContainerStatus::default()
-        }],
+        }
     }
-}
 
-fn conditions(e: &PodEntry, ready: bool) -> Vec<Condition> {
-    let since = e
-        .pod
-        .status
-        .start_time
-        .as_deref()
-        .and_then(parse_rfc3339)
-        .or(e.started_at);
-    let cond = |t: &str, ok: bool, at: Option<Millis>| Condition {
-        type_: t.into(),
-        status: if ok { "True" } else { "False" }.into(),
-        last_transition_time: at.map(rfc3339_seconds),
-    };
-    let ready_at = e.ready_changed_at.or(since);
-    vec![
-        cond("PodScheduled", true, since),
-        cond("Initialized", true, since),
-        cond("ContainersReady", ready, ready_at),
-        cond("Ready", ready, ready_at),
-    ]
+    fn matches(&self, c: &ContainerStatus, start_time: Option<&str>) -> bool {
+        let state = match (self.terminated, &c.state) {
+            (
+                Some((exit_code, reason, message)),
+                ContainerState {
+                    running: None,
+                    terminated: Some(t),
+                },
+            ) => {
+                t.exit_code == exit_code
+                    && t.reason.as_deref() == Some(reason)
+                    && t.message.as_deref() == message
+                    && t.finished_at.is_none()
+            }
+            (
+                None,
+                ContainerState {
+                    running: Some(r),
+                    terminated: None,
+                },
+            ) => r.started_at.as_deref() == start_time,
+            _ => false,
+        };
+        c.name == CONTAINER
+            && c.ready == self.ready
+            && c.restart_count == 0
+            && c.image.is_empty()
+            && c.image_id.is_empty()
+            && c.started == Some(self.started)
+            && state
+    }
 }
 
 /// The Ready condition of a status the server holds, with its transition time.
@@ -213,11 +401,23 @@ pub fn sync(s: &mut State, key: &PodKey) {
     {
         return;
     }
-    let desired = derive(&s.config, e);
-    if desired == e.pod.status || e.echo_mismatch.as_ref() == Some(&desired) {
+    let desired = Desired::of(&s.config, e);
+    // Tests (debug builds) prove the cheap comparison against the built status every time.
+    debug_assert_eq!(
+        desired.matches(&e.pod.status),
+        desired.to_status() == e.pod.status
+    );
+    debug_assert!(e
+        .echo_mismatch
+        .as_ref()
+        .is_none_or(|m| desired.matches(m) == (desired.to_status() == *m)));
+    if desired.matches(&e.pod.status)
+        || e.echo_mismatch.as_ref().is_some_and(|m| desired.matches(m))
+    {
         crate::delete::finalize(s, key);
         return;
     }
+    let desired = desired.to_status();
     let uid = e.pod.uid.clone();
     let op = s.new_op(crate::state::OpOwner::Status {
         key: key.clone(),

@@ -8,16 +8,74 @@ pub type Millis = i64;
 /// `metav1.Time` at second precision, so the status we derive must too, or it would never
 /// compare equal to what the server echoes back.
 pub fn rfc3339_seconds(at: Millis) -> String {
-    let secs = at.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    Rfc3339::seconds(at).as_str().to_string()
+}
+
+/// [`rfc3339_seconds`] on the stack. The desired status is compared with the server's on
+/// every touched pod, so its timestamps are formatted without `fmt` and without the heap.
+#[derive(Clone, Copy)]
+pub struct Rfc3339 {
+    /// Holds any i64 time: a year has at most 9 digits and a sign.
+    buf: [u8; 32],
+    len: u8,
+}
+
+impl Rfc3339 {
+    pub fn seconds(at: Millis) -> Self {
+        let secs = at.div_euclid(1000);
+        let days = secs.div_euclid(86_400);
+        let rem = secs.rem_euclid(86_400);
+        let (y, m, d) = civil_from_days(days);
+        let mut out = Rfc3339 {
+            buf: [0; 32],
+            len: 0,
+        };
+        if (0..=9999).contains(&y) {
+            out.digits(y, 4);
+        } else {
+            // Far outside any real clock; `{:04}` is the definition, so use it.
+            let year = format!("{y:04}");
+            out.push(year.as_bytes());
+        }
+        out.push(b"-");
+        out.digits(m, 2);
+        out.push(b"-");
+        out.digits(d, 2);
+        out.push(b"T");
+        out.digits(rem / 3600, 2);
+        out.push(b":");
+        out.digits((rem % 3600) / 60, 2);
+        out.push(b":");
+        out.digits(rem % 60, 2);
+        out.push(b"Z");
+        out
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len as usize]).expect("ASCII")
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let at = self.len as usize;
+        self.buf[at..at + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len() as u8;
+    }
+
+    /// `n` (0 ≤ n < 10^width) zero-padded to `width` digits.
+    fn digits(&mut self, mut n: i64, width: usize) {
+        let at = self.len as usize;
+        for i in (0..width).rev() {
+            self.buf[at + i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        self.len += width as u8;
+    }
+}
+
+impl std::fmt::Debug for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
 }
 
 /// Parses RFC 3339 with any offset and optional fraction; `None` when malformed.
@@ -105,6 +163,35 @@ mod tests {
         assert_eq!(t % 1000, 481);
         assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
         assert_eq!(rfc3339_seconds(0), "1970-01-01T00:00:00Z");
+    }
+
+    /// The stack formatter is exactly `format!` with the definition's widths, far out too.
+    #[test]
+    fn stack_formatting_matches_format() {
+        let reference = |at: Millis| {
+            let secs = at.div_euclid(1000);
+            let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+            let (y, m, d) = civil_from_days(days);
+            format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+                rem / 3600,
+                (rem % 3600) / 60,
+                rem % 60
+            )
+        };
+        let mut at: Millis = 1;
+        let mut probes = vec![0, -1, -1000, 999, 1_777_600_000_000, i64::MIN, i64::MAX];
+        while at < i64::MAX / 3 {
+            probes.extend([at, -at, at + 999, at * 3 / 2]);
+            at *= 3;
+        }
+        // Around the year 0 and 10000 boundaries.
+        for y in [-62_167_219_200_000i64, 253_402_300_800_000] {
+            probes.extend([y - 1, y, y + 1, y + 86_400_000]);
+        }
+        for at in probes {
+            assert_eq!(rfc3339_seconds(at), reference(at), "{at}");
+        }
     }
 
     #[test]

@@ -548,6 +548,48 @@ impl World {
     }
 }
 
+/// The benchmark workload: `pods` managed pods created, brought to Ready and deleted, with
+/// every outcome supplied by the fake world. Returns the envelopes as the core saw them.
+pub fn create_ready_delete(pods: usize) -> Vec<Envelope> {
+    let mut w = World::new(Config::default());
+    w.start(vec![], vec![]);
+    for i in 0..pods {
+        w.apply(
+            pod("bench", &format!("p{i}"))
+                .managed()
+                .run("ubuntu:24.04")
+                .build(),
+        );
+    }
+    w.run_for(2_000);
+    let ready = w
+        .api
+        .pods
+        .values()
+        .filter(|p| {
+            p.status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+        .count();
+    assert_eq!(
+        ready, pods,
+        "every pod reaches Ready before the delete phase"
+    );
+    let keys: Vec<_> = w.api.pods.keys().cloned().collect();
+    for k in &keys {
+        w.delete_pod(k);
+    }
+    w.run_for(2_000);
+    assert!(
+        w.api.pods.is_empty() && w.state.pods.is_empty(),
+        "every pod deleted"
+    );
+    assert!(w.violations.is_empty(), "{:?}", w.violations);
+    w.log.into_iter().map(|(e, _)| e).collect()
+}
+
 /// The op id an effect reports back under.
 pub fn op_of(a: &Action) -> Option<OpId> {
     match a {

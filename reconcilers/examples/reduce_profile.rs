@@ -1,0 +1,82 @@
+//! Profiling aid for the reduce benchmark: the same 1,000-pod workload, reduced on a fresh
+//! State `N` times (argument, default 1); prints the best time and the event mix.
+//!
+//! ```text
+//! cargo build --release -p reconcilers --features testkit --example reduce_profile
+//! valgrind --tool=callgrind --toggle-collect='reduce_profile::run' \
+//!     target/release/examples/reduce_profile
+//! ```
+//!
+//! `ENVELOPES=file` reads the workload from that JSON file, writing it first if it is
+//! missing (generating it under valgrind takes minutes). `FINGERPRINT=1` prints a hash of
+//! every envelope and the actions reduce returns for it: a refactor that is meant to keep
+//! behaviour must keep the hash.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use reconcilers::testkit::{create_ready_delete, render};
+use reconcilers::{reduce, Config, Envelope, State};
+use sha2::{Digest, Sha256};
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
+    let envelopes = match std::env::var("ENVELOPES") {
+        Ok(path) => match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).expect("envelopes"),
+            Err(_) => {
+                let envs = create_ready_delete(1_000);
+                std::fs::write(&path, serde_json::to_vec(&envs).unwrap()).expect("write");
+                envs
+            }
+        },
+        Err(_) => create_ready_delete(1_000),
+    };
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &envelopes {
+        let r = render::event(&e.event);
+        let k = r.split([' ', '(', '{']).next().unwrap_or("").to_string();
+        *kinds.entry(k).or_default() += 1;
+    }
+    eprintln!("{} envelopes: {kinds:?}", envelopes.len());
+    if std::env::var_os("FINGERPRINT").is_some() {
+        eprintln!("fingerprint {}", fingerprint(&envelopes));
+    }
+    let mut best = f64::MAX;
+    for _ in 0..rounds {
+        let input = envelopes.clone();
+        let mut state = State::new(Config::default());
+        let t = Instant::now();
+        let n = run(&mut state, input);
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(n);
+    }
+    eprintln!(
+        "best {:.2} ms, {:.3} M events/s",
+        best * 1e3,
+        envelopes.len() as f64 / best / 1e6
+    );
+}
+
+/// The timed region, kept out of line so callgrind can collect it alone.
+#[inline(never)]
+fn run(state: &mut State, input: Vec<Envelope>) -> usize {
+    let mut n = 0usize;
+    for e in input {
+        n += reduce(state, e).len();
+    }
+    n
+}
+
+fn fingerprint(envelopes: &[Envelope]) -> String {
+    let mut h = Sha256::new();
+    let mut state = State::new(Config::default());
+    for e in envelopes {
+        h.update(serde_json::to_string(e).unwrap());
+        h.update(serde_json::to_string(&reduce(&mut state, e.clone())).unwrap());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
