@@ -209,8 +209,10 @@ fn altered_actions_with_a_recomputed_chain_fail_in_the_reducer_comparison() {
     });
     let seq = forged_seq.expect("the sample pulls an image");
     // The chain is intact: only replay can tell.
-    assert!(Reader::open(&[path.clone()]).unwrap().all(|e| e.is_ok()));
-    match verify(&[path.clone()]) {
+    assert!(Reader::open(std::slice::from_ref(&path))
+        .unwrap()
+        .all(|e| e.is_ok()));
+    match verify(std::slice::from_ref(&path)) {
         Err(Failure::Actions(d)) => {
             assert_eq!(d.envelope.seq, seq);
             assert_ne!(d.journaled, d.replayed);

@@ -56,6 +56,8 @@ pub struct Header {
 }
 
 /// What a line holds once decoded.
+// `Event` is large and is every other line; boxing it would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Record {
     Header(Box<Header>),
@@ -161,6 +163,7 @@ pub fn encode_header(
     prev: &Digest,
 ) -> serde_json::Result<Digest> {
     let writer = format!("vk-cocoon {}", crate::version::VERSION);
+    let prev_hex = prev.hex();
     let body = HeaderOut {
         kind: "header",
         version: FORMAT_VERSION,
@@ -172,18 +175,19 @@ pub fn encode_header(
         after_seq: h.after_seq,
         config: h.config,
         state: h.state,
-        prev: prev.as_str(),
+        prev: prev_hex.as_str(),
     };
     encode(out, &body, prev)
 }
 
 pub fn encode_event(out: &mut Vec<u8>, e: &Envelope, prev: &Digest) -> serde_json::Result<Digest> {
+    let prev_hex = prev.hex();
     let body = EventOut {
         kind: "event",
         seq: e.seq,
         at: e.at,
         event: &e.event,
-        prev: prev.as_str(),
+        prev: prev_hex.as_str(),
     };
     encode(out, &body, prev)
 }
@@ -194,11 +198,12 @@ pub fn encode_actions(
     actions: &[Action],
     prev: &Digest,
 ) -> serde_json::Result<Digest> {
+    let prev_hex = prev.hex();
     let body = ActionsOut {
         kind: "actions",
         seq,
         actions,
-        prev: prev.as_str(),
+        prev: prev_hex.as_str(),
     };
     encode(out, &body, prev)
 }
@@ -215,7 +220,7 @@ fn encode(out: &mut Vec<u8>, body: &impl Serialize, prev: &Digest) -> serde_json
     // The body ends in `}`; the hash goes in as the last member.
     out.pop();
     out.extend_from_slice(b",\"hash\":\"");
-    out.extend_from_slice(hash.as_str().as_bytes());
+    out.extend_from_slice(hash.hex().as_str().as_bytes());
     out.extend_from_slice(b"\"}\n");
     Ok(hash)
 }
@@ -228,13 +233,19 @@ pub fn decode(line: &[u8]) -> Result<Line, Problem> {
     let (record, prev) = match kind {
         "header" => {
             // The version first: a newer header may not parse as this version's fields.
-            #[derive(Deserialize)]
-            struct VersionOnly {
-                version: u32,
-            }
-            let v: VersionOnly = serde_json::from_slice(line).map_err(bad_json)?;
-            if v.version != FORMAT_VERSION {
-                return Err(Problem::UnsupportedVersion(v.version));
+            let version = match header_prefix(line) {
+                Some((v, _)) => v,
+                None => {
+                    #[derive(Deserialize)]
+                    struct VersionOnly {
+                        version: u32,
+                    }
+                    let v: VersionOnly = serde_json::from_slice(line).map_err(bad_json)?;
+                    v.version
+                }
+            };
+            if version != FORMAT_VERSION {
+                return Err(Problem::UnsupportedVersion(version));
             }
             let h: HeaderIn = serde_json::from_slice(line).map_err(bad_json)?;
             let header = Header {
@@ -279,6 +290,22 @@ pub fn decode(line: &[u8]) -> Result<Line, Problem> {
         hash,
         computed,
     })
+}
+
+/// `version` and `file_no` from the fixed start the writer gives every header
+/// (`{"kind":"header","version":1,"file_no":7,…`), so files can be ordered and checked
+/// without parsing the state snapshot behind them. `None` when a line does not start so.
+pub fn header_prefix(line: &[u8]) -> Option<(u32, u64)> {
+    fn number(b: &[u8]) -> Option<(u64, &[u8])> {
+        let end = b.iter().position(|c| !c.is_ascii_digit())?;
+        let n = std::str::from_utf8(&b[..end]).ok()?.parse().ok()?;
+        Some((n, &b[end..]))
+    }
+    let rest = line.strip_prefix(b"{\"kind\":\"header\",\"version\":")?;
+    let (version, rest) = number(rest)?;
+    let rest = rest.strip_prefix(b",\"file_no\":")?;
+    let (file_no, _) = number(rest)?;
+    Some((u32::try_from(version).ok()?, file_no))
 }
 
 /// Splits `…,"hash":"<64 hex>"}` into the body without its closing brace, and the hash.

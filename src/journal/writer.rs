@@ -14,8 +14,6 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
-
 use reconcilers::time::Millis;
 use reconcilers::{Action, Config, Envelope, State};
 
@@ -277,16 +275,10 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
 }
 
 fn header_file_no(f: &mut File) -> Option<u64> {
-    #[derive(Deserialize)]
-    struct FileNo {
-        file_no: u64,
-    }
     f.seek(SeekFrom::Start(0)).ok()?;
-    let mut first = Vec::new();
-    io::BufRead::read_until(&mut io::BufReader::new(&mut *f), b'\n', &mut first).ok()?;
-    serde_json::from_slice::<FileNo>(first.strip_suffix(b"\n")?)
-        .ok()
-        .map(|h| h.file_no)
+    let mut start = Vec::with_capacity(128);
+    f.take(128).read_to_end(&mut start).ok()?;
+    record::header_prefix(&start).map(|(_, file_no)| file_no)
 }
 
 /// The last line of the first `len` bytes (with its newline if it has one) and where it starts.

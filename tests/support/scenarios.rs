@@ -63,7 +63,7 @@ pub fn churn(n: usize) -> World {
     }
     w.run_for(5_000);
     for i in 0..n {
-        w.delete_pod(&PodKey::new("bench", &format!("p{i}")));
+        w.delete_pod(&PodKey::new("bench", format!("p{i}")));
     }
     w.run_for(30_000);
     w
