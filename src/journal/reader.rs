@@ -60,7 +60,9 @@ impl Reader {
         for p in paths {
             keyed.push((file_no_of(p)?, p.clone()));
         }
-        keyed.sort_by_key(|(n, _)| *n);
+        keyed.sort();
+        // A file named twice (a glob and a path) is read once.
+        keyed.dedup_by(|a, b| a.1 == b.1);
         Ok(Reader {
             files: keyed.into_iter().map(|(_, p)| p).collect(),
             next_file: 0,

@@ -242,6 +242,9 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
             return Err(e).with_context(|| format!("cannot open {}", path.display()));
         }
     };
+    if f.metadata()?.len() == 0 {
+        return Ok(None);
+    }
     let Some(file_no) = header_file_no(&mut f) else {
         tracing::warn!(
             file = %path.display(),
