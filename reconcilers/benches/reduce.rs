@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use reconcilers::testkit::create_ready_delete;
-use reconcilers::{reduce, Config, Envelope, State};
+use reconcilers::{reduce, Config, State};
 
 fn bench(c: &mut Criterion) {
     let envelopes = create_ready_delete(1_000);

@@ -45,6 +45,9 @@ fn main() {
     if std::env::var_os("FINGERPRINT").is_some() {
         eprintln!("fingerprint {}", fingerprint(&envelopes));
     }
+    if std::env::var_os("BREAKDOWN").is_some() {
+        breakdown(&envelopes, rounds);
+    }
     let mut best = f64::MAX;
     for _ in 0..rounds {
         let input = envelopes.clone();
@@ -79,4 +82,32 @@ fn fingerprint(envelopes: &[Envelope]) -> String {
         h.update(serde_json::to_string(&reduce(&mut state, e.clone())).unwrap());
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Best time per event kind over `rounds` runs (each event timed alone).
+fn breakdown(envelopes: &[Envelope], rounds: usize) {
+    let kinds: Vec<String> = envelopes
+        .iter()
+        .map(|e| {
+            let r = render::event(&e.event);
+            r.split([' ', '(', '{']).next().unwrap_or("").to_string()
+        })
+        .collect();
+    let mut best: BTreeMap<&str, f64> = BTreeMap::new();
+    for _ in 0..rounds {
+        let mut sums: BTreeMap<&str, f64> = BTreeMap::new();
+        let mut state = State::new(Config::default());
+        for (e, k) in envelopes.iter().cloned().zip(&kinds) {
+            let t = Instant::now();
+            std::hint::black_box(reduce(&mut state, e));
+            *sums.entry(k).or_default() += t.elapsed().as_secs_f64();
+        }
+        for (k, v) in sums {
+            let b = best.entry(k).or_insert(f64::MAX);
+            *b = b.min(v);
+        }
+    }
+    for (k, v) in best {
+        eprintln!("  {k:>16} {:8.2} ms", v * 1e3);
+    }
 }

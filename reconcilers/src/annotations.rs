@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::action::Action;
 use crate::keys;
 use crate::pod::PodKey;
-use crate::state::{Lifecycle, OpOwner, PodEntry, State};
+use crate::state::{Lifecycle, OpOwner, PodEntry, Publish, State};
 
 const LIFECYCLE_TRIPLE: [&str; 3] = [
     keys::LIFECYCLE_STATE,
@@ -98,9 +98,9 @@ impl Decimal {
     }
 }
 
-pub fn sync(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get(key) else { return };
-    if !s.started
+pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
+    let e = &*p.entry;
+    if !p.started
         || e.gone
         || e.deleted_by_us
         || e.superseded
@@ -135,16 +135,15 @@ pub fn sync(s: &mut State, key: &PodKey) {
     if exposes_ready && e.status_op.is_some() {
         return;
     }
-    let uid = e.pod.uid.clone();
-    let op = s.new_op(OpOwner::Annotations {
+    let op = p.fx.new_op(OpOwner::Annotations {
         key: key.clone(),
         set: diff.clone(),
     });
-    s.pods.get_mut(key).expect("present").annotations_op = Some(op);
-    s.emit(Action::PatchAnnotations {
+    p.entry.annotations_op = Some(op);
+    p.fx.emit(Action::PatchAnnotations {
         op,
         key: key.clone(),
-        uid,
+        uid: p.entry.pod.uid.clone(),
         set: diff,
     });
 }

@@ -11,7 +11,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
     let Some(owner) = s.ops.remove(&op) else {
         return;
     };
-    match owner {
+    match *owner {
         OpOwner::Vm { key } => {
             let Some(e) = s.pods.get_mut(&key) else {
                 return;
@@ -20,7 +20,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
                 return;
             };
             let step = busy.step.clone();
-            s.touched.insert(key.clone());
+            s.touched.insert(&key);
             match step {
                 Step::RemoveVm => delete::vm_removed(s, &key, result),
                 Step::Recover { .. }

@@ -581,7 +581,7 @@ fn track_inner(s: &mut State, key: &PodKey, record: VmRecord, unmanaged: bool, i
             s.vm_ids.remove(&old.record.id);
         }
     }
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
     if !unmanaged {
         leases::refresh_ip(s, key);
     }
@@ -611,7 +611,7 @@ pub(crate) fn forget_vm(s: &mut State, key: &PodKey) {
         s.restarts.remove(&vm.record.id);
         unindex(s, key, &vm);
     }
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
 }
 
 fn clear_busy(s: &mut State, key: &PodKey) {
@@ -650,7 +650,7 @@ fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: bool) {
     e.attempts += 1;
     let attempts = e.attempts;
     let uid = e.pod.uid.clone();
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
     warn_event(s, key, "CreateBringUpFailed", &format!("create: {msg}"));
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
     s.emit(Action::Count {

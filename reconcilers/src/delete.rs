@@ -6,14 +6,14 @@ use crate::cocoon::CocoonCmd;
 use crate::event::CocoonOk;
 use crate::names;
 use crate::pod::PodKey;
-use crate::state::{OpOwner, State, Step, Terminal};
+use crate::state::{OpOwner, Publish, State, Step, Terminal};
 use crate::vm::{CocoonError, CocoonErrorKind};
 use crate::{create, probe};
 
 pub fn begin(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.deleting = true;
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
     probe::stop(s, key);
     let e = s.pods.get_mut(key).expect("present");
     match &e.busy {
@@ -97,7 +97,7 @@ pub fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonEr
 
 fn finish(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
     if e.gone || e.terminal.is_some() {
         return;
     }
@@ -113,8 +113,8 @@ fn finish(s: &mut State, key: &PodKey) {
 }
 
 /// After the terminal status is on the server, remove the object (grace 0, UID-bound).
-pub fn finalize(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get(key) else { return };
+pub(crate) fn finalize(p: &mut Publish, key: &PodKey) {
+    let e = &*p.entry;
     let ready = e.deleting
         && !e.gone
         && !e.deleted_by_us
@@ -128,13 +128,12 @@ pub fn finalize(s: &mut State, key: &PodKey) {
     if !ready {
         return;
     }
-    let uid = e.pod.uid.clone();
-    let op = s.new_op(OpOwner::Delete { key: key.clone() });
-    s.pods.get_mut(key).expect("present").delete_op = Some(op);
-    s.emit(Action::DeletePod {
+    let op = p.fx.new_op(OpOwner::Delete { key: key.clone() });
+    p.entry.delete_op = Some(op);
+    p.fx.emit(Action::DeletePod {
         op,
         key: key.clone(),
-        uid,
+        uid: p.entry.pod.uid.clone(),
         grace_seconds: Some(0),
     });
 }

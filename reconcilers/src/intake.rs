@@ -35,8 +35,8 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
     }
     let key = pod.key();
     let Some(e) = s.pods.get_mut(&key) else {
-        s.pods.insert(key.clone(), PodEntry::new(pod));
-        s.touched.insert(key.clone());
+        s.pods.insert(key.clone(), Box::new(PodEntry::new(pod)));
+        s.touched.insert(&key);
         if s.started {
             intake(s, &key);
         }
@@ -52,7 +52,7 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
     let changed = !e.pod.same_desired(&pod);
     let starts_deleting = pod.deletion_timestamp.is_some() && !e.deleting;
     e.pod = pod;
-    s.touched.insert(key.clone());
+    s.touched.insert(&key);
     if !s.started || e.deleted_by_us {
         return;
     }
@@ -158,7 +158,7 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.failure = Some(message.clone());
     e.permanent_failure = true;
-    s.touched.insert(key.clone());
+    s.touched.insert(&key);
     s.emit(Action::Count {
         counter: Counter::PodLifecycle {
             op: "create".into(),
@@ -180,7 +180,7 @@ pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
         return;
     }
     e.gone = true;
-    s.touched.insert(key.clone());
+    s.touched.insert(&key);
     probe::stop(s, key);
     let e = &s.pods[key];
     if e.deleted_by_us || !s.started {
@@ -189,15 +189,20 @@ pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
     delete::begin(s, key);
 }
 
-/// Drops an entry once the pod is gone and nothing is in flight for it.
-pub fn collect(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get(key) else { return };
+/// The pod is gone and nothing is in flight for it: its entry can go.
+pub(crate) fn collectable(e: &PodEntry, started: bool) -> bool {
     let idle = e.busy.is_none()
         && e.status_op.is_none()
         && e.annotations_op.is_none()
         && e.delete_op.is_none()
-        && (e.vm.is_none() || e.vm.as_ref().is_some_and(|v| v.unmanaged) || !s.started);
-    if !(e.gone && idle) {
+        && (e.vm.is_none() || e.vm.as_ref().is_some_and(|v| v.unmanaged) || !started);
+    e.gone && idle
+}
+
+/// Drops a collectable entry (and its VM indexes); a successor waiting under the same name
+/// is taken in.
+pub fn collect(s: &mut State, key: &PodKey) {
+    if !s.pods.get(key).is_some_and(|e| collectable(e, s.started)) {
         return;
     }
     let mut e = s.pods.remove(key).expect("present");

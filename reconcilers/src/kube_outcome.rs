@@ -13,7 +13,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
     let Some(owner) = s.ops.remove(&op) else {
         return;
     };
-    match owner {
+    match *owner {
         OpOwner::Status { key, pushed } => {
             let Some(e) = s.pods.get_mut(&key) else {
                 return;
@@ -22,7 +22,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
                 return;
             }
             e.status_op = None;
-            s.touched.insert(key.clone());
+            s.touched.insert(&key);
             match result {
                 Ok(ok) => {
                     let e = s.pods.get_mut(&key).expect("present");
@@ -46,7 +46,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
                 return;
             }
             e.annotations_op = None;
-            s.touched.insert(key.clone());
+            s.touched.insert(&key);
             match result {
                 Ok(_) => {
                     e.kube_failures = 0;
@@ -65,7 +65,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
                 return;
             };
             e.delete_op = None;
-            s.touched.insert(key.clone());
+            s.touched.insert(&key);
             match result {
                 Ok(_)
                 | Err(KubeError {
@@ -93,7 +93,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
                         ..
                     })
             );
-            s.touched.insert(key.clone());
+            s.touched.insert(&key);
             vmevents::evicted(s, &key, reason, message, ok);
         }
         OpOwner::Vm { .. } | OpOwner::Detached { .. } => {}

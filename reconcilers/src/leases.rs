@@ -1,32 +1,43 @@
 //! The cocoon-net lease table (spec/cocoon-net-leases.md §5) and IP resolution for DHCP NICs.
 
+use std::cmp::Ordering;
+
 use crate::create;
 use crate::event::Lease;
 use crate::pod::PodKey;
 use crate::state::{State, Tracked};
 
 /// The shell re-reads the whole lease file, so every change arrives as the full table. With
-/// one VM per lease that is O(n) per event; the diff below is a merge walk over two sorted
+/// one VM per lease that is O(n) per event; the diff below is one merge walk over two sorted
 /// sequences without allocating, and only changed MACs are cloned and routed.
 pub fn changed(s: &mut State, mut table: Vec<Lease>) {
-    for l in &mut table {
-        l.mac.make_ascii_lowercase();
-    }
-    // Duplicate MACs should not happen; if they do, the latest expiry wins (stable: on a tie
-    // the first row).
-    table.sort_by(|a, b| a.mac.cmp(&b.mac).then(b.expiry.cmp(&a.expiry)));
-    table.dedup_by(|later, first| later.mac == first.mac);
+    normalize(&mut table);
     s.leases_seen = true;
     let mut gone: Vec<String> = Vec::new();
     let mut upsert: Vec<usize> = Vec::new();
     let mut old = s.leases.iter().peekable();
     for (i, l) in table.iter().enumerate() {
-        while let Some((mac, _)) = old.next_if(|(mac, _)| mac.as_str() < l.mac.as_str()) {
-            gone.push(mac.clone());
-        }
-        match old.next_if(|(mac, _)| **mac == l.mac) {
-            Some((_, have)) if have == l => {}
-            _ => upsert.push(i),
+        // Each MAC is compared once: the stored ones before it are gone, an equal one is
+        // kept if the row is unchanged.
+        let unchanged = loop {
+            match old.peek() {
+                Some((mac, have)) => match mac.as_str().cmp(l.mac.as_str()) {
+                    Ordering::Less => {
+                        gone.push(mac.to_string());
+                        old.next();
+                    }
+                    Ordering::Equal => {
+                        let same = *have == l;
+                        old.next();
+                        break same;
+                    }
+                    Ordering::Greater => break false,
+                },
+                None => break false,
+            }
+        };
+        if !unchanged {
+            upsert.push(i);
         }
     }
     gone.extend(old.map(|(mac, _)| mac.clone()));
@@ -48,6 +59,20 @@ pub fn changed(s: &mut State, mut table: Vec<Lease>) {
             refresh_ip(s, &key);
         }
     }
+}
+
+/// Lowercase MACs, sorted, one row per MAC. Duplicate MACs should not happen; if they do,
+/// the latest expiry wins (stable: on a tie the first row). The shell's table is already
+/// sorted and unique, which one pass proves, so the sort and dedup are skipped then.
+fn normalize(table: &mut Vec<Lease>) {
+    for l in table.iter_mut() {
+        l.mac.make_ascii_lowercase();
+    }
+    if table.windows(2).all(|w| w[0].mac < w[1].mac) {
+        return;
+    }
+    table.sort_by(|a, b| a.mac.cmp(&b.mac).then(b.expiry.cmp(&a.expiry)));
+    table.dedup_by(|later, first| later.mac == first.mac);
 }
 
 /// Static NIC → its IP; DHCP NIC → an unexpired lease for its MAC, else none.
@@ -78,7 +103,7 @@ pub fn refresh_ip(s: &mut State, key: &PodKey) {
         return;
     }
     vm.ip = ip.clone();
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
     if ip.is_some() && s.pods[key].ip_wait.is_some() {
         create::ip_arrived(s, key);
     }

@@ -25,7 +25,7 @@ pub fn set(s: &mut State, key: &PodKey, state: Lifecycle, message: Option<String
         generation,
         message,
     };
-    s.touched.insert(key.clone());
+    s.touched.insert(key);
 }
 
 /// A higher generation stamp alone re-publishes the current state with it (§4.2 rule 6).
@@ -34,7 +34,7 @@ pub fn follow_generation(s: &mut State, key: &PodKey) {
     let g = e.pod.generation();
     if e.intent.state.is_some() && g > e.intent.generation {
         e.intent.generation = g;
-        s.touched.insert(key.clone());
+        s.touched.insert(key);
     }
 }
 

@@ -88,7 +88,7 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
     };
     if p.ready != was_ready {
         e.ready_changed_at = Some(now);
-        s.touched.insert(key.clone());
+        s.touched.insert(key);
     }
     // R6: every tick re-resolves a DHCP VM's IP; the tracked IP is only a cache.
     leases::refresh_ip(s, key);

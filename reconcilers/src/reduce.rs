@@ -4,6 +4,7 @@
 
 use crate::action::Action;
 use crate::event::{Envelope, Event};
+use crate::pod::PodKey;
 use crate::state::State;
 use crate::{
     annotations, cocoon_outcome, intake, kube_outcome, leases, probe, startup, status, timers,
@@ -49,11 +50,20 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         Event::KubeDone { op, result } => kube_outcome::done(state, op, result),
         Event::NodeRegistered => {}
     }
-    let touched = std::mem::take(&mut state.touched);
-    for key in &touched {
-        status::sync(state, key);
-        annotations::sync(state, key);
-        intake::collect(state, key);
+    for key in &state.touched.take() {
+        publish(state, key);
     }
     std::mem::take(&mut state.out)
+}
+
+/// Push what the server lacks, then drop the entry if nothing is left to do for it.
+fn publish(s: &mut State, key: &PodKey) {
+    let Some(mut p) = s.publishing(key) else {
+        return;
+    };
+    status::sync(&mut p, key);
+    annotations::sync(&mut p, key);
+    if intake::collectable(p.entry, p.started) {
+        intake::collect(s, key);
+    }
 }

@@ -19,9 +19,12 @@ pub struct State {
     /// Time of the event being reduced.
     pub now: Millis,
     pub(crate) next_op: OpId,
-    pub pods: BTreeMap<PodKey, PodEntry>,
-    /// Which pod (or orphan) waits for an operation's outcome.
-    pub(crate) ops: BTreeMap<OpId, OpOwner>,
+    /// Boxed: an entry is about 2 KiB, and the map's nodes hold values inline, so unboxed
+    /// every insert or removal shifted whole entries and every node split allocated ~24 KiB.
+    pub pods: BTreeMap<PodKey, Box<PodEntry>>,
+    /// Which pod (or orphan) waits for an operation's outcome. Boxed like `pods`: an owner
+    /// can hold a whole pushed status, and inline values made every node a large allocation.
+    pub(crate) ops: BTreeMap<OpId, Box<OpOwner>>,
     /// Tracked VM id → pod.
     pub vm_ids: BTreeMap<String, PodKey>,
     /// Tracked VM name → pod (stream events may carry only a name).
@@ -47,7 +50,7 @@ pub struct State {
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
-    pub(crate) touched: BTreeSet<PodKey>,
+    pub(crate) touched: Touched,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,25 +274,104 @@ impl State {
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             out: Vec::new(),
-            touched: BTreeSet::new(),
+            touched: Touched::default(),
         }
     }
 
     pub(crate) fn emit(&mut self, a: Action) {
-        self.out.push(a);
+        self.effects().emit(a);
     }
 
     pub(crate) fn new_op(&mut self, owner: OpOwner) -> OpId {
-        let id = self.next_op;
-        self.next_op += 1;
-        self.ops.insert(id, owner);
-        id
+        self.effects().new_op(owner)
+    }
+
+    fn effects(&mut self) -> Effects<'_> {
+        Effects {
+            next_op: &mut self.next_op,
+            ops: &mut self.ops,
+            out: &mut self.out,
+        }
+    }
+
+    /// A pod's entry together with what publishing it reads and writes, found with one
+    /// lookup: publishing runs for every touched pod after every event.
+    pub(crate) fn publishing(&mut self, key: &PodKey) -> Option<Publish<'_>> {
+        let entry = self.pods.get_mut(key)?;
+        Some(Publish {
+            config: &self.config,
+            started: self.started,
+            entry,
+            fx: Effects {
+                next_op: &mut self.next_op,
+                ops: &mut self.ops,
+                out: &mut self.out,
+            },
+        })
     }
 
     /// Operations whose outcome has not come back yet.
     pub fn pending_ops(&self) -> usize {
         self.ops.len()
     }
+}
+
+/// Pods the event being reduced changed, to publish once its handler is done (see `reduce`).
+/// Usually one or two keys, so a Vec, sorted and deduplicated when taken, not a set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Touched(Vec<PodKey>);
+
+impl Touched {
+    pub(crate) fn insert(&mut self, key: &PodKey) {
+        // Handlers often touch the same pod several times in a row; skip the clone then.
+        if self.0.last() != Some(key) {
+            self.0.push(key.clone());
+        }
+    }
+
+    /// The touched pods in key order, each once: the order their actions come out in.
+    pub(crate) fn take(&mut self) -> Vec<PodKey> {
+        let mut keys = std::mem::take(&mut self.0);
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
+/// The effect log of the event being reduced: new operations and their owners, and the
+/// actions. Borrowed apart from the pod table, so an entry and the log can be used together.
+pub(crate) struct Effects<'a> {
+    next_op: &'a mut OpId,
+    ops: &'a mut BTreeMap<OpId, Box<OpOwner>>,
+    out: &'a mut Vec<Action>,
+}
+
+impl Effects<'_> {
+    pub(crate) fn emit(&mut self, a: Action) {
+        // Most events emit one to three actions. Left to itself the Vec's first allocation
+        // holds four (1,152 bytes), and glibc consolidates all its fast bins before serving
+        // any request of 1 KiB or more: that cost more than the rest of a typical event.
+        // Three (864 bytes) stay under the threshold.
+        if self.out.capacity() == 0 {
+            self.out.reserve_exact(3);
+        }
+        self.out.push(a);
+    }
+
+    pub(crate) fn new_op(&mut self, owner: OpOwner) -> OpId {
+        let id = *self.next_op;
+        *self.next_op += 1;
+        self.ops.insert(id, Box::new(owner));
+        id
+    }
+}
+
+/// One touched pod being published: its entry, the settings publishing reads, the log.
+pub(crate) struct Publish<'a> {
+    pub config: &'a Config,
+    pub started: bool,
+    pub entry: &'a mut PodEntry,
+    pub fx: Effects<'a>,
 }
 
 impl PodEntry {

@@ -81,9 +81,10 @@ pub struct Terminated {
 
 pub const CONTAINER: &str = "agent";
 
+use crate::action::Action;
 use crate::config::Config;
 use crate::pod::PodKey;
-use crate::state::{Lifecycle, PodEntry, State, Terminal};
+use crate::state::{Lifecycle, OpOwner, PodEntry, Publish, Terminal};
 use crate::time::{parse_rfc3339, Millis, Rfc3339};
 
 /// The complete status vk wants the server to hold for this pod (spec/behavior.md §5).
@@ -390,9 +391,9 @@ pub fn parse_ready_condition(status: &PodStatus) -> Option<(bool, Option<Millis>
 
 /// Push the derived status when it differs from what the server holds — not from what was
 /// last sent, so a status someone else overwrote is repaired (issue #5 §6).
-pub fn sync(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get(key) else { return };
-    if !s.started
+pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
+    let e = &*p.entry;
+    if !p.started
         || e.gone
         || e.deleted_by_us
         || e.superseded
@@ -401,7 +402,7 @@ pub fn sync(s: &mut State, key: &PodKey) {
     {
         return;
     }
-    let desired = Desired::of(&s.config, e);
+    let desired = Desired::of(p.config, e);
     // Tests (debug builds) prove the cheap comparison against the built status every time.
     debug_assert_eq!(
         desired.matches(&e.pod.status),
@@ -414,20 +415,19 @@ pub fn sync(s: &mut State, key: &PodKey) {
     if desired.matches(&e.pod.status)
         || e.echo_mismatch.as_ref().is_some_and(|m| desired.matches(m))
     {
-        crate::delete::finalize(s, key);
+        crate::delete::finalize(p, key);
         return;
     }
     let desired = desired.to_status();
-    let uid = e.pod.uid.clone();
-    let op = s.new_op(crate::state::OpOwner::Status {
+    let op = p.fx.new_op(OpOwner::Status {
         key: key.clone(),
         pushed: desired.clone(),
     });
-    s.pods.get_mut(key).expect("present").status_op = Some(op);
-    s.emit(crate::action::Action::PushStatus {
+    p.entry.status_op = Some(op);
+    p.fx.emit(Action::PushStatus {
         op,
         key: key.clone(),
-        uid,
+        uid: p.entry.pod.uid.clone(),
         status: desired,
     });
 }

@@ -13,7 +13,7 @@ pub fn fired(s: &mut State, timer: Timer) {
             if let Some(e) = s.pods.get_mut(&key) {
                 if e.pod.uid == uid {
                     e.kube_backoff = false;
-                    s.touched.insert(key.clone());
+                    s.touched.insert(&key);
                 }
             }
         }

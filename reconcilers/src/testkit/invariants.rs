@@ -52,7 +52,7 @@ pub fn check_in_flight(w: &mut World) {
         let Action::Cocoon { op, .. } = a else {
             continue;
         };
-        if let Some(OpOwner::Vm { key }) = w.state.ops.get(op) {
+        if let Some(OpOwner::Vm { key }) = w.state.ops.get(op).map(|o| &**o) {
             *per_pod.entry(key).or_default() += 1;
         }
     }
