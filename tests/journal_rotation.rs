@@ -12,19 +12,9 @@ use vk_cocoon::journal::record::{encode_actions, encode_event};
 use vk_cocoon::journal::{
     existing_files, rotated_path, Entry, Journal, JournalSettings, Problem, Reader, Start,
 };
-use vk_cocoon::replay::{self, Failure, Options};
+use vk_cocoon::replay::Failure;
 
-use support::scenarios;
-
-fn verify(files: &[PathBuf]) -> Result<replay::Summary, Failure> {
-    let opts = Options {
-        files: files.to_vec(),
-        verify: true,
-        quiet: true,
-        ..Options::default()
-    };
-    replay::run(&opts, &mut std::io::sink()).map(|(s, _)| s)
-}
+use support::{scenarios, verify};
 
 fn headers(files: &[PathBuf]) -> Vec<(u64, Start)> {
     Reader::open(files)
@@ -260,41 +250,13 @@ fn an_unwritable_journal_directory_says_what_to_do() {
 
 #[test]
 fn a_rotated_header_whose_state_differs_from_the_replayed_one_is_named() {
-    use vk_cocoon::journal::record::{encode_actions, encode_event, encode_header, HeaderFields};
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = rotated_journal(dir.path(), 1000);
     let files = existing_files(&path, 1000);
-    // Re-encode the second file with its header's state changed and its chain recomputed
-    // from the same anchor, so every hash and link is intact: only the state check objects.
+    // The second file with its header's state changed and its chain recomputed from the
+    // same anchor: every hash and link is intact, only the state check objects.
     let target = files[1].clone();
-    let mut out = Vec::new();
-    let mut last = None;
-    for entry in Reader::open(std::slice::from_ref(&target)).unwrap() {
-        match entry.unwrap() {
-            Entry::File { header, .. } => {
-                let first = fs::read(&target).unwrap();
-                let first = &first[..first.iter().position(|&c| c == b'\n').unwrap()];
-                let anchor = vk_cocoon::journal::record::decode(first).unwrap().prev;
-                let mut state = header.state.clone();
-                state.now += 1;
-                let h = HeaderFields {
-                    file_no: header.file_no,
-                    created_at: header.created_at,
-                    start: header.start,
-                    after_seq: header.after_seq,
-                    config: &header.config,
-                    state: &state,
-                };
-                last = Some(encode_header(&mut out, &h, &anchor).unwrap());
-            }
-            Entry::Step {
-                envelope, actions, ..
-            } => {
-                let ev = encode_event(&mut out, &envelope, &last.unwrap()).unwrap();
-                last = Some(encode_actions(&mut out, envelope.seq, &actions, &ev).unwrap());
-            }
-        }
-    }
+    let out = support::reencode(&target, |state| state.now += 1, |_| {});
     fs::write(&target, out).unwrap();
     match verify(&files) {
         Err(Failure::State { file, differences }) => {

@@ -10,19 +10,9 @@ use std::path::{Path, PathBuf};
 use reconcilers::cocoon::CocoonCmd;
 use reconcilers::Action;
 use vk_cocoon::journal::{Problem, Reader};
-use vk_cocoon::replay::{self, Failure, Options};
+use vk_cocoon::replay::Failure;
 
-use support::{rewrite, sample_path, vk_cocoon};
-
-fn verify(files: &[PathBuf]) -> Result<replay::Summary, Failure> {
-    let opts = Options {
-        files: files.to_vec(),
-        verify: true,
-        quiet: true,
-        ..Options::default()
-    };
-    replay::run(&opts, &mut std::io::sink()).map(|(s, _)| s)
-}
+use support::{rewrite, sample_path, verify, vk_cocoon};
 
 fn lines(path: &Path) -> Vec<Vec<u8>> {
     fs::read(path)
@@ -142,38 +132,17 @@ fn a_journal_cut_mid_record_is_named() {
 
 #[test]
 fn a_seq_gap_is_named_even_with_an_intact_chain() {
-    use vk_cocoon::journal::record::{encode_actions, encode_event, encode_header, HeaderFields};
-    use vk_cocoon::journal::{Digest, Entry};
-    // The writer refuses a gap, so build the lines with the record encoder: every later
-    // event is renumbered and the chain recomputed, so only the seq check can object.
-    let mut out = Vec::new();
-    let mut last = Digest::GENESIS;
-    for entry in Reader::open(&[sample_path()]).unwrap() {
-        match entry.unwrap() {
-            Entry::File { header, .. } => {
-                let h = HeaderFields {
-                    file_no: header.file_no,
-                    created_at: header.created_at,
-                    start: header.start,
-                    after_seq: header.after_seq,
-                    config: &header.config,
-                    state: &header.state,
-                };
-                last = encode_header(&mut out, &h, &last).unwrap();
+    // The writer refuses a gap, so re-encode: every later event is renumbered and the chain
+    // recomputed, so only the seq check can object.
+    let out = support::reencode(
+        &sample_path(),
+        |_| {},
+        |env| {
+            if env.seq >= 30 {
+                env.seq += 1;
             }
-            Entry::Step {
-                mut envelope,
-                actions,
-                ..
-            } => {
-                if envelope.seq >= 30 {
-                    envelope.seq += 1;
-                }
-                last = encode_event(&mut out, &envelope, &last).unwrap();
-                last = encode_actions(&mut out, envelope.seq, &actions, &last).unwrap();
-            }
-        }
-    }
+        },
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gap.jsonl");
     fs::write(&path, out).unwrap();

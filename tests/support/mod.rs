@@ -73,3 +73,60 @@ pub fn vk_cocoon() -> std::process::Command {
     c.env_clear();
     c
 }
+
+/// `vk-cocoon replay --verify --quiet` as a library call.
+pub fn verify(files: &[PathBuf]) -> Result<vk_cocoon::replay::Summary, vk_cocoon::replay::Failure> {
+    let opts = vk_cocoon::replay::Options {
+        files: files.to_vec(),
+        verify: true,
+        quiet: true,
+        ..Default::default()
+    };
+    vk_cocoon::replay::run(&opts, &mut std::io::sink()).map(|(s, _)| s)
+}
+
+/// Re-encodes one journal file record by record, chaining from the file's own first `prev`,
+/// after `edit_state` changed its header's state and `edit_event` each event. The writer
+/// would refuse some edits (a seq gap); the encoder does not, and every hash and link comes
+/// out intact, so only the checks beyond the chain can object.
+pub fn reencode(
+    path: &Path,
+    mut edit_state: impl FnMut(&mut reconcilers::State),
+    mut edit_event: impl FnMut(&mut reconcilers::Envelope),
+) -> Vec<u8> {
+    use vk_cocoon::journal::record::{
+        decode, encode_actions, encode_event, encode_header, HeaderFields,
+    };
+    use vk_cocoon::journal::{Entry, Reader};
+    let bytes = std::fs::read(path).unwrap();
+    let first = &bytes[..bytes.iter().position(|&c| c == b'\n').unwrap()];
+    let mut last = decode(first).unwrap().prev;
+    let mut out = Vec::new();
+    for entry in Reader::open(&[path.to_path_buf()]).unwrap() {
+        match entry.unwrap() {
+            Entry::File { header, .. } => {
+                let mut state = header.state.clone();
+                edit_state(&mut state);
+                let h = HeaderFields {
+                    file_no: header.file_no,
+                    created_at: header.created_at,
+                    start: header.start,
+                    after_seq: header.after_seq,
+                    config: &header.config,
+                    state: &state,
+                };
+                last = encode_header(&mut out, &h, &last).unwrap();
+            }
+            Entry::Step {
+                mut envelope,
+                actions,
+                ..
+            } => {
+                edit_event(&mut envelope);
+                last = encode_event(&mut out, &envelope, &last).unwrap();
+                last = encode_actions(&mut out, envelope.seq, &actions, &last).unwrap();
+            }
+        }
+    }
+    out
+}
