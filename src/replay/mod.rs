@@ -9,7 +9,7 @@ mod timeline;
 
 use std::fmt;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use reconcilers::pod::PodKey;
 use reconcilers::testkit::render;
@@ -220,8 +220,7 @@ pub fn verdict(s: &Summary, verify: bool, files: &[PathBuf]) -> String {
     let names: Vec<String> = files
         .iter()
         .map(|p| {
-            Path::new(p)
-                .file_name()
+            p.file_name()
                 .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
         })
         .collect();
