@@ -8,22 +8,45 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # live testbed (make deps) and run from their own targets.
 ROOT_TESTS := $(foreach f,$(sort $(wildcard tests/*.rs)),$(if $(findstring e2e,$(notdir $(f))),,--test $(basename $(notdir $(f)))))
 
-.PHONY: build test demo bench lint deps
+.PHONY: build test unit e2e demo demo-replay bench bench-e2e lint deps
+
+BENCH_PODS ?= 200
 
 build:
 	$(CARGO) build -j$(JOBS) --workspace
 
+# Everything: the unit-level suites, then the end-to-end suites on the real testbed.
+test: unit e2e
+
 # reconcilers with its testkit (scenario files, property tests), the cocoon simulator's
-# contract tests, and this package's unit and integration tests. Not the e2e harness.
-test:
+# contract tests, and this package's unit and integration tests that need no testbed.
+unit:
 	$(CARGO) test -j$(JOBS) -p reconcilers --all-features
 	$(CARGO) test -j$(JOBS) -p cocoon-sim
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --all-features --lib --bins $(ROOT_TESTS)
 
-# For now the main job replays the committed sample journal and prints its timeline.
-demo:
+# The testbed's smoke tests and the daemon end to end (kube-apiserver + etcd, the cocoon
+# simulator with real guests). One test at a time: each starts its own control plane and two
+# cores are not enough for several at once. `deps` builds the Go binaries once (cached).
+e2e: deps
+	$(CARGO) test -j$(JOBS) -p vk-cocoon-e2e -- --test-threads=1
+	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_daemon -- --test-threads=1
+
+# The main job: a live testbed, the daemon, three sample pods going Ready (Ctrl-C ends it;
+# DEMO_ONCE=1 exits once every pod is Ready).
+demo: deps
+	$(CARGO) build -j$(JOBS) -p vk-cocoon --bin vk-cocoon -p cocoon-sim --bin cocoon -p vk-cocoon-e2e --bin demo
+	$(TARGET_DIR)/debug/demo
+
+# Replays the committed sample journal and prints its timeline (no testbed needed).
+demo-replay:
 	$(CARGO) build -j$(JOBS) -p vk-cocoon --bin vk-cocoon
 	$(TARGET_DIR)/debug/vk-cocoon replay --verify packaging/sample/demo.jsonl
+
+# BENCH_PODS pods at once on the testbed: create→Ready, writes per pod, RSS/CPU, vanish
+# latency; fails only if the node Lease misses a renewal.
+bench-e2e: deps
+	BENCH_PODS=$(BENCH_PODS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_e2e -- --ignored --nocapture
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p reconcilers --all-features
