@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{OpId, Timer};
 use crate::pod::{PodKey, PodView};
+use crate::small_str::SmallStr;
 use crate::status::PodStatus;
 use crate::time::Millis;
 use crate::vm::{CocoonError, VmRecord};
@@ -24,12 +25,13 @@ pub enum VmEventKind {
     Deleted,
 }
 
-/// One row of the cocoon-net lease file, already validated by the shell.
+/// One row of the cocoon-net lease file, already validated by the shell. The texts are
+/// short and inline ([`SmallStr`]): the whole table comes with every change.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Lowercase, colon-separated.
-    pub mac: String,
-    pub ip: String,
+    pub mac: SmallStr,
+    pub ip: SmallStr,
     pub expiry: Millis,
 }
 

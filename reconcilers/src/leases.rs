@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 use crate::create;
 use crate::event::Lease;
 use crate::pod::PodKey;
+use crate::small_str::SmallStr;
 use crate::state::{State, Tracked};
 
 /// The shell re-reads the whole lease file, so every change arrives as the full table. With
@@ -13,7 +14,7 @@ use crate::state::{State, Tracked};
 pub fn changed(s: &mut State, mut table: Vec<Lease>) {
     normalize(&mut table);
     s.leases_seen = true;
-    let mut gone: Vec<String> = Vec::new();
+    let mut gone: Vec<SmallStr> = Vec::new();
     let mut upsert: Vec<usize> = Vec::new();
     let mut old = s.leases.iter().peekable();
     for (i, l) in table.iter().enumerate() {
@@ -21,9 +22,9 @@ pub fn changed(s: &mut State, mut table: Vec<Lease>) {
         // kept if the row is unchanged.
         let unchanged = loop {
             match old.peek() {
-                Some((mac, have)) => match mac.as_str().cmp(l.mac.as_str()) {
+                Some((mac, have)) => match (*mac).cmp(&l.mac) {
                     Ordering::Less => {
-                        gone.push(mac.to_string());
+                        gone.push((*mac).clone());
                         old.next();
                     }
                     Ordering::Equal => {
@@ -44,7 +45,7 @@ pub fn changed(s: &mut State, mut table: Vec<Lease>) {
     if gone.is_empty() && upsert.is_empty() {
         return;
     }
-    let mut macs: Vec<String> = Vec::with_capacity(gone.len() + upsert.len());
+    let mut macs: Vec<SmallStr> = Vec::with_capacity(gone.len() + upsert.len());
     for mac in gone {
         s.leases.remove(&mac);
         macs.push(mac);
@@ -55,7 +56,7 @@ pub fn changed(s: &mut State, mut table: Vec<Lease>) {
         s.leases.insert(l.mac.clone(), l);
     }
     for mac in macs {
-        if let Some(key) = s.macs.get(&mac).cloned() {
+        if let Some(key) = s.macs.get(mac.as_str()).cloned() {
             refresh_ip(s, &key);
         }
     }
@@ -88,8 +89,8 @@ pub fn resolve(s: &State, vm: &Tracked) -> Option<String> {
         return vm.ip.clone();
     }
     let mac = vm.record.mac.as_ref()?.to_ascii_lowercase();
-    let lease = s.leases.get(&mac)?;
-    (lease.expiry > s.now).then(|| lease.ip.clone())
+    let lease = s.leases.get(mac.as_str())?;
+    (lease.expiry > s.now).then(|| lease.ip.to_string())
 }
 
 pub fn refresh_ip(s: &mut State, key: &PodKey) {

@@ -20,6 +20,7 @@ pub mod pod;
 mod probe;
 pub mod quantity;
 mod reduce;
+pub mod small_str;
 pub mod spec;
 mod startup;
 pub mod state;

@@ -9,6 +9,7 @@ use crate::action::{Action, OpId};
 use crate::config::Config;
 use crate::event::Lease;
 use crate::pod::{PodKey, PodView};
+use crate::small_str::SmallStr;
 use crate::spec::{SpecError, VmSpec};
 use crate::time::Millis;
 use crate::vm::VmRecord;
@@ -37,7 +38,8 @@ pub struct State {
     pub relist: Relist,
     /// Startup reconcile done: destructive decisions are allowed from here on.
     pub started: bool,
-    pub leases: BTreeMap<String, Lease>,
+    /// By MAC.
+    pub leases: BTreeMap<SmallStr, Lease>,
     /// The lease file has been read once: until then a cached IP is not evidence of loss.
     #[serde(default)]
     pub leases_seen: bool,

@@ -49,8 +49,8 @@ pub fn parse(text: &str) -> Result<Vec<Lease>, String> {
             continue;
         };
         out.push(Lease {
-            mac,
-            ip: row.ip,
+            mac: mac.into(),
+            ip: row.ip.into(),
             expiry,
         });
     }

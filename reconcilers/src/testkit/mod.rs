@@ -313,7 +313,7 @@ impl World {
     pub fn set_lease(&mut self, mac: &str, ip: &str) -> Vec<Action> {
         let mac = mac.to_ascii_lowercase();
         let lease = Lease {
-            mac: mac.clone(),
+            mac: mac.as_str().into(),
             ip: ip.into(),
             expiry: self.now + LEASE_MS,
         };
@@ -447,7 +447,7 @@ impl World {
     pub fn vm_ip(&self, vm: &VmRecord) -> Option<String> {
         vm.static_ip.clone().or_else(|| {
             let mac = vm.mac.as_ref()?.to_ascii_lowercase();
-            self.leases.get(&mac).map(|l| l.ip.clone())
+            self.leases.get(&mac).map(|l| l.ip.to_string())
         })
     }
 
