@@ -8,7 +8,7 @@
 mod daemon;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ fn usage(pid: u32) -> Result<(f64, u64)> {
 }
 
 /// Per pod: ms from the daemon first seeing it to the status push that made it Ready.
-fn create_to_ready(journal: &PathBuf) -> Result<Vec<f64>> {
+fn create_to_ready(journal: &Path) -> Result<Vec<f64>> {
     let dir = journal.parent().context("dir")?;
     let files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .flatten()

@@ -138,7 +138,7 @@ pub async fn wait_ready(api: &Api<Pod>, name: &str, limit: Duration) -> Result<P
 }
 
 /// Replays the run's journal with `--verify`: the same events must give the same actions.
-pub fn replay_verify(journal: &PathBuf) -> Result<()> {
+pub fn replay_verify(journal: &Path) -> Result<()> {
     let dir = journal.parent().context("journal path has no parent")?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .flatten()
