@@ -78,32 +78,38 @@ fn normalize(table: &mut Vec<Lease>) {
 
 /// Static NIC → its IP; DHCP NIC → an unexpired lease for its MAC, else none.
 pub fn resolve(s: &State, vm: &Tracked) -> Option<String> {
+    resolved(s, vm).map(str::to_string)
+}
+
+/// [`resolve`], borrowed: probes re-resolve on every tick and the answer rarely changes.
+fn resolved<'a>(s: &'a State, vm: &'a Tracked) -> Option<&'a str> {
     if let Some(ip) = &vm.record.static_ip {
-        return Some(ip.clone());
+        return Some(ip);
     }
     if vm.unmanaged {
-        return vm.ip.clone();
+        return vm.ip.as_deref();
     }
     // Before the lease file was read (a restart), the IP the pod already shows stands.
     if !s.leases_seen {
-        return vm.ip.clone();
+        return vm.ip.as_deref();
     }
-    let mac = vm.record.mac.as_ref()?.to_ascii_lowercase();
-    let lease = s.leases.get(mac.as_str())?;
-    (lease.expiry > s.now).then(|| lease.ip.to_string())
+    let mut mac = SmallStr::new(vm.record.mac.as_ref()?);
+    mac.make_ascii_lowercase();
+    let lease = s.leases.get(&mac)?;
+    (lease.expiry > s.now).then_some(lease.ip.as_str())
 }
 
 pub fn refresh_ip(s: &mut State, key: &PodKey) {
     let Some(vm) = s.pods.get(key).and_then(|e| e.vm.as_ref()) else {
         return;
     };
-    let ip = resolve(s, vm);
-    let e = s.pods.get_mut(key).expect("present");
-    let vm = e.vm.as_mut().expect("present");
-    if vm.ip == ip {
+    let ip = resolved(s, vm);
+    if vm.ip.as_deref() == ip {
         return;
     }
-    vm.ip = ip.clone();
+    let ip = ip.map(str::to_string);
+    let e = s.pods.get_mut(key).expect("present");
+    e.vm.as_mut().expect("present").ip = ip.clone();
     s.touched.insert(key);
     if ip.is_some() && s.pods[key].ip_wait.is_some() {
         create::ip_arrived(s, key);

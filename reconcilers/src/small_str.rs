@@ -37,6 +37,7 @@ impl SmallStr {
         })
     }
 
+    #[inline]
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Inline { len, bytes } => {
@@ -47,6 +48,7 @@ impl SmallStr {
     }
 
     /// The UTF-8 bytes, without re-validating them: what comparisons use.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         match &self.0 {
             Repr::Inline { len, bytes } => &bytes[..*len as usize],
@@ -107,6 +109,7 @@ impl From<SmallStr> for String {
 }
 
 impl PartialEq for SmallStr {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
             // Unused inline bytes are zero, so the whole buffers can be compared.
@@ -130,6 +133,7 @@ impl PartialOrd for SmallStr {
 /// stored one on every table change, so two inline texts compare as three words instead
 /// of through `memcmp`.
 impl Ord for SmallStr {
+    #[inline]
     fn cmp(&self, other: &Self) -> Ordering {
         match (&self.0, &other.0) {
             (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
@@ -143,6 +147,7 @@ impl Ord for SmallStr {
 }
 
 /// The inline buffer as big-endian words: comparing them is comparing the bytes.
+#[inline]
 fn words(b: &[u8; INLINE]) -> (u64, u64, u64) {
     let word = |i: usize| {
         let mut w = [0u8; 8];
