@@ -25,7 +25,6 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
             s.touched.insert(&key);
             match result {
                 Ok(ok) => {
-                    let e = s.pods.get_mut(&key).expect("present");
                     e.kube_failures = 0;
                     // Without an echo body the server holds what was pushed.
                     e.pod.status = match ok {
