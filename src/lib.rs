@@ -8,4 +8,6 @@ pub mod node_resources;
 pub mod replay;
 pub mod runtime;
 pub mod sources;
+pub mod stats;
+pub mod stats_collector;
 pub mod version;

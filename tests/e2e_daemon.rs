@@ -48,11 +48,12 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     ])?;
     let journal1 = tb.run_dir().join("journal-1").join("events.jsonl");
     let opts = DaemonOptions::default();
+    let metrics_port = e2e::ports::free_port()?;
     let mut d = daemon::start(
         &tb,
         &opts,
         &journal1,
-        e2e::ports::free_port()?,
+        metrics_port,
         e2e::ports::free_port()?,
     )?;
     wait_node(&tb).await.with_context(|| d.proc.log_tail(40))?;
@@ -118,6 +119,15 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
             "podIP {ip} of {name} is not in the lease file"
         );
     }
+
+    // The shared sample feeds per-VM series from the guests' cgroup scopes and /proc.
+    let rss = until("per-VM RSS on /metrics", LIMIT, || async {
+        let v = daemon::metric(metrics_port, "cocoon_vk_vm_memory_rss_bytes").await?;
+        Ok((v > 0.0).then_some(v))
+    })
+    .await?;
+    ensure!(rss > 0.0);
+    ensure!(daemon::metric(metrics_port, "cocoon_vk_node_cpu_seconds_total").await? > 0.0);
 
     // 8: the malformed pod is failed with a message naming the key; the others run.
     let bad = until("bad-a rejected", LIMIT, || async {

@@ -48,6 +48,7 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .env("VK_COCOON_BIN", &sim.bin)
         .env("VK_LEASES_PATH", &sim.leases)
         .env("COCOON_ROOT_DIR", &sim.root)
+        .env("COCOON_CGROUP_PARENT", &sim.cgroup_parent)
         .env("VK_ORPHAN_POLICY", &o.orphan_policy)
         .env("VK_COCOON_NET_CONTROL_SOCKET", "")
         .env("VK_JOURNAL_PATH", &o.journal)

@@ -2,6 +2,7 @@
 //! journaled with its actions, and only then are the actions executed.
 
 mod settings;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,6 +28,8 @@ pub struct Settings {
     pub leases_path: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
     pub journal: Option<JournalSettings>,
+    pub cgroup_parent: String,
+    pub root_dir: String,
 }
 
 fn now_ms() -> i64 {
@@ -51,6 +54,18 @@ pub async fn run(settings: Settings) -> Result<()> {
         .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let metrics = Metrics::new();
+    let views = views::Views::default();
+    let sampler = std::sync::Arc::new(crate::stats::Sampler::new(
+        views.clone(),
+        &settings.cgroup_parent,
+        &settings.root_dir,
+    ));
+    metrics
+        .registry
+        .register(Box::new(crate::stats_collector::StatsCollector::new(
+            sampler,
+        )))
+        .context("registering the VM stats collector")?;
     if let Some(addr) = settings.metrics_addr {
         metrics::spawn_server(addr, metrics.clone());
     }
@@ -97,6 +112,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         ),
         None => None,
     };
+    let mut publisher = views::Publisher::new(views.clone());
     let mut seq = 0u64;
     let result = loop {
         let event = tokio::select! {
@@ -145,6 +161,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
         }
         metrics.vm_table_size.set(state.vm_ids.len() as f64);
+        publisher.maybe_publish(&state, false);
         if let Some(message) = fatal {
             break Err(anyhow::anyhow!(message));
         }

@@ -40,6 +40,8 @@ impl Settings {
             leases_path: c.leases_path.clone(),
             metrics_addr: Some(c.metrics_addr),
             journal: c.journal.clone(),
+            cgroup_parent: c.cgroup_parent.clone(),
+            root_dir: c.cocoon_root_dir.display().to_string(),
         })
     }
 }

@@ -1,0 +1,80 @@
+//! Read-side views for the kubelet API and the metrics surfaces. The loop republishes them at
+//! most once a second from its State; readers only ever touch these maps, never a lock the loop
+//! needs (ARCHITECTURE invariant 7).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use reconcilers::State;
+
+/// One tracked VM, as readers need it for stats (spec M1: only VMs with a known PID).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmView {
+    pub vm_id: String,
+    pub vm_name: String,
+    pub namespace: String,
+    pub pod: String,
+    pub pid: i64,
+    pub ip: Option<String>,
+    pub backend: String,
+    pub unmanaged: bool,
+}
+
+#[derive(Clone, Default)]
+pub struct Views {
+    /// Pod key (`ns/name`) → its VM.
+    pub vms: Arc<DashMap<String, VmView>>,
+}
+
+const EVERY: Duration = Duration::from_secs(1);
+
+pub struct Publisher {
+    views: Views,
+    last: Option<Instant>,
+}
+
+impl Publisher {
+    pub fn new(views: Views) -> Self {
+        Self { views, last: None }
+    }
+
+    /// Republishes when the last publication is older than a second (or `force`).
+    pub fn maybe_publish(&mut self, state: &State, force: bool) {
+        if !force && self.last.is_some_and(|t| t.elapsed() < EVERY) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let vms = &self.views.vms;
+        vms.retain(|k, _| {
+            let Some((ns, name)) = k.split_once('/') else {
+                return false;
+            };
+            state
+                .pods
+                .get(&reconcilers::pod::PodKey::new(ns, name))
+                .is_some_and(|e| e.vm.is_some())
+        });
+        for (key, e) in &state.pods {
+            let Some(vm) = &e.vm else { continue };
+            let view = VmView {
+                vm_id: vm.record.id.clone(),
+                vm_name: vm.record.name.clone(),
+                namespace: key.namespace.clone(),
+                pod: key.name.clone(),
+                pid: vm.record.pid,
+                ip: vm.ip.clone(),
+                backend: if vm.record.hypervisor.is_empty() {
+                    "cloud-hypervisor".into()
+                } else {
+                    vm.record.hypervisor.clone()
+                },
+                unmanaged: vm.unmanaged,
+            };
+            let k = key.to_string();
+            if vms.get(&k).map(|v| *v != view).unwrap_or(true) {
+                vms.insert(k, view);
+            }
+        }
+    }
+}

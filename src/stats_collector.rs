@@ -1,0 +1,139 @@
+//! Exposes the shared sample on `/metrics` (spec M3 per-VM and node series). Families are
+//! rebuilt from the sample at each scrape; counters are the kernel's cumulative figures.
+
+use std::sync::Arc;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{CounterVec, GaugeVec, Opts};
+
+use crate::stats::Sampler;
+
+pub struct StatsCollector {
+    sampler: Arc<Sampler>,
+    descs: Vec<Desc>,
+}
+
+const VM_LABELS: [&str; 4] = ["vm", "pod", "namespace", "backend"];
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> CounterVec {
+    CounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    GaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+struct Families {
+    vm_cpu: CounterVec,
+    vm_throttled: CounterVec,
+    vm_periods: CounterVec,
+    vm_rss: GaugeVec,
+    node_cpu: CounterVec,
+    node_mem: GaugeVec,
+    storage_avail: GaugeVec,
+    storage_total: GaugeVec,
+}
+
+impl Families {
+    fn new() -> Self {
+        Self {
+            vm_cpu: counter(
+                "cocoon_vk_vm_cpu_seconds_total",
+                "Per-VM cumulative CPU (cgroup scope usage_usec)",
+                &VM_LABELS,
+            ),
+            vm_throttled: counter(
+                "cocoon_vk_vm_cpu_throttled_seconds_total",
+                "Per-VM time throttled by the CPU quota",
+                &VM_LABELS,
+            ),
+            vm_periods: counter(
+                "cocoon_vk_vm_cpu_throttled_periods_total",
+                "Per-VM throttled enforcement periods",
+                &VM_LABELS,
+            ),
+            vm_rss: gauge("cocoon_vk_vm_memory_rss_bytes", "Per-VM RSS", &VM_LABELS),
+            node_cpu: counter(
+                "cocoon_vk_node_cpu_seconds_total",
+                "Node cumulative busy CPU (idle and iowait excluded)",
+                &[],
+            ),
+            node_mem: gauge("cocoon_vk_node_memory_used_bytes", "Node used memory", &[]),
+            storage_avail: gauge(
+                "cocoon_vk_node_storage_available_bytes",
+                "Cocoon root filesystem available bytes",
+                &[],
+            ),
+            storage_total: gauge(
+                "cocoon_vk_node_storage_total_bytes",
+                "Cocoon root filesystem total bytes",
+                &[],
+            ),
+        }
+    }
+
+    fn collectors(&self) -> [&dyn Collector; 8] {
+        [
+            &self.vm_cpu,
+            &self.vm_throttled,
+            &self.vm_periods,
+            &self.vm_rss,
+            &self.node_cpu,
+            &self.node_mem,
+            &self.storage_avail,
+            &self.storage_total,
+        ]
+    }
+}
+
+impl StatsCollector {
+    pub fn new(sampler: Arc<Sampler>) -> Self {
+        let descs = Families::new()
+            .collectors()
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned())
+            .collect();
+        Self { sampler, descs }
+    }
+}
+
+impl Collector for StatsCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let s = self.sampler.sample();
+        let f = Families::new();
+        for v in &s.vms {
+            let l = [
+                v.vm.vm_name.as_str(),
+                v.vm.pod.as_str(),
+                v.vm.namespace.as_str(),
+                v.vm.backend.as_str(),
+            ];
+            f.vm_cpu.with_label_values(&l).inc_by(v.cpu.usage_seconds);
+            f.vm_throttled
+                .with_label_values(&l)
+                .inc_by(v.cpu.throttled_seconds);
+            f.vm_periods
+                .with_label_values(&l)
+                .inc_by(v.cpu.throttled_periods);
+            f.vm_rss.with_label_values(&l).set(v.rss as f64);
+        }
+        f.node_cpu
+            .with_label_values::<&str>(&[])
+            .inc_by(s.node.cpu_seconds);
+        f.node_mem
+            .with_label_values::<&str>(&[])
+            .set(s.node.memory_used as f64);
+        f.storage_avail
+            .with_label_values::<&str>(&[])
+            .set(s.node.storage_available as f64);
+        f.storage_total
+            .with_label_values::<&str>(&[])
+            .set(s.node.storage_total as f64);
+        f.collectors().iter().flat_map(|c| c.collect()).collect()
+    }
+}
