@@ -158,7 +158,7 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.failure = Some(message.clone());
     e.permanent_failure = true;
-    s.touched.insert(&key);
+    s.touched.insert(key);
     s.emit(Action::Count {
         counter: Counter::PodLifecycle {
             op: "create".into(),
@@ -180,7 +180,7 @@ pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
         return;
     }
     e.gone = true;
-    s.touched.insert(&key);
+    s.touched.insert(key);
     probe::stop(s, key);
     let e = &s.pods[key];
     if e.deleted_by_us || !s.started {

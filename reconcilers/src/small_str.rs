@@ -255,7 +255,8 @@ mod tests {
             assert_eq!(serde_json::from_str::<SmallStr>(&json).unwrap(), a);
             for b in texts {
                 assert_eq!(sa.cmp(&SmallStr::from(b)), a.cmp(b), "{a} vs {b}");
-                assert_eq!(sa == SmallStr::from(b), a == b);
+                let sb = SmallStr::from(b);
+                assert_eq!(sa == sb, a == b);
             }
             let mut upper = SmallStr::from(a.to_uppercase());
             upper.make_ascii_lowercase();
