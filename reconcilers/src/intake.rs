@@ -176,7 +176,14 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
 pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
     s.tombstones.remove(uid);
     let Some(e) = s.pods.get_mut(key) else { return };
-    if e.pod.uid != uid || e.gone {
+    if e.pod.uid != uid {
+        // A successor waiting for its predecessor's cleanup may be gone before it is taken in.
+        if e.successor.as_ref().is_some_and(|p| p.uid == uid) {
+            e.successor = None;
+        }
+        return;
+    }
+    if e.gone {
         return;
     }
     e.gone = true;
