@@ -48,7 +48,7 @@ fn the_sample_verifies() {
     );
     let timeline = String::from_utf8(out.stdout).unwrap();
     // The timeline shows cocoon argv as it would run, indented under its event.
-    assert!(timeline.contains("→ cocoon #15 vm clone --output json --name vk-worker"));
+    assert!(timeline.contains("vm clone --output json --name vk-worker"));
     assert!(timeline.contains("stream Deleted V002 vk-worker"));
     let verdict = String::from_utf8(out.stderr).unwrap();
     assert!(verdict.contains("every action list identical"), "{verdict}");

@@ -8,6 +8,7 @@ use crate::action::Action;
 use crate::keys;
 use crate::pod::PodKey;
 use crate::state::{Lifecycle, OpOwner, PodEntry, Publish, State};
+use crate::status::first_probe_pending;
 
 const LIFECYCLE_TRIPLE: [&str; 3] = [
     keys::LIFECYCLE_STATE,
@@ -106,6 +107,7 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         || e.superseded
         || e.kube_backoff
         || e.annotations_op.is_some()
+        || first_probe_pending(e)
     {
         return;
     }

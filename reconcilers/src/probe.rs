@@ -19,6 +19,7 @@ const FAILURES_TO_FLIP: u32 = 3;
 pub fn start(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.probe.active = true;
+    e.probe.awaiting_first = true;
     e.probe.failures = 0;
     e.probe.backoff_us = FIRST_BACKOFF_US;
     schedule(s, key, 0);
@@ -65,6 +66,10 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
     if !e.probe.active || seq != e.probe.seq {
         return;
     }
+    if std::mem::take(&mut e.probe.awaiting_first) {
+        s.touched.insert(key);
+    }
+    let Some(e) = s.pods.get_mut(key) else { return };
     let p = &mut e.probe;
     let was_ready = p.ready;
     let next = if ok {

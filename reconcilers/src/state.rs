@@ -247,6 +247,10 @@ pub struct ProbeState {
     pub backoff_us: u64,
     /// Active but not scheduled: no IP to probe yet.
     pub waiting_ip: bool,
+    /// Started, first result not in yet (R2: the first probe's result is part of the first
+    /// status published for a VM, so Running-not-ready is not written only to be rewritten).
+    #[serde(default)]
+    pub awaiting_first: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

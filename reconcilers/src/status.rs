@@ -104,7 +104,7 @@ struct Desired<'a> {
     phase: &'static str,
     reason: Option<&'static str>,
     message: Option<&'a str>,
-    host_ip: &'a str,
+    host_ip: Option<&'a str>,
     pod_ip: Option<&'a str>,
     start_time: Option<Stamp<'a>>,
     /// `None`: no conditions at all (a pod without a VM).
@@ -150,7 +150,7 @@ impl<'a> Desired<'a> {
             Some(t) => Some(Stamp::Server(t)),
             None => e.started_at.map(|t| Stamp::Ours(Rfc3339::seconds(t))),
         };
-        let host_ip = config.node_ip.as_str();
+        let host_ip = Some(config.node_ip.as_str());
         let restart_never = e.pod.restart_policy.as_deref() == Some("Never");
         if let Some(terminal) = &e.terminal {
             let (phase, code, reason, message) = match terminal {
@@ -184,6 +184,12 @@ impl<'a> Desired<'a> {
                     Some(msg.as_str()),
                 ),
                 None => ("Pending", None, None),
+            };
+            // A pod vk has not placed keeps whatever hostIP it has: writing ours onto a fresh
+            // Pending pod would be a write with nothing to say.
+            let host_ip = match &e.failure {
+                Some(_) => host_ip,
+                None => e.pod.status.host_ip.as_deref(),
             };
             return Desired {
                 phase,
@@ -223,7 +229,7 @@ impl<'a> Desired<'a> {
             phase: self.phase.into(),
             reason: self.reason.map(Into::into),
             message: self.message.map(Into::into),
-            host_ip: Some(self.host_ip.into()),
+            host_ip: self.host_ip.map(Into::into),
             pod_ip: self.pod_ip.map(Into::into),
             start_time: start_time.clone(),
             conditions: self
@@ -253,7 +259,7 @@ impl<'a> Desired<'a> {
         s.phase == self.phase
             && s.reason.as_deref() == self.reason
             && s.message.as_deref() == self.message
-            && s.host_ip.as_deref() == Some(self.host_ip)
+            && s.host_ip.as_deref() == self.host_ip
             && s.pod_ip.as_deref() == self.pod_ip
             && s.start_time.as_deref() == self.start_time()
             && conditions
@@ -389,6 +395,12 @@ pub fn parse_ready_condition(status: &PodStatus) -> Option<(bool, Option<Millis>
     ))
 }
 
+/// A VM whose probe agent has not reported yet: its first status waits for that result
+/// (R2), which comes at once or within the 3 s probe deadline.
+pub(crate) fn first_probe_pending(e: &PodEntry) -> bool {
+    e.vm.is_some() && e.probe.active && e.probe.awaiting_first
+}
+
 /// Push the derived status when it differs from what the server holds — not from what was
 /// last sent, so a status someone else overwrote is repaired (issue #5 §6).
 pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
@@ -399,6 +411,7 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         || e.superseded
         || e.kube_backoff
         || e.status_op.is_some()
+        || first_probe_pending(e)
     {
         return;
     }
