@@ -16,6 +16,10 @@ pub fn begin(s: &mut State, key: &PodKey) {
     s.touched.insert(key);
     probe::stop(s, key);
     let e = s.pods.get_mut(key).expect("present");
+    if e.delete_op.is_some() {
+        // An eviction's delete is in flight; its outcome continues (W6 then P2).
+        return;
+    }
     match &e.busy {
         Some(b) if b.op.is_some() => {} // the step's outcome continues the delete
         _ => {

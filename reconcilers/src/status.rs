@@ -411,6 +411,7 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         || e.superseded
         || e.kube_backoff
         || e.status_op.is_some()
+        || e.delete_op.is_some()
         || first_probe_pending(e)
     {
         return;

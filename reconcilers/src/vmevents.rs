@@ -286,7 +286,18 @@ pub(crate) fn evicted(s: &mut State, key: &PodKey, reason: String, message: Stri
     if ok {
         e.evict_tries = 0;
         e.terminal = Some(Terminal::Evicted { reason, message });
+        let deleting = e.deleting;
         create::forget_vm(s, key);
+        if deleting {
+            crate::delete::proceed(s, key);
+        }
+        return;
+    }
+    if e.deleting {
+        // The pod is being deleted anyway: the normal delete removes the VM and the object.
+        e.evict_tries = 0;
+        e.busy = None;
+        crate::delete::proceed(s, key);
         return;
     }
     let tries = e.evict_tries as usize;
