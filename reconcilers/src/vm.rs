@@ -101,12 +101,9 @@ impl CocoonError {
 /// The `Error: …` line when there is one, else the last non-empty line: what a person reads.
 fn error_line(text: &str) -> String {
     let lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    let last_error = lines
-        .clone()
-        .filter_map(|l| l.strip_prefix("Error: "))
-        .last();
+    let last_error = lines.clone().rev().find_map(|l| l.strip_prefix("Error: "));
     last_error
-        .or_else(|| lines.last())
+        .or_else(|| lines.clone().next_back())
         .unwrap_or("cocoon failed with no output")
         .to_string()
 }
