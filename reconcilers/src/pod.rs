@@ -2,8 +2,11 @@
 //! compact view (no managedFields, no resourceVersion), so journals stay small and replay
 //! does not depend on server bookkeeping.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -12,24 +15,95 @@ use crate::time::Millis;
 
 /// `namespace/name`. Serialized as that one string, so it can key a JSON map (the State's
 /// pod table, which the journal snapshots into every file header).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// One shared allocation holding `namespace`, a NUL and `name`: the pod table and every
+/// index key on it, and the reducer clones and compares keys on every event, so a clone is
+/// a reference count and a comparison one `memcmp`. Compares like the pair
+/// `(namespace, name)` (a NUL sorts below every other byte; a namespace that itself holds a
+/// NUL, which Kubernetes never allows, falls back to comparing the pair).
+#[derive(Clone)]
 pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
+    /// `namespace` NUL `name`.
+    joined: Arc<str>,
+    /// Length of the namespace.
+    ns_len: u32,
+    /// The namespace holds a NUL: the joined bytes do not order like the pair.
+    ns_nul: bool,
 }
 
 impl PodKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
+        let (namespace, name) = (namespace.as_ref(), name.as_ref());
+        let mut joined = String::with_capacity(namespace.len() + 1 + name.len());
+        joined.push_str(namespace);
+        joined.push('\0');
+        joined.push_str(name);
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
+            joined: joined.into(),
+            ns_len: namespace.len() as u32,
+            ns_nul: namespace.contains('\0'),
         }
+    }
+
+    #[inline]
+    pub fn namespace(&self) -> &str {
+        &self.joined[..self.ns_len as usize]
+    }
+
+    #[inline]
+    pub fn name(&self) -> &str {
+        &self.joined[self.ns_len as usize + 1..]
+    }
+}
+
+impl PartialEq for PodKey {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.ns_len == other.ns_len
+            && (Arc::ptr_eq(&self.joined, &other.joined) || self.joined == other.joined)
+    }
+}
+
+impl Eq for PodKey {}
+
+impl Ord for PodKey {
+    #[inline]
+    fn cmp(&self, other: &Self) -> Ordering {
+        if Arc::ptr_eq(&self.joined, &other.joined) && self.ns_len == other.ns_len {
+            return Ordering::Equal;
+        }
+        if self.ns_nul || other.ns_nul {
+            return (self.namespace(), self.name()).cmp(&(other.namespace(), other.name()));
+        }
+        self.joined.as_bytes().cmp(other.joined.as_bytes())
+    }
+}
+
+impl PartialOrd for PodKey {
+    #[inline]
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Hash for PodKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        (self.namespace(), self.name()).hash(h)
+    }
+}
+
+impl fmt::Debug for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodKey")
+            .field("namespace", &self.namespace())
+            .field("name", &self.name())
+            .finish()
     }
 }
 
 impl fmt::Display for PodKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
+        write!(f, "{}/{}", self.namespace(), self.name())
     }
 }
 
@@ -151,5 +225,32 @@ mod tests {
         let back: BTreeMap<PodKey, u8> = serde_json::from_str(&text).unwrap();
         assert_eq!(back, map);
         assert!(serde_json::from_str::<PodKey>("\"no-slash\"").is_err());
+    }
+
+    #[test]
+    fn a_pod_key_orders_like_the_namespace_name_pair() {
+        let pairs = [
+            ("a", "x"),
+            ("a-b", "x"),
+            ("a", "x-y"),
+            ("a", "x/y"),
+            ("", "z"),
+            ("a\0", "b"),
+            ("a", "\0b"),
+            ("ab", ""),
+            ("a.b", "c"),
+        ];
+        for (n1, m1) in pairs {
+            for (n2, m2) in pairs {
+                let (k1, k2) = (PodKey::new(n1, m1), PodKey::new(n2, m2));
+                assert_eq!(
+                    k1.cmp(&k2),
+                    (n1, m1).cmp(&(n2, m2)),
+                    "{n1:?}/{m1:?} {n2:?}/{m2:?}"
+                );
+                assert_eq!(k1 == k2, (n1, m1) == (n2, m2));
+                assert_eq!((k1.namespace(), k1.name()), (n1, m1));
+            }
+        }
     }
 }

@@ -56,10 +56,10 @@ pub async fn push_status(
     uid: &str,
     status: &PodStatus,
 ) -> Result<KubeOk, KubeError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let api: Api<Pod> = Api::namespaced(client.clone(), key.namespace());
     let pod = api
         .patch_status(
-            &key.name,
+            key.name(),
             &PatchParams::default(),
             &Patch::Merge(status_patch(uid, status)),
         )
@@ -76,9 +76,9 @@ pub async fn patch_annotations(
     uid: &str,
     set: &std::collections::BTreeMap<String, Option<String>>,
 ) -> Result<KubeOk, KubeError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let api: Api<Pod> = Api::namespaced(client.clone(), key.namespace());
     let patch = json!({ "metadata": { "uid": uid, "annotations": set } });
-    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
+    api.patch(key.name(), &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map_err(classify)?;
     Ok(KubeOk::Done)
@@ -90,7 +90,7 @@ pub async fn delete_pod(
     uid: &str,
     grace: Option<i64>,
 ) -> Result<KubeOk, KubeError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let api: Api<Pod> = Api::namespaced(client.clone(), key.namespace());
     let dp = DeleteParams {
         grace_period_seconds: grace.map(|g| g as u32),
         preconditions: Some(Preconditions {
@@ -99,7 +99,7 @@ pub async fn delete_pod(
         }),
         ..DeleteParams::default()
     };
-    api.delete(&key.name, &dp).await.map_err(classify)?;
+    api.delete(key.name(), &dp).await.map_err(classify)?;
     Ok(KubeOk::Done)
 }
 
@@ -112,18 +112,18 @@ pub async fn record_event(
     reason: &str,
     message: &str,
 ) -> Result<(), kube::Error> {
-    let api: Api<K8sEvent> = Api::namespaced(client.clone(), &key.namespace);
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), key.namespace());
     let now = jiff_now();
     let ev = K8sEvent {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", key.name)),
+            generate_name: Some(format!("{}.", key.name())),
             ..ObjectMeta::default()
         },
         involved_object: ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
-            name: Some(key.name.clone()),
-            namespace: Some(key.namespace.clone()),
+            name: Some(key.name().to_string()),
+            namespace: Some(key.namespace().to_string()),
             uid: Some(uid.to_string()),
             ..ObjectReference::default()
         },

@@ -60,8 +60,8 @@ impl Publisher {
             let view = VmView {
                 vm_id: vm.record.id.clone(),
                 vm_name: vm.record.name.clone(),
-                namespace: key.namespace.clone(),
-                pod: key.name.clone(),
+                namespace: key.namespace().to_string(),
+                pod: key.name().to_string(),
                 pid: vm.record.pid,
                 ip: vm.ip.clone(),
                 backend: if vm.record.hypervisor.is_empty() {

@@ -46,7 +46,7 @@ impl FakeApi {
         match self.pods.get(key) {
             None => Err(KubeError {
                 kind: KubeErrorKind::NotFound,
-                message: format!("pods {:?} not found", key.name),
+                message: format!("pods {:?} not found", key.name()),
             }),
             Some(p) if p.uid != uid => Err(KubeError {
                 kind: KubeErrorKind::Conflict,

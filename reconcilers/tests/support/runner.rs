@@ -194,7 +194,7 @@ impl Runner {
 
     fn pod(&mut self, toks: &[String]) {
         let k = key(&toks[0]);
-        let mut b = testkit::pod(&k.namespace, &k.name);
+        let mut b = testkit::pod(k.namespace(), k.name());
         for (a, v) in args(&toks[1..]) {
             b = match a.as_str() {
                 "managed" => b.managed(),
