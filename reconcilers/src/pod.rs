@@ -75,8 +75,29 @@ impl Ord for PodKey {
         if self.ns_nul || other.ns_nul {
             return (self.namespace(), self.name()).cmp(&(other.namespace(), other.name()));
         }
-        self.joined.as_bytes().cmp(other.joined.as_bytes())
+        lexicographic(self.joined.as_bytes(), other.joined.as_bytes())
     }
+}
+
+/// `a.cmp(b)` for the short keys pods have, eight bytes at a time and inline: the pod
+/// table is searched several times per event and a `memcmp` call cost more than the bytes.
+#[inline]
+fn lexicographic(a: &[u8], b: &[u8]) -> Ordering {
+    let n = a.len().min(b.len());
+    let (mut ca, mut cb) = (a[..n].chunks_exact(8), b[..n].chunks_exact(8));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        let x = u64::from_be_bytes(x.try_into().expect("8 bytes"));
+        let y = u64::from_be_bytes(y.try_into().expect("8 bytes"));
+        if x != y {
+            return x.cmp(&y);
+        }
+    }
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        if x != y {
+            return x.cmp(y);
+        }
+    }
+    a.len().cmp(&b.len())
 }
 
 impl PartialOrd for PodKey {
@@ -239,6 +260,12 @@ mod tests {
             ("a", "\0b"),
             ("ab", ""),
             ("a.b", "c"),
+            ("default", "pod-00017"),
+            ("default", "pod-00107"),
+            ("default", "pod-0001"),
+            ("defaults", "pod-0001"),
+            ("kube-system", "coredns-abcdef-12345"),
+            ("kube-system", "coredns-abcdef-12346"),
         ];
         for (n1, m1) in pairs {
             for (n2, m2) in pairs {
