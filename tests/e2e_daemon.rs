@@ -37,15 +37,8 @@ async fn wait_node(tb: &Testbed) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
+    daemon::seed_clone_snapshot(&tb)?;
     let sim = tb.sim.as_ref().context("sim")?;
-    sim.run(&[
-        "sim",
-        "seed-snapshot",
-        "--name",
-        "acme/agent:v1",
-        "--image",
-        "acme/base:1",
-    ])?;
     let journal1 = tb.run_dir().join("journal-1").join("events.jsonl");
     let opts = DaemonOptions::default();
     let metrics_port = e2e::ports::free_port()?;

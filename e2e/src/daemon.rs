@@ -56,3 +56,39 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)
 }
+
+/// A pod as the operator would make it for this node: one placeholder container `agent`,
+/// grace 1 s, the provider toleration, and the given annotations.
+pub fn pod_manifest(
+    ns: &str,
+    name: &str,
+    node: &str,
+    annotations: serde_json::Value,
+) -> Result<k8s_openapi::api::core::v1::Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "agent", "image": "ghcr.io/cocoonstack/placeholder:latest",
+                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}],
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
+        }
+    }))?)
+}
+
+/// The clone source the samples and tests use: snapshot `acme/agent:v1` of image `acme/base:1`.
+pub fn seed_clone_snapshot(tb: &Testbed) -> Result<()> {
+    let sim = tb.sim.as_ref().context("testbed without the simulator")?;
+    sim.run(&[
+        "sim",
+        "seed-snapshot",
+        "--name",
+        "acme/agent:v1",
+        "--image",
+        "acme/base:1",
+    ])?;
+    Ok(())
+}

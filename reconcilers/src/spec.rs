@@ -248,7 +248,7 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
                 "missing: an unmanaged pod must carry its VM ip",
             )
         })?;
-        if ip.parse::<std::net::Ipv4Addr>().is_err() {
+        if ip.parse::<core::net::Ipv4Addr>().is_err() {
             return Err(err(keys::VM_IP, format!("{ip:?} is not an IPv4 address")));
         }
         (Some(id.to_string()), Some(ip.to_string()))

@@ -12,7 +12,6 @@ use e2e::procs::Proc;
 use e2e::testbed::Testbed;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use serde_json::json;
 
 pub struct Daemon {
     pub proc: Proc,
@@ -80,25 +79,8 @@ where
     }
 }
 
-pub fn pod_manifest(
-    ns: &str,
-    name: &str,
-    node: &str,
-    annotations: serde_json::Value,
-) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "agent", "image": "ghcr.io/cocoonstack/placeholder:latest",
-                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}],
-            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
-        }
-    }))?)
-}
+#[allow(unused_imports)]
+pub use e2e::daemon::{pod_manifest, seed_clone_snapshot};
 
 pub async fn create_pod(api: &Api<Pod>, pod: &Pod) -> Result<Pod> {
     Ok(api.create(&PostParams::default(), pod).await?)

@@ -26,14 +26,7 @@ fn sample(name: &str, extra: serde_json::Value) -> Result<Pod> {
         .as_object_mut()
         .context("object")?
         .extend(extra.as_object().context("object")?.clone());
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "agent", "image": "ghcr.io/cocoonstack/placeholder:latest",
-                                 "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}],
-                 "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]}
-    }))?)
+    daemon::pod_manifest("default", name, NODE, annotations)
 }
 
 fn is_ready(p: &Pod) -> bool {
@@ -59,15 +52,7 @@ fn vk_cocoon_bin() -> Result<PathBuf> {
 async fn main() -> Result<()> {
     let once = std::env::var("DEMO_ONCE").is_ok_and(|v| v == "1");
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
-    let sim = tb.sim.as_ref().context("sim")?;
-    sim.run(&[
-        "sim",
-        "seed-snapshot",
-        "--name",
-        "acme/agent:v1",
-        "--image",
-        "acme/base:1",
-    ])?;
+    daemon::seed_clone_snapshot(&tb)?;
     let mut opts = DaemonOptions::new(
         vk_cocoon_bin()?,
         tb.run_dir().join("journal").join("events.jsonl"),
