@@ -3,6 +3,7 @@
 pub mod config;
 pub mod effects;
 pub mod journal;
+pub mod kubelet;
 pub mod metrics;
 pub mod node_resources;
 pub mod replay;

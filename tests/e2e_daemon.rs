@@ -122,6 +122,19 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     ensure!(rss > 0.0);
     ensure!(daemon::metric(metrics_port, "cocoon_vk_node_cpu_seconds_total").await? > 0.0);
 
+    // kubectl logs reaches the daemon's kubelet API through the apiserver (K3).
+    tb.kubectl(&["logs", "run-a"])
+        .await
+        .context("kubectl logs run-a")?;
+    let no_vm = tb
+        .kubectl(&["logs", "bad-a"])
+        .await
+        .context("kubectl logs bad-a")?;
+    ensure!(
+        no_vm.contains("pod has no live VM"),
+        "kubectl logs bad-a said {no_vm:?}"
+    );
+
     // 8: the malformed pod is failed with a message naming the key; the others run.
     let bad = until("bad-a rejected", LIMIT, || async {
         let p = pods.get("bad-a").await?;

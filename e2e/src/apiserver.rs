@@ -82,6 +82,9 @@ impl ApiServer {
             ))
             .arg(format!("--service-account-key-file={}", p(&pki.sa_pub)))
             .arg("--service-cluster-ip-range=10.96.0.0/16")
+            // Dial kubelets (our daemon) at their InternalIP (127.0.0.1 here): the default
+            // prefers the Hostname address, which would send a DNS query off the machine.
+            .arg("--kubelet-preferred-address-types=InternalIP")
             .arg("--authorization-mode=Node,RBAC")
             .arg("--allow-privileged=true")
             .arg("--profiling=false")

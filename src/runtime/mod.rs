@@ -30,6 +30,8 @@ pub struct Settings {
     pub journal: Option<JournalSettings>,
     pub cgroup_parent: String,
     pub root_dir: String,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
 }
 
 fn now_ms() -> i64 {
@@ -63,9 +65,28 @@ pub async fn run(settings: Settings) -> Result<()> {
     metrics
         .registry
         .register(Box::new(crate::stats_collector::StatsCollector::new(
-            sampler,
+            sampler.clone(),
         )))
         .context("registering the VM stats collector")?;
+    // K1: a certificate that cannot be loaded is fatal, before anything registers.
+    let tls = crate::kubelet::tls::server_config(
+        &settings.tls_cert,
+        &settings.tls_key,
+        &settings.node.name,
+        &settings.node.ip,
+    )
+    .context("kubelet API certificate (VK_TLS_CERT / VK_TLS_KEY)")?;
+    crate::kubelet::spawn(
+        SocketAddr::from(([0, 0, 0, 0], settings.node.kubelet_port)),
+        tls,
+        crate::kubelet::Ctx {
+            views: views.clone(),
+            cocoon: settings.cocoon.clone(),
+            sampler,
+            node: settings.node.name.clone(),
+            started: k8s_openapi::jiff::Timestamp::now().to_string(),
+        },
+    );
     if let Some(addr) = settings.metrics_addr {
         metrics::spawn_server(addr, metrics.clone());
     }

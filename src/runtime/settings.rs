@@ -41,6 +41,8 @@ impl Settings {
             metrics_addr: Some(c.metrics_addr),
             journal: c.journal.clone(),
             cgroup_parent: c.cgroup_parent.clone(),
+            tls_cert: c.tls_cert.clone(),
+            tls_key: c.tls_key.clone(),
             root_dir: c.cocoon_root_dir.display().to_string(),
         })
     }

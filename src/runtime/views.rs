@@ -19,12 +19,24 @@ pub struct VmView {
     pub ip: Option<String>,
     pub backend: String,
     pub unmanaged: bool,
+    pub windows: bool,
+}
+
+/// A pod the watch sees on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRow {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub phase: String,
 }
 
 #[derive(Clone, Default)]
 pub struct Views {
     /// Pod key (`ns/name`) → its VM.
     pub vms: Arc<DashMap<String, VmView>>,
+    /// Pod key → the pod, for every pod the watch sees on this node.
+    pub pods: Arc<DashMap<String, PodRow>>,
 }
 
 const EVERY: Duration = Duration::from_secs(1);
@@ -55,7 +67,28 @@ impl Publisher {
                 .get(&reconcilers::pod::PodKey::new(ns, name))
                 .is_some_and(|e| e.vm.is_some())
         });
+        let pods = &self.views.pods;
+        pods.retain(|k, _| {
+            k.split_once('/').is_some_and(|(ns, name)| {
+                state
+                    .pods
+                    .contains_key(&reconcilers::pod::PodKey::new(ns, name))
+            })
+        });
         for (key, e) in &state.pods {
+            let row = PodRow {
+                namespace: key.namespace().to_string(),
+                name: key.name().to_string(),
+                uid: e.pod.uid.clone(),
+                phase: e.pod.status.phase.clone(),
+            };
+            if pods
+                .get(&key.to_string())
+                .map(|r| *r != row)
+                .unwrap_or(true)
+            {
+                pods.insert(key.to_string(), row);
+            }
             let Some(vm) = &e.vm else { continue };
             let view = VmView {
                 vm_id: vm.record.id.clone(),
@@ -70,6 +103,10 @@ impl Publisher {
                     vm.record.hypervisor.clone()
                 },
                 unmanaged: vm.unmanaged,
+                windows: e
+                    .spec
+                    .as_ref()
+                    .is_ok_and(|sp| sp.os == reconcilers::spec::Os::Windows),
             };
             let k = key.to_string();
             if vms.get(&k).map(|v| *v != view).unwrap_or(true) {
