@@ -26,7 +26,7 @@ pub enum VmEventKind {
 }
 
 /// One row of the cocoon-net lease file, already validated by the shell. The texts are
-/// short and inline ([`SmallStr`]): the whole table comes with every change.
+/// short and inline ([`SmallStr`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Lowercase, colon-separated.
@@ -121,8 +121,11 @@ pub enum Event {
         ok: bool,
         detail: String,
     },
+    /// The lease file changed, as a diff against the table the shell sent before: new or
+    /// changed rows and the MACs that disappeared. The first after a start is the whole table.
     LeasesChanged {
-        leases: Vec<Lease>,
+        upsert: Vec<Lease>,
+        remove: Vec<SmallStr>,
     },
     TimerFired {
         timer: Timer,

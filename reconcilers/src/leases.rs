@@ -1,6 +1,7 @@
 //! The cocoon-net lease table (spec/cocoon-net-leases.md §5) and IP resolution for DHCP NICs.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 
 use crate::create;
 use crate::event::Lease;
@@ -8,50 +9,28 @@ use crate::pod::PodKey;
 use crate::small_str::SmallStr;
 use crate::state::{State, Tracked};
 
-/// The shell re-reads the whole lease file, so every change arrives as the full table. With
-/// one VM per lease that is O(n) per event; the diff below is one merge walk over two sorted
-/// sequences without allocating, and only changed MACs are cloned and routed.
-pub fn changed(s: &mut State, mut table: Vec<Lease>) {
-    normalize(&mut table);
+/// The shell sends the lease table as a diff against the last table it sent: rows that are
+/// new or changed (`upsert`) and MACs that disappeared (`remove`); the first event after a
+/// start carries the whole table as upserts. Only the MACs in the diff are touched and only
+/// their pods refreshed: removed ones first, then upserted ones, each in MAC order.
+pub fn changed(s: &mut State, upsert: Vec<Lease>, mut remove: Vec<SmallStr>) {
     s.leases_seen = true;
-    let mut gone: Vec<SmallStr> = Vec::new();
-    let mut upsert: Vec<usize> = Vec::new();
-    let mut old = s.leases.iter().peekable();
-    for (i, l) in table.iter().enumerate() {
-        // Each MAC is compared once: the stored ones before it are gone, an equal one is
-        // kept if the row is unchanged.
-        let unchanged = loop {
-            match old.peek() {
-                Some((mac, have)) => match (*mac).cmp(&l.mac) {
-                    Ordering::Less => {
-                        gone.push((*mac).clone());
-                        old.next();
-                    }
-                    Ordering::Equal => {
-                        let same = *have == l;
-                        old.next();
-                        break same;
-                    }
-                    Ordering::Greater => break false,
-                },
-                None => break false,
-            }
-        };
-        if !unchanged {
-            upsert.push(i);
+    let upsert = normalize(upsert);
+    for mac in remove.iter_mut() {
+        mac.make_ascii_lowercase();
+    }
+    remove.sort_unstable();
+    remove.dedup();
+    let mut macs: Vec<SmallStr> = Vec::with_capacity(remove.len() + upsert.len());
+    for mac in remove {
+        if s.leases.remove(&mac).is_some() {
+            macs.push(mac);
         }
     }
-    gone.extend(old.map(|(mac, _)| mac.clone()));
-    if gone.is_empty() && upsert.is_empty() {
-        return;
-    }
-    let mut macs: Vec<SmallStr> = Vec::with_capacity(gone.len() + upsert.len());
-    for mac in gone {
-        s.leases.remove(&mac);
-        macs.push(mac);
-    }
-    for i in upsert {
-        let l = table[i].clone();
+    for l in upsert {
+        if s.leases.get(&l.mac) == Some(&l) {
+            continue;
+        }
         macs.push(l.mac.clone());
         s.leases.insert(l.mac.clone(), l);
     }
@@ -62,18 +41,53 @@ pub fn changed(s: &mut State, mut table: Vec<Lease>) {
     }
 }
 
+/// The diff the shell sends when the lease file now holds `table` and it last sent `last`
+/// (the whole table, normalized): new or changed rows, and the MACs no longer present, both
+/// in MAC order. Applying it with [`changed`] turns `last` into `table`.
+pub fn diff(last: &BTreeMap<SmallStr, Lease>, table: Vec<Lease>) -> (Vec<Lease>, Vec<SmallStr>) {
+    let table = normalize(table);
+    let mut remove = Vec::new();
+    let mut upsert = Vec::new();
+    let mut old = last.iter().peekable();
+    for l in table {
+        let unchanged = loop {
+            match old.peek() {
+                Some((mac, have)) => match (*mac).cmp(&l.mac) {
+                    Ordering::Less => {
+                        remove.push((*mac).clone());
+                        old.next();
+                    }
+                    Ordering::Equal => {
+                        let same = **have == l;
+                        old.next();
+                        break same;
+                    }
+                    Ordering::Greater => break false,
+                },
+                None => break false,
+            }
+        };
+        if !unchanged {
+            upsert.push(l);
+        }
+    }
+    remove.extend(old.map(|(mac, _)| mac.clone()));
+    (upsert, remove)
+}
+
 /// Lowercase MACs, sorted, one row per MAC. Duplicate MACs should not happen; if they do,
-/// the latest expiry wins (stable: on a tie the first row). The shell's table is already
-/// sorted and unique, which one pass proves, so the sort and dedup are skipped then.
-fn normalize(table: &mut Vec<Lease>) {
+/// the latest expiry wins (stable: on a tie the first row). An already sorted and unique
+/// table, which one pass proves, skips the sort and dedup.
+pub fn normalize(mut table: Vec<Lease>) -> Vec<Lease> {
     for l in table.iter_mut() {
         l.mac.make_ascii_lowercase();
     }
     if table.windows(2).all(|w| w[0].mac < w[1].mac) {
-        return;
+        return table;
     }
     table.sort_by(|a, b| a.mac.cmp(&b.mac).then(b.expiry.cmp(&a.expiry)));
     table.dedup_by(|later, first| later.mac == first.mac);
+    table
 }
 
 /// Static NIC → its IP; DHCP NIC → an unexpired lease for its MAC, else none.
@@ -113,5 +127,48 @@ pub fn refresh_ip(s: &mut State, key: &PodKey) {
     s.touched.insert(key);
     if ip.is_some() && s.pods[key].ip_wait.is_some() {
         create::ip_arrived(s, key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    fn lease(mac: &str, ip: &str, expiry: i64) -> Lease {
+        Lease {
+            mac: mac.into(),
+            ip: ip.into(),
+            expiry,
+        }
+    }
+
+    #[test]
+    fn a_diff_applied_turns_the_last_table_into_the_new_one() {
+        let mut s = State::new(Config::default());
+        let first = vec![
+            lease("02:00:00:00:00:0B", "10.0.0.2", 5),
+            lease("02:00:00:00:00:0a", "10.0.0.1", 5),
+            lease("02:00:00:00:00:0a", "10.0.0.9", 9),
+        ];
+        changed(&mut s, first, Vec::new());
+        assert!(s.leases_seen);
+        let want = |rows: &[Lease]| -> BTreeMap<SmallStr, Lease> {
+            rows.iter().map(|l| (l.mac.clone(), l.clone())).collect()
+        };
+        let a9 = lease("02:00:00:00:00:0a", "10.0.0.9", 9);
+        let b = lease("02:00:00:00:00:0b", "10.0.0.2", 5);
+        assert_eq!(s.leases, want(&[a9.clone(), b.clone()]));
+        let c = lease("02:00:00:00:00:0c", "10.0.0.3", 5);
+        let b2 = lease("02:00:00:00:00:0b", "10.0.0.2", 7);
+        let (upsert, remove) = diff(&s.leases, vec![c.clone(), b2.clone()]);
+        assert_eq!(upsert, vec![b2.clone(), c.clone()]);
+        assert_eq!(remove, vec![SmallStr::from("02:00:00:00:00:0a")]);
+        changed(&mut s, upsert, remove);
+        assert_eq!(s.leases, want(&[b2, c]));
+        assert_eq!(
+            diff(&s.leases, s.leases.values().cloned().collect()),
+            (vec![], vec![])
+        );
     }
 }

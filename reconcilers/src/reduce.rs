@@ -44,7 +44,7 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
             ok,
             detail,
         } => probe::done(state, &key, seq, ok, &detail),
-        Event::LeasesChanged { leases: table } => leases::changed(state, table),
+        Event::LeasesChanged { upsert, remove } => leases::changed(state, upsert, remove),
         Event::TimerFired { timer } => timers::fired(state, timer),
         Event::CocoonDone { op, result } => cocoon_outcome::done(state, op, result),
         Event::KubeDone { op, result } => kube_outcome::done(state, op, result),

@@ -1,13 +1,17 @@
 //! The cocoon-net lease file (cocoon-net-leases.md). Watched with notify (the writer renames a
 //! complete new file over the path) plus a slow poll as a safety net; every content change is
-//! one `LeasesChanged` event. A torn or garbage file is logged and the last good table kept.
+//! one `LeasesChanged` event carrying only the difference from the table sent before (the first
+//! after start carries the whole table). A torn or garbage file is logged and the last good
+//! table kept.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 use reconcilers::event::Lease;
+use reconcilers::small_str::SmallStr;
 use reconcilers::Event;
 use serde::Deserialize;
 
@@ -70,6 +74,29 @@ pub fn normalise_mac(s: &str) -> Option<String> {
     Some(parts.join(":").to_ascii_lowercase())
 }
 
+/// The event for a freshly read `table`, given the table sent last (`None` before the first):
+/// the first is the whole table as upserts, even when empty, so the core knows the file was
+/// read; later ones only new or changed rows and vanished MACs, and none when nothing changed.
+/// Duplicate MACs are resolved (latest expiry wins) before diffing.
+fn next_event(last: &mut Option<BTreeMap<SmallStr, Lease>>, table: Vec<Lease>) -> Option<Event> {
+    let (upsert, remove) = match last {
+        None => (reconcilers::leases::normalize(table), Vec::new()),
+        Some(sent) => reconcilers::leases::diff(sent, table),
+    };
+    let first = last.is_none();
+    if !first && upsert.is_empty() && remove.is_empty() {
+        return None;
+    }
+    let sent = last.get_or_insert_with(BTreeMap::new);
+    for mac in &remove {
+        sent.remove(mac);
+    }
+    for l in &upsert {
+        sent.insert(l.mac.clone(), l.clone());
+    }
+    Some(Event::LeasesChanged { upsert, remove })
+}
+
 fn fingerprint(path: &Path) -> Option<(i64, i64, u64, u64)> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.mtime(), m.mtime_nsec(), m.size(), m.ino()))
@@ -98,7 +125,7 @@ pub async fn run(path: PathBuf, tx: EventTx) {
         }
     };
     let mut last_fp = None;
-    let mut last: Option<Vec<Lease>> = None;
+    let mut last: Option<BTreeMap<SmallStr, Lease>> = None;
     loop {
         let fp = fingerprint(&path);
         if fp != last_fp || last.is_none() {
@@ -111,13 +138,13 @@ pub async fn run(path: PathBuf, tx: EventTx) {
                 },
             };
             match table {
-                Ok(table) if last.as_ref() != Some(&table) => {
-                    last = Some(table.clone());
-                    if tx.send(Event::LeasesChanged { leases: table }).is_err() {
-                        return;
+                Ok(table) => {
+                    if let Some(event) = next_event(&mut last, table) {
+                        if tx.send(event).is_err() {
+                            return;
+                        }
                     }
                 }
-                Ok(_) => {}
                 Err(e) => {
                     // Retry on the next change or poll: the writer may be mid-update.
                     last_fp = None;
@@ -147,5 +174,51 @@ mod tests {
         assert_eq!(l.len(), 1);
         assert_eq!(l[0].mac, "02:5e:11:3a:9c:01");
         assert!(parse("[{\"mac\": \"02:").is_err());
+    }
+
+    fn lease(mac: &str, ip: &str, expiry: i64) -> Lease {
+        Lease {
+            mac: mac.into(),
+            ip: ip.into(),
+            expiry,
+        }
+    }
+
+    fn diff(e: Option<Event>) -> Option<(Vec<Lease>, Vec<SmallStr>)> {
+        match e? {
+            Event::LeasesChanged { upsert, remove } => Some((upsert, remove)),
+            other => panic!("not a lease event: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sends_the_whole_table_first_then_only_differences() {
+        let a = || lease("02:00:00:00:00:0a", "10.0.0.1", 100);
+        let b = || lease("02:00:00:00:00:0b", "10.0.0.2", 100);
+        let c = || lease("02:00:00:00:00:0c", "10.0.0.3", 100);
+        let mut last = None;
+        // The first event after start is sent even for an empty file.
+        assert_eq!(diff(next_event(&mut last, vec![])), Some((vec![], vec![])));
+        assert_eq!(diff(next_event(&mut last, vec![])), None);
+        // Duplicate MACs: the latest expiry wins; unsorted input is sorted.
+        let stale = lease("02:00:00:00:00:0a", "10.0.0.9", 50);
+        assert_eq!(
+            diff(next_event(&mut last, vec![b(), stale, a()])),
+            Some((vec![a(), b()], vec![]))
+        );
+        assert_eq!(diff(next_event(&mut last, vec![a(), b()])), None);
+        // b renewed, a gone, c new.
+        let b2 = lease("02:00:00:00:00:0b", "10.0.0.2", 200);
+        assert_eq!(
+            diff(next_event(&mut last, vec![c(), b2.clone()])),
+            Some((vec![b2.clone(), c()], vec!["02:00:00:00:00:0a".into()]))
+        );
+        assert_eq!(diff(next_event(&mut last, vec![b2, c()])), None);
+        // A restart (no table sent yet) sends the whole table again.
+        let mut fresh = None;
+        assert_eq!(
+            diff(next_event(&mut fresh, vec![c(), a()])),
+            Some((vec![a(), c()], vec![]))
+        );
     }
 }

@@ -317,18 +317,30 @@ impl World {
             ip: ip.into(),
             expiry: self.now + LEASE_MS,
         };
-        self.leases.insert(mac, lease);
-        self.feed_leases()
+        self.leases.insert(mac, lease.clone());
+        // As the shell's lease-file source sends it: the changed row only.
+        self.feed(Event::LeasesChanged {
+            upsert: vec![lease],
+            remove: Vec::new(),
+        })
     }
 
     pub fn drop_lease(&mut self, mac: &str) -> Vec<Action> {
-        self.leases.remove(&mac.to_ascii_lowercase());
-        self.feed_leases()
+        let mac = mac.to_ascii_lowercase();
+        self.leases.remove(&mac);
+        self.feed(Event::LeasesChanged {
+            upsert: Vec::new(),
+            remove: vec![mac.into()],
+        })
     }
 
-    fn feed_leases(&mut self) -> Vec<Action> {
-        let leases = self.leases.values().cloned().collect();
-        self.feed(Event::LeasesChanged { leases })
+    /// The first lease event after a (re)start: the whole table as upserts.
+    pub fn feed_lease_table(&mut self) -> Vec<Action> {
+        let upsert = self.leases.values().cloned().collect();
+        self.feed(Event::LeasesChanged {
+            upsert,
+            remove: Vec::new(),
+        })
     }
 
     /// The VMM of `id` dies; the stream reports it.

@@ -184,12 +184,13 @@ pub fn event(e: &Event) -> String {
                 if *ok { "ok" } else { "fail" }
             )
         }
-        Event::LeasesChanged { leases } => {
-            let l: Vec<String> = leases
+        Event::LeasesChanged { upsert, remove } => {
+            let u: Vec<String> = upsert
                 .iter()
                 .map(|l| format!("{}={}", l.mac, l.ip))
                 .collect();
-            format!("leases [{}]", l.join(","))
+            let r: Vec<&str> = remove.iter().map(|m| m.as_str()).collect();
+            format!("leases +[{}] -[{}]", u.join(","), r.join(","))
         }
         Event::TimerFired { timer: t } => format!("timer-fired {}", timer(t)),
         Event::CocoonDone { op, result } => match result {

@@ -506,8 +506,7 @@ impl Runner {
         let from = w.log.len();
         w.start_unsettled(vec![], vec![]);
         // The shell's lease-file source reports the table once it has read it.
-        let leases = w.leases.values().cloned().collect();
-        w.feed(Event::LeasesChanged { leases });
+        w.feed_lease_table();
         if !manual {
             w.settle();
         }
