@@ -31,6 +31,14 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
                 startup::try_start(state);
             }
         }
+        // B1: without the VM inventory no adoption or orphan decision is safe, so startup
+        // stops and the node is not registered; after startup a failed list changes nothing.
+        Event::VmListFailed { error } if !state.started => state.emit(Action::Fatal {
+            message: format!(
+                "cocoon vm list failed at startup, not registering the node: {}",
+                error.message
+            ),
+        }),
         Event::VmListFailed { error } => state.emit(Action::Log {
             level: crate::action::Level::Error,
             message: format!("cocoon vm list failed: {}", error.message),

@@ -140,8 +140,6 @@ pub async fn run(settings: Settings) -> Result<()> {
             ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
             _ = shutdown_signal() => break Ok(()),
         };
-        let list_failed = matches!(&event, Event::VmListFailed { error } if !state.started)
-            .then(|| format!("{event:?}"));
         seq += 1;
         let envelope = Envelope {
             seq,
@@ -157,11 +155,6 @@ pub async fn run(settings: Settings) -> Result<()> {
                 tracing::error!(error = %e, "journal write failed; continuing without a journal");
                 journal = None;
             }
-        }
-        if let Some(what) = list_failed {
-            break Err(anyhow::anyhow!(
-                "cocoon vm list failed at startup (B1), not registering the node: {what}"
-            ));
         }
         let mut fatal = None;
         for action in actions {

@@ -313,6 +313,10 @@ impl Runner {
                 let vms = w.cocoon.vms.values().cloned().collect();
                 actions(&w.feed(Event::VmListed { vms }))
             }
+            "vm-list-failed" => {
+                let error = CocoonError::classify(&rest[0]);
+                actions(&self.world().feed(Event::VmListFailed { error }))
+            }
             "relist-begin" => actions(&self.world().feed(Event::PodRelistBegin)),
             "relist-item" => {
                 let k = key(&rest[0]);
