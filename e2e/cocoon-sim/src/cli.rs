@@ -52,8 +52,9 @@ pub enum Cmd {
     Sim(SimCmd),
 }
 
+/// The flags `vm run` and `vm clone` share: output, name, resources, network, host CPU policy.
 #[derive(Args, Debug, Default)]
-pub struct RunArgs {
+pub struct VmShapeArgs {
     #[arg(short = 'o', long)]
     pub output: Option<String>,
     #[arg(long)]
@@ -74,6 +75,18 @@ pub struct RunArgs {
     pub network: Option<String>,
     #[arg(long)]
     pub bridge: Option<String>,
+    #[arg(long = "cpu-weight")]
+    pub cpu_weight: Option<i64>,
+    #[arg(long = "cpu-quota-us")]
+    pub cpu_quota_us: Option<i64>,
+    #[arg(long = "cpu-period-us")]
+    pub cpu_period_us: Option<i64>,
+}
+
+#[derive(Args, Debug, Default)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub vm: VmShapeArgs,
     #[arg(long)]
     pub user: Option<String>,
     #[arg(long)]
@@ -86,37 +99,13 @@ pub struct RunArgs {
     pub fc: bool,
     #[arg(long = "data-disk")]
     pub data_disk: Vec<String>,
-    #[arg(long = "cpu-weight")]
-    pub cpu_weight: Option<i64>,
-    #[arg(long = "cpu-quota-us")]
-    pub cpu_quota_us: Option<i64>,
-    #[arg(long = "cpu-period-us")]
-    pub cpu_period_us: Option<i64>,
     pub args: Vec<String>,
 }
 
 #[derive(Args, Debug, Default)]
 pub struct CloneArgs {
-    #[arg(short = 'o', long)]
-    pub output: Option<String>,
-    #[arg(long)]
-    pub name: Option<String>,
-    #[arg(long)]
-    pub cpu: Option<i64>,
-    #[arg(long)]
-    pub memory: Option<String>,
-    #[arg(long)]
-    pub storage: Option<String>,
-    #[arg(long)]
-    pub nics: Option<i64>,
-    #[arg(long = "queue-size")]
-    pub queue_size: Option<i64>,
-    #[arg(long = "disk-queue-size")]
-    pub disk_queue_size: Option<i64>,
-    #[arg(long)]
-    pub network: Option<String>,
-    #[arg(long)]
-    pub bridge: Option<String>,
+    #[command(flatten)]
+    pub vm: VmShapeArgs,
     #[arg(long = "no-direct-io")]
     pub no_direct_io: bool,
     #[arg(long)]
@@ -127,12 +116,6 @@ pub struct CloneArgs {
     pub restore_mode: Option<String>,
     #[arg(long = "from-dir")]
     pub from_dir: Option<String>,
-    #[arg(long = "cpu-weight")]
-    pub cpu_weight: Option<i64>,
-    #[arg(long = "cpu-quota-us")]
-    pub cpu_quota_us: Option<i64>,
-    #[arg(long = "cpu-period-us")]
-    pub cpu_period_us: Option<i64>,
     pub args: Vec<String>,
 }
 

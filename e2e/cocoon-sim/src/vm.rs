@@ -244,22 +244,22 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
     exact_args(&a.args, 1)?;
     let image = a.args[0].clone();
     let fx = faults::on_verb(env, "vm run")?;
-    let cpu = a.cpu.unwrap_or(2);
-    let mem_s = a.memory.clone().unwrap_or_else(|| "1G".into());
+    let cpu = a.vm.cpu.unwrap_or(2);
+    let mem_s = a.vm.memory.clone().unwrap_or_else(|| "1G".into());
     let memory = names::ram_in_bytes(&mem_s).ctx(format!("invalid --memory {mem_s:?}"))?;
-    let sto_s = a.storage.clone().unwrap_or_else(|| "10G".into());
+    let sto_s = a.vm.storage.clone().unwrap_or_else(|| "10G".into());
     let storage = names::ram_in_bytes(&sto_s).ctx(format!("invalid --storage {sto_s:?}"))?;
-    let name = a
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| names::default_vm_name(&image));
+    let name =
+        a.vm.name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| names::default_vm_name(&image));
     names::validate_vm(&name, cpu, memory, storage)?;
     if a.fc && a.windows {
         return fail("--fc and --windows are mutually exclusive: Firecracker does not support Windows guests");
     }
-    let network = a.network.clone().unwrap_or_default();
-    let bridge = a.bridge.clone().unwrap_or_default();
+    let network = a.vm.network.clone().unwrap_or_default();
+    let bridge = a.vm.bridge.clone().unwrap_or_default();
     if !bridge.is_empty() && !network.is_empty() {
         return fail("--bridge and --network are mutually exclusive");
     }
@@ -281,8 +281,8 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
         cpu,
         memory,
         storage,
-        queue_size: a.queue_size.unwrap_or(0),
-        disk_queue_size: a.disk_queue_size.unwrap_or(0),
+        queue_size: a.vm.queue_size.unwrap_or(0),
+        disk_queue_size: a.vm.disk_queue_size.unwrap_or(0),
         image: image.clone(),
         image_digest: img.id.clone(),
         image_type: img.kind.clone(),
@@ -294,7 +294,7 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
     let hypervisor = if a.fc { FC } else { CH };
     let nics = new_nics(
         &id,
-        a.nics.unwrap_or(1),
+        a.vm.nics.unwrap_or(1),
         cpu,
         a.fc,
         config.queue_size,
@@ -307,7 +307,7 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
     vm.first_booted = true;
     vm.transition("running", "boot", now_ns());
     save_vm(&store, &vm)?;
-    if !wants_json(a.output.as_deref()) {
+    if !wants_json(a.vm.output.as_deref()) {
         log(
             "cmd.vm.run",
             format!("VM created: {id} (name: {})", vm.config.name),
@@ -360,32 +360,32 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
     let fx = faults::on_verb(env, "vm clone")?;
     let fc = snap.hypervisor == FC;
     if fc {
-        if let Some(c) = a.cpu.filter(|c| *c > 0 && *c != snap.cpu) {
+        if let Some(c) = a.vm.cpu.filter(|c| *c > 0 && *c != snap.cpu) {
             return fail(format!(
                 "--cpu {c} not supported: Firecracker cannot change CPU after snapshot/load (snapshot has {})",
                 snap.cpu
             ));
         }
-        if a.memory.as_deref().is_some_and(|m| !m.is_empty()) {
+        if a.vm.memory.as_deref().is_some_and(|m| !m.is_empty()) {
             return fail(
                 "--memory not supported: Firecracker cannot change memory after snapshot/load",
             );
         }
-        if let Some(n) = a.nics.filter(|n| *n > 0 && *n != snap.nics) {
+        if let Some(n) = a.vm.nics.filter(|n| *n > 0 && *n != snap.nics) {
             return fail(format!(
                 "--nics {n} not supported: Firecracker cannot change NIC count after snapshot/load (snapshot has {})",
                 snap.nics
             ));
         }
     }
-    let cpu = match a.cpu.filter(|c| *c > 0) {
+    let cpu = match a.vm.cpu.filter(|c| *c > 0) {
         Some(c) if c < snap.cpu => {
             return fail(format!("--cpu {c} below snapshot minimum {}", snap.cpu))
         }
         Some(c) => c,
         None => snap.cpu,
     };
-    let memory = match a.memory.as_deref().filter(|m| !m.is_empty()) {
+    let memory = match a.vm.memory.as_deref().filter(|m| !m.is_empty()) {
         Some(m) => {
             let v = names::ram_in_bytes(m).ctx(format!("invalid --memory {m:?}"))?;
             if v < snap.memory {
@@ -398,7 +398,7 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         }
         None => snap.memory,
     };
-    let storage = match a.storage.as_deref().filter(|m| !m.is_empty()) {
+    let storage = match a.vm.storage.as_deref().filter(|m| !m.is_empty()) {
         Some(m) => {
             let v = names::ram_in_bytes(m).ctx(format!("invalid --storage {m:?}"))?;
             if v < snap.storage {
@@ -419,13 +419,13 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         }
     }
     let id = ids::new_id();
-    let name = a
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| format!("cocoon-clone-{}", &id[..8]));
+    let name =
+        a.vm.name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| format!("cocoon-clone-{}", &id[..8]));
     names::validate_vm(&name, cpu, memory, storage)?;
-    let nics_n = match a.nics.filter(|n| *n > 0) {
+    let nics_n = match a.vm.nics.filter(|n| *n > 0) {
         Some(n) if n < snap.nics => {
             return fail(format!("--nics {n} below snapshot minimum {}", snap.nics))
         }
@@ -439,8 +439,13 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         cpu,
         memory,
         storage,
-        queue_size: a.queue_size.filter(|q| *q > 0).unwrap_or(snap.queue_size),
+        queue_size: a
+            .vm
+            .queue_size
+            .filter(|q| *q > 0)
+            .unwrap_or(snap.queue_size),
         disk_queue_size: a
+            .vm
             .disk_queue_size
             .filter(|q| *q > 0)
             .unwrap_or(snap.disk_queue_size),
@@ -448,6 +453,7 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         image_digest: snap.image_digest.clone(),
         image_type: snap.image_type.clone(),
         network: a
+            .vm
             .network
             .clone()
             .filter(|n| !n.is_empty())
@@ -456,7 +462,7 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         windows: snap.windows,
         name,
     };
-    let bridge = a.bridge.clone().unwrap_or_default();
+    let bridge = a.vm.bridge.clone().unwrap_or_default();
     let hypervisor = if fc { FC } else { CH };
     let nics = new_nics(&id, nics_n, cpu, fc, config.queue_size, &bridge);
     let mut vm = blank_vm(env, &id, hypervisor, config, nics);
@@ -468,7 +474,7 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
     vm.first_booted = true;
     vm.transition("running", "clone", now_ns());
     save_vm(&store, &vm)?;
-    if !wants_json(a.output.as_deref()) {
+    if !wants_json(a.vm.output.as_deref()) {
         log(
             "cmd.vm.clone",
             format!("VM cloned: {id} (name: {})", vm.config.name),
