@@ -31,24 +31,25 @@ pub fn ram_in_bytes(s: &str) -> Result<i64> {
     }
 }
 
-pub fn valid_vm_name(n: &str) -> bool {
+/// cocoon's name rule: an alphanumeric first byte, then up to 62 of alphanumerics, `._-`
+/// and the given extra punctuation.
+fn valid_name(n: &str, extra: &[u8]) -> bool {
     let b = n.as_bytes();
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[1..]
             .iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c) || extra.contains(c))
 }
 
+pub fn valid_vm_name(n: &str) -> bool {
+    valid_name(n, b"")
+}
+
+/// Snapshot names (N tier) also allow `:` and `/` (`repo:tag`).
 pub fn valid_snapshot_name(n: &str) -> bool {
-    let b = n.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[1..]
-            .iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b':' | b'/'))
+    valid_name(n, b":/")
 }
 
 /// `types.VMConfig.Validate`, same order and wording.
