@@ -245,8 +245,6 @@ pub struct ProbeState {
     pub failures: u32,
     /// The next not-ready wait, in µs.
     pub backoff_us: u64,
-    /// Active but not scheduled: no IP to probe yet.
-    pub waiting_ip: bool,
     /// Started, first result not in yet (R2: the first probe's result is part of the first
     /// status published for a VM, so Running-not-ready is not written only to be rewritten).
     #[serde(default)]

@@ -94,13 +94,8 @@ pub async fn register(client: &Client, s: &NodeSettings) -> anyhow::Result<Strin
             }))?;
             api.create(&PostParams::default(), &node).await?;
         }
-        Some(existing) => {
-            let has_taint = existing
-                .spec
-                .as_ref()
-                .and_then(|sp| sp.taints.as_ref())
-                .is_some_and(|t| t.iter().any(|t| t.key == "virtual-kubelet.io/provider"));
-            let _ = has_taint; // N4: the taint is only written at creation.
+        // N4: the taint is written only when the node is created; an existing node keeps its own.
+        Some(_) => {
             api.patch(
                 &s.name,
                 &pp,

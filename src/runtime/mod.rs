@@ -175,7 +175,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
         }
         metrics.vm_table_size.set(state.vm_ids.len() as f64);
-        publisher.maybe_publish(&state, false);
+        publisher.maybe_publish(&state);
         if let Some(message) = fatal {
             break Err(anyhow::anyhow!(message));
         }

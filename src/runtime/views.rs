@@ -51,9 +51,9 @@ impl Publisher {
         Self { views, last: None }
     }
 
-    /// Republishes when the last publication is older than a second (or `force`).
-    pub fn maybe_publish(&mut self, state: &State, force: bool) {
-        if !force && self.last.is_some_and(|t| t.elapsed() < EVERY) {
+    /// Republishes when the last publication is older than a second.
+    pub fn maybe_publish(&mut self, state: &State) {
+        if self.last.is_some_and(|t| t.elapsed() < EVERY) {
             return;
         }
         self.last = Some(Instant::now());

@@ -8,7 +8,7 @@ use reconcilers::pod::{Container, OwnerRef, PodView, Resources};
 use reconcilers::status::{
     Condition, ContainerState, ContainerStatus, PodStatus, Running, Terminated,
 };
-use reconcilers::time::{parse_rfc3339, rfc3339_seconds, Millis};
+use reconcilers::time::{rfc3339_seconds, Millis};
 
 fn millis(t: &Time) -> Millis {
     t.0.as_millisecond()
@@ -133,9 +133,4 @@ pub fn observed_status(s: &K8sStatus) -> PodStatus {
             })
             .unwrap_or_default(),
     }
-}
-
-/// Used by tests and the journal reader to turn a stored time back into `Millis`.
-pub fn parse_time(s: &str) -> Option<Millis> {
-    parse_rfc3339(s)
 }
