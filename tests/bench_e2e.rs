@@ -93,7 +93,11 @@ fn create_to_ready(journal: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
                 Action::Probe { key, probe, .. } => {
                     probes.insert((key.to_string(), *probe), at);
                 }
-                Action::PushStatus { key, status, .. } => {
+                Action::PatchPod {
+                    key,
+                    status: Some(status),
+                    ..
+                } => {
                     let ready = status
                         .conditions
                         .iter()

@@ -103,19 +103,18 @@ pub enum Action {
         key: Option<PodKey>,
         cmd: CocoonCmd,
     },
-    /// Merge patch of `metadata.annotations` bound to `uid`; `None` deletes a key.
-    PatchAnnotations {
+    /// One merge patch of `pods/status` bound to `uid`, carrying the status when it differs
+    /// from the server's and the annotations that differ (`None` deletes a key). The status
+    /// subresource takes annotations (not labels, also under NodeRestriction), so a pod's
+    /// status and annotations change in one write, atomically.
+    PatchPod {
         op: OpId,
         key: PodKey,
         uid: String,
-        set: BTreeMap<String, Option<String>>,
-    },
-    /// Merge patch of `pods/status` bound to `uid`.
-    PushStatus {
-        op: OpId,
-        key: PodKey,
-        uid: String,
-        status: PodStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<PodStatus>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        annotations: BTreeMap<String, Option<String>>,
     },
     /// Delete the pod object with a UID precondition; `grace_seconds: Some(0)` forces it.
     DeletePod {

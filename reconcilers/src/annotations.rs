@@ -4,11 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::action::Action;
 use crate::keys;
 use crate::pod::PodKey;
-use crate::state::{Lifecycle, OpOwner, PodEntry, Publish, State};
-use crate::status::first_probe_pending;
+use crate::state::{PodEntry, State};
 
 const LIFECYCLE_TRIPLE: [&str; 3] = [
     keys::LIFECYCLE_STATE,
@@ -99,25 +97,15 @@ impl Decimal {
     }
 }
 
-pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
-    let e = &*p.entry;
-    if !p.started
-        || e.gone
-        || e.deleted_by_us
-        || e.superseded
-        || e.kube_backoff
-        || e.annotations_op.is_some()
-        || first_probe_pending(e)
-    {
-        return;
-    }
+/// The annotations that differ from what the server holds (empty when all hold).
+pub(crate) fn diff(e: &PodEntry) -> BTreeMap<String, Option<String>> {
     let mut generation = Decimal::default();
     let want = Wanted::of(e, &mut generation);
     let differs = |(k, v): &(&str, Option<&str>)| e.pod.annotation(k) != *v;
+    let mut diff = BTreeMap::new();
     if !want.entries().any(|kv| differs(&kv)) {
-        return;
+        return diff;
     }
-    let mut diff: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut triple = false;
     for (k, v) in want.entries().filter(differs) {
         triple |= LIFECYCLE_TRIPLE.contains(&k);
@@ -130,24 +118,7 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
             diff.insert(k.to_string(), v.map(str::to_string));
         }
     }
-    // §4.2 rule 7: the status goes out before `ready` is exposed.
-    let exposes_ready = diff
-        .get(keys::LIFECYCLE_STATE)
-        .is_some_and(|v| v.as_deref() == Some(Lifecycle::Ready.as_str()));
-    if exposes_ready && e.status_op.is_some() {
-        return;
-    }
-    let op = p.fx.new_op(OpOwner::Annotations {
-        key: key.clone(),
-        set: diff.clone(),
-    });
-    p.entry.annotations_op = Some(op);
-    p.fx.emit(Action::PatchAnnotations {
-        op,
-        key: key.clone(),
-        uid: p.entry.pod.uid.clone(),
-        set: diff,
-    });
+    diff
 }
 
 #[cfg(test)]

@@ -126,7 +126,7 @@ pub(crate) fn finalize(p: &mut Publish, key: &PodKey) {
         && !e.kube_backoff
         && e.busy.is_none()
         && e.delete_op.is_none()
-        && e.status_op.is_none()
+        && e.write_op.is_none()
         && e.terminal.is_some()
         && (e.vm.is_none() || e.vm.as_ref().is_some_and(|v| v.unmanaged));
     if !ready {

@@ -199,8 +199,7 @@ pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
 /// The pod is gone and nothing is in flight for it: its entry can go.
 pub(crate) fn collectable(e: &PodEntry, started: bool) -> bool {
     let idle = e.busy.is_none()
-        && e.status_op.is_none()
-        && e.annotations_op.is_none()
+        && e.write_op.is_none()
         && e.delete_op.is_none()
         && (e.vm.is_none() || e.vm.as_ref().is_some_and(|v| v.unmanaged) || !started);
     e.gone && idle

@@ -14,49 +14,47 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
         return;
     };
     match *owner {
-        OpOwner::Status { key, pushed } => {
+        OpOwner::Write {
+            key,
+            status,
+            annotations,
+        } => {
             let Some(e) = s.pods.get_mut(&key) else {
                 return;
             };
-            if e.status_op != Some(op) {
+            if e.write_op != Some(op) {
                 return;
             }
-            e.status_op = None;
+            e.write_op = None;
             s.touched.insert(&key);
             match result {
                 Ok(ok) => {
                     e.kube_failures = 0;
-                    // Without an echo body the server holds what was pushed.
-                    e.pod.status = match ok {
-                        KubeOk::Status { status } => status,
-                        KubeOk::Done => pushed.clone(),
-                    };
-                    // The server changed what we pushed: pushing it again would loop.
-                    e.echo_mismatch = (pushed != e.pod.status).then_some(pushed);
-                }
-                Err(err) => failed(s, &key, "status", err),
-            }
-        }
-        OpOwner::Annotations { key, set } => {
-            let Some(e) = s.pods.get_mut(&key) else {
-                return;
-            };
-            if e.annotations_op != Some(op) {
-                return;
-            }
-            e.annotations_op = None;
-            s.touched.insert(&key);
-            match result {
-                Ok(_) => {
-                    e.kube_failures = 0;
-                    for (k, v) in set {
+                    // The echo is the server's whole status; without one it holds what was
+                    // pushed.
+                    match (ok, &status) {
+                        (KubeOk::Status { status: held }, _) => e.pod.status = held,
+                        (KubeOk::Done, Some(pushed)) => e.pod.status = pushed.clone(),
+                        (KubeOk::Done, None) => {}
+                    }
+                    if let Some(pushed) = status {
+                        // The server changed what we pushed: pushing it again would loop.
+                        e.echo_mismatch = (pushed != e.pod.status).then_some(pushed);
+                    }
+                    for (k, v) in annotations {
                         match v {
                             Some(v) => e.pod.annotations.insert(k, v),
                             None => e.pod.annotations.remove(&k),
                         };
                     }
                 }
-                Err(err) => failed(s, &key, "annotation patch", err),
+                Err(err) => {
+                    let what = match status {
+                        Some(_) => "status",
+                        None => "annotation patch",
+                    };
+                    failed(s, &key, what, err)
+                }
             }
         }
         OpOwner::Delete { key } => {

@@ -7,8 +7,7 @@ use crate::event::{Envelope, Event};
 use crate::pod::PodKey;
 use crate::state::State;
 use crate::{
-    annotations, cocoon_outcome, intake, kube_outcome, leases, probe, startup, status, timers,
-    vmevents,
+    cocoon_outcome, intake, kube_outcome, leases, pod_write, probe, startup, timers, vmevents,
 };
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
@@ -69,8 +68,7 @@ fn publish(s: &mut State, key: &PodKey) {
     let Some(mut p) = s.publishing(key) else {
         return;
     };
-    status::sync(&mut p, key);
-    annotations::sync(&mut p, key);
+    pod_write::sync(&mut p, key);
     if intake::collectable(p.entry, p.started) {
         intake::collect(s, key);
     }

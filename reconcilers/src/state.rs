@@ -69,16 +69,13 @@ pub enum OpOwner {
     Vm {
         key: PodKey,
     },
-    /// A Kubernetes write of the pod: status, annotations or delete.
-    Status {
+    /// The pod's one status-and-annotations write.
+    Write {
         key: PodKey,
-        /// What was pushed, to tell an echo that differs from it (the server changed it)
-        /// from a desired status that moved on while the write was in flight.
-        pushed: crate::status::PodStatus,
-    },
-    Annotations {
-        key: PodKey,
-        set: BTreeMap<String, Option<String>>,
+        /// The status pushed, if any, to tell an echo that differs from it (the server
+        /// changed it) from a desired status that moved on while the write was in flight.
+        status: Option<crate::status::PodStatus>,
+        annotations: BTreeMap<String, Option<String>>,
     },
     Delete {
         key: PodKey,
@@ -118,8 +115,8 @@ pub struct PodEntry {
     pub deleted_by_us: bool,
     /// Waiting for a DHCP lease before lifecycle `ready` (`Some(op name)`).
     pub ip_wait: Option<IpWait>,
-    pub status_op: Option<OpId>,
-    pub annotations_op: Option<OpId>,
+    /// The status-and-annotations write in flight (one at a time: what it lacks goes next).
+    pub write_op: Option<OpId>,
     pub kube_failures: u32,
     pub delete_op: Option<OpId>,
     pub evict_tries: u32,
@@ -399,8 +396,7 @@ impl PodEntry {
             gone: false,
             deleted_by_us: false,
             ip_wait: None,
-            status_op: None,
-            annotations_op: None,
+            write_op: None,
             kube_failures: 0,
             delete_op: None,
             evict_tries: 0,

@@ -81,10 +81,8 @@ pub struct Terminated {
 
 pub const CONTAINER: &str = "agent";
 
-use crate::action::Action;
 use crate::config::Config;
-use crate::pod::PodKey;
-use crate::state::{Lifecycle, OpOwner, PodEntry, Publish, Terminal};
+use crate::state::{Lifecycle, PodEntry, Terminal};
 use crate::time::{parse_rfc3339, Millis, Rfc3339};
 
 /// The complete status vk wants the server to hold for this pod (spec/behavior.md §5).
@@ -401,22 +399,10 @@ pub(crate) fn first_probe_pending(e: &PodEntry) -> bool {
     e.vm.is_some() && e.probe.active && e.probe.awaiting_first
 }
 
-/// Push the derived status when it differs from what the server holds — not from what was
-/// last sent, so a status someone else overwrote is repaired (issue #5 §6).
-pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
-    let e = &*p.entry;
-    if !p.started
-        || e.gone
-        || e.deleted_by_us
-        || e.superseded
-        || e.kube_backoff
-        || e.status_op.is_some()
-        || e.delete_op.is_some()
-        || first_probe_pending(e)
-    {
-        return;
-    }
-    let desired = Desired::of(p.config, e);
+/// The derived status when it differs from what the server holds — not from what was last
+/// sent, so a status someone else overwrote is repaired (issue #5 §6); `None` when it holds.
+pub(crate) fn wanted(config: &Config, e: &PodEntry) -> Option<PodStatus> {
+    let desired = Desired::of(config, e);
     // Tests (debug builds) prove the cheap comparison against the built status every time.
     debug_assert_eq!(
         desired.matches(&e.pod.status),
@@ -426,22 +412,7 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         .echo_mismatch
         .as_ref()
         .is_none_or(|m| desired.matches(m) == (desired.to_status() == *m)));
-    if desired.matches(&e.pod.status)
-        || e.echo_mismatch.as_ref().is_some_and(|m| desired.matches(m))
-    {
-        crate::delete::finalize(p, key);
-        return;
-    }
-    let desired = desired.to_status();
-    let op = p.fx.new_op(OpOwner::Status {
-        key: key.clone(),
-        pushed: desired.clone(),
-    });
-    p.entry.status_op = Some(op);
-    p.fx.emit(Action::PushStatus {
-        op,
-        key: key.clone(),
-        uid: p.entry.pod.uid.clone(),
-        status: desired,
-    });
+    let holds = desired.matches(&e.pod.status)
+        || e.echo_mismatch.as_ref().is_some_and(|m| desired.matches(m));
+    (!holds).then(|| desired.to_status())
 }

@@ -9,6 +9,7 @@ use reconcilers::event::{KubeError, KubeErrorKind, KubeOk};
 use reconcilers::pod::PodKey;
 use reconcilers::status::PodStatus;
 use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 
 use crate::sources::pod_view::observed_status;
 
@@ -30,9 +31,26 @@ pub fn classify(e: kube::Error) -> KubeError {
     }
 }
 
-/// The merge patch for `pods/status`: every field vk owns is written, absent ones as `null`,
-/// so a stale reason or IP never survives on the server.
-pub fn status_patch(uid: &str, status: &PodStatus) -> Value {
+/// The merge patch for `pods/status`. Every status field vk owns is written, absent ones as
+/// `null`, so a stale reason or IP never survives on the server; annotations ride along in
+/// `metadata` (the status subresource keeps them, and only them, of the metadata).
+pub fn pod_patch(
+    uid: &str,
+    status: Option<&PodStatus>,
+    annotations: &BTreeMap<String, Option<String>>,
+) -> Value {
+    let mut metadata = json!({ "uid": uid });
+    if !annotations.is_empty() {
+        metadata["annotations"] = json!(annotations);
+    }
+    let mut patch = json!({ "metadata": metadata });
+    if let Some(status) = status {
+        patch["status"] = status_fields(status);
+    }
+    patch
+}
+
+fn status_fields(status: &PodStatus) -> Value {
     let mut s: Map<String, Value> = match serde_json::to_value(status) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
@@ -47,41 +65,28 @@ pub fn status_patch(uid: &str, status: &PodStatus) -> Value {
     };
     s.insert("podIPs".into(), ips(&status.pod_ip));
     s.insert("hostIPs".into(), ips(&status.host_ip));
-    json!({ "metadata": { "uid": uid }, "status": Value::Object(s) })
+    Value::Object(s)
 }
 
-pub async fn push_status(
+pub async fn patch_pod(
     client: &Client,
     key: &PodKey,
     uid: &str,
-    status: &PodStatus,
+    status: Option<&PodStatus>,
+    annotations: &BTreeMap<String, Option<String>>,
 ) -> Result<KubeOk, KubeError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), key.namespace());
     let pod = api
         .patch_status(
             key.name(),
             &PatchParams::default(),
-            &Patch::Merge(status_patch(uid, status)),
+            &Patch::Merge(pod_patch(uid, status, annotations)),
         )
         .await
         .map_err(classify)?;
     Ok(KubeOk::Status {
         status: pod.status.as_ref().map(observed_status).unwrap_or_default(),
     })
-}
-
-pub async fn patch_annotations(
-    client: &Client,
-    key: &PodKey,
-    uid: &str,
-    set: &std::collections::BTreeMap<String, Option<String>>,
-) -> Result<KubeOk, KubeError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), key.namespace());
-    let patch = json!({ "metadata": { "uid": uid, "annotations": set } });
-    api.patch(key.name(), &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map_err(classify)?;
-    Ok(KubeOk::Done)
 }
 
 pub async fn delete_pod(

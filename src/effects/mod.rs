@@ -66,17 +66,15 @@ impl Executor {
                     let _ = tx.send(Event::CocoonDone { op, result });
                 });
             }
-            Action::PushStatus {
+            Action::PatchPod {
                 op,
                 key,
                 uid,
                 status,
-            } => self.kube(op, "status", move |c| async move {
-                kube_writes::push_status(&c, &key, &uid, &status).await
-            }),
-            Action::PatchAnnotations { op, key, uid, set } => {
-                self.kube(op, "annotations", move |c| async move {
-                    kube_writes::patch_annotations(&c, &key, &uid, &set).await
+                annotations,
+            } => {
+                self.kube(op, "pod", move |c| async move {
+                    kube_writes::patch_pod(&c, &key, &uid, status.as_ref(), &annotations).await
                 })
             }
             Action::DeletePod {

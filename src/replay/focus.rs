@@ -65,8 +65,7 @@ impl Focus {
     pub fn action(&mut self, a: &Action) -> bool {
         let (key, op) = match a {
             Action::Cocoon { op, key, .. } => (key.as_ref(), Some(*op)),
-            Action::PatchAnnotations { op, key, .. }
-            | Action::PushStatus { op, key, .. }
+            Action::PatchPod { op, key, .. }
             | Action::DeletePod { op, key, .. } => (Some(key), Some(*op)),
             Action::RecordEvent { key, .. }
             | Action::Probe { key, .. }

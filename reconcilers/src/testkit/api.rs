@@ -19,8 +19,8 @@ pub struct FakeApi {
     /// Watch events not yet delivered.
     pub watch: VecDeque<Event>,
     /// Status writes accepted, for measuring write economy.
-    pub status_writes: u64,
-    pub annotation_writes: u64,
+    /// Status-and-annotation patches answered.
+    pub writes: u64,
 }
 
 impl FakeApi {
@@ -67,45 +67,34 @@ impl FakeApi {
         }
     }
 
-    pub fn push_status(
+    /// A merge patch of `pods/status`: the status (if any) and annotations in one write, echoed
+    /// once by the watch when it changed anything.
+    pub fn patch_pod(
         &mut self,
         key: &PodKey,
         uid: &str,
-        status: &PodStatus,
+        status: Option<&PodStatus>,
+        annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<KubeOk, KubeError> {
         self.precondition(key, uid)?;
         let p = self.pods.get_mut(key).expect("checked");
-        let changed = p.status != *status;
-        p.status = status.clone();
-        let held = p.status.clone();
-        self.status_writes += 1;
-        if changed {
-            self.echo(key);
+        let before = (p.status.clone(), p.annotations.clone());
+        if let Some(status) = status {
+            p.status = status.clone();
         }
-        Ok(KubeOk::Status { status: held })
-    }
-
-    pub fn patch_annotations(
-        &mut self,
-        key: &PodKey,
-        uid: &str,
-        set: &BTreeMap<String, Option<String>>,
-    ) -> Result<KubeOk, KubeError> {
-        self.precondition(key, uid)?;
-        let p = self.pods.get_mut(key).expect("checked");
-        let before = p.annotations.clone();
-        for (k, v) in set {
+        for (k, v) in annotations {
             match v {
                 Some(v) => p.annotations.insert(k.clone(), v.clone()),
                 None => p.annotations.remove(k),
             };
         }
-        let changed = before != p.annotations;
-        self.annotation_writes += 1;
+        let changed = before != (p.status.clone(), p.annotations.clone());
+        let held = p.status.clone();
+        self.writes += 1;
         if changed {
             self.echo(key);
         }
-        Ok(KubeOk::Done)
+        Ok(KubeOk::Status { status: held })
     }
 
     /// Grace 0, or a pod already terminal, goes at once; otherwise the pod only gets a

@@ -479,17 +479,16 @@ impl World {
                 let result = self.cocoon.exec(&cmd);
                 self.feed(Event::CocoonDone { op, result });
             }
-            Action::PatchAnnotations { op, key, uid, set } => {
-                let result = self.api.patch_annotations(&key, &uid, &set);
-                self.feed(Event::KubeDone { op, result });
-            }
-            Action::PushStatus {
+            Action::PatchPod {
                 op,
                 key,
                 uid,
                 status,
+                annotations,
             } => {
-                let result = self.api.push_status(&key, &uid, &status);
+                let result = self
+                    .api
+                    .patch_pod(&key, &uid, status.as_ref(), &annotations);
                 self.feed(Event::KubeDone { op, result });
             }
             Action::DeletePod {
@@ -606,8 +605,7 @@ pub fn create_ready_delete(pods: usize) -> Vec<Envelope> {
 pub fn op_of(a: &Action) -> Option<OpId> {
     match a {
         Action::Cocoon { op, .. }
-        | Action::PatchAnnotations { op, .. }
-        | Action::PushStatus { op, .. }
+        | Action::PatchPod { op, .. }
         | Action::DeletePod { op, .. } => Some(*op),
         _ => None,
     }

@@ -84,19 +84,29 @@ pub fn status(s: &PodStatus) -> String {
 pub fn action(a: &Action) -> String {
     match a {
         Action::Cocoon { op, cmd, .. } => format!("cocoon #{op} {}", cmd.argv().join(" ")),
-        Action::PatchAnnotations { op, key, set, .. } => {
-            let kv: Vec<String> = set
-                .iter()
-                .map(|(k, v)| match v {
-                    Some(v) => format!("{}={}", short_key(k), v),
-                    None => format!("{}=null", short_key(k)),
-                })
-                .collect();
-            format!("annotate #{op} {key} {}", kv.join(" "))
+        Action::PatchPod {
+            op,
+            key,
+            status: s,
+            annotations,
+            ..
+        } => {
+            let mut line = format!("patch #{op} {key}");
+            if let Some(s) = s {
+                line += &format!(" status {}", status(s));
+            }
+            if !annotations.is_empty() {
+                let kv: Vec<String> = annotations
+                    .iter()
+                    .map(|(k, v)| match v {
+                        Some(v) => format!("{}={}", short_key(k), v),
+                        None => format!("{}=null", short_key(k)),
+                    })
+                    .collect();
+                line += &format!(" annotate {}", kv.join(" "));
+            }
+            line
         }
-        Action::PushStatus {
-            op, key, status: s, ..
-        } => format!("status #{op} {key} {}", status(s)),
         Action::DeletePod {
             op,
             key,
