@@ -72,11 +72,9 @@ impl Executor {
                 uid,
                 status,
                 annotations,
-            } => {
-                self.kube(op, "pod", move |c| async move {
-                    kube_writes::patch_pod(&c, &key, &uid, status.as_ref(), &annotations).await
-                })
-            }
+            } => self.kube(op, "pod", move |c| async move {
+                kube_writes::patch_pod(&c, &key, &uid, status.as_ref(), &annotations).await
+            }),
             Action::DeletePod {
                 op,
                 key,

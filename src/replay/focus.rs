@@ -65,8 +65,9 @@ impl Focus {
     pub fn action(&mut self, a: &Action) -> bool {
         let (key, op) = match a {
             Action::Cocoon { op, key, .. } => (key.as_ref(), Some(*op)),
-            Action::PatchPod { op, key, .. }
-            | Action::DeletePod { op, key, .. } => (Some(key), Some(*op)),
+            Action::PatchPod { op, key, .. } | Action::DeletePod { op, key, .. } => {
+                (Some(key), Some(*op))
+            }
             Action::RecordEvent { key, .. }
             | Action::Probe { key, .. }
             | Action::StopProbe { key } => (Some(key), None),

@@ -604,9 +604,9 @@ pub fn create_ready_delete(pods: usize) -> Vec<Envelope> {
 /// The op id an effect reports back under.
 pub fn op_of(a: &Action) -> Option<OpId> {
     match a {
-        Action::Cocoon { op, .. }
-        | Action::PatchPod { op, .. }
-        | Action::DeletePod { op, .. } => Some(*op),
+        Action::Cocoon { op, .. } | Action::PatchPod { op, .. } | Action::DeletePod { op, .. } => {
+            Some(*op)
+        }
         _ => None,
     }
 }
