@@ -14,12 +14,16 @@ const MAX_BACKOFF_US: u64 = 1_000_000;
 const FIRST_BACKOFF_MS: u64 = FIRST_BACKOFF_US / 1000;
 const READY_INTERVAL_MS: u64 = 5000;
 const FAILURES_TO_FLIP: u32 = 3;
+/// How long the first status of a VM waits for a passing probe: R3's per-probe deadline. A
+/// guest still booting or still without a lease is published not-ready once this has passed.
+const FIRST_RESULT_BOUND_MS: crate::time::Millis = 3000;
 
 /// Starts (or replaces) the pod's probe agent; the first probe runs at once (R2).
 pub fn start(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.probe.active = true;
     e.probe.awaiting_first = true;
+    e.probe.started_at = s.now;
     e.probe.failures = 0;
     e.probe.backoff_us = FIRST_BACKOFF_US;
     schedule(s, key, 0);
@@ -66,7 +70,11 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
     if !e.probe.active || seq != e.probe.seq {
         return;
     }
-    if std::mem::take(&mut e.probe.awaiting_first) {
+    // The wait for a first result ends on a success or once the bound has passed; a failure
+    // inside it (no lease yet, guest not answering yet) is not worth a status of its own.
+    let first_settled = ok || now.saturating_sub(e.probe.started_at) >= FIRST_RESULT_BOUND_MS;
+    if e.probe.awaiting_first && first_settled {
+        e.probe.awaiting_first = false;
         s.touched.insert(key);
     }
     let Some(e) = s.pods.get_mut(key) else { return };

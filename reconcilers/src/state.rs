@@ -242,10 +242,14 @@ pub struct ProbeState {
     pub failures: u32,
     /// The next not-ready wait, in µs.
     pub backoff_us: u64,
-    /// Started, first result not in yet (R2: the first probe's result is part of the first
-    /// status published for a VM, so Running-not-ready is not written only to be rewritten).
+    /// Started, and neither a success nor the first-result bound is in yet (R2: the first
+    /// probe's result is part of the first status published for a VM, so Running-not-ready
+    /// is not written only to be rewritten a moment later).
     #[serde(default)]
     pub awaiting_first: bool,
+    /// When the agent started, to bound `awaiting_first`.
+    #[serde(default)]
+    pub started_at: Millis,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
