@@ -236,9 +236,19 @@ async fn bench_many_pods() -> Result<()> {
             .then_some(()))
     })
     .await?;
-    let writes = daemon::metric(metrics_port, "cocoon_vk_api_writes_total").await?;
+    let by_kind = daemon::metric_series(metrics_port, "cocoon_vk_api_writes_total").await?;
+    let writes: f64 = by_kind.iter().map(|(_, v)| v).sum();
     d.proc.stop();
 
+    // For a look at what the daemon did: `BENCH_KEEP_JOURNAL=DIR make bench-e2e`, then
+    // `vk-cocoon replay --pod NS/NAME DIR/*.jsonl`.
+    if let Some(keep) = std::env::var_os("BENCH_KEEP_JOURNAL") {
+        std::fs::create_dir_all(&keep)?;
+        for f in std::fs::read_dir(journal.parent().context("dir")?)? {
+            let f = f?.path();
+            std::fs::copy(&f, Path::new(&keep).join(f.file_name().context("name")?))?;
+        }
+    }
     let (lat, overhead) = create_to_ready(&journal)?;
     vanish_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let max_gap = renew.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
@@ -257,8 +267,13 @@ async fn bench_many_pods() -> Result<()> {
         percentile(&overhead, 0.99)
     );
     println!(
-        "  API writes per pod lifecycle (status, annotations, deletes, events): {:.2}",
-        writes / n as f64
+        "  API writes per pod lifecycle: {:.2} ({})",
+        writes / n as f64,
+        by_kind
+            .iter()
+            .map(|(k, v)| format!("{k} {:.2}", v / n as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
         "  daemon at steady state: RSS {:.1} MiB, CPU {:.3} cores",

@@ -19,6 +19,10 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         || e.write_op.is_some()
         || e.delete_op.is_some()
         || first_probe_pending(e)
+        // D5–D8: a deleting pod's status waits for its VM's removal, so a quick removal goes
+        // straight to Succeeded instead of through a not-ready write; a failed one is
+        // published when it comes back.
+        || (e.deleting && e.busy.is_some())
     {
         return;
     }
@@ -30,7 +34,11 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
             return;
         }
     }
-    let annotations = annotations::diff(p.entry);
+    // A deleting pod's object is about to go: its annotations are not worth a write.
+    let annotations = match p.entry.deleting {
+        true => Default::default(),
+        false => annotations::diff(p.entry),
+    };
     if status.is_none() && annotations.is_empty() {
         return;
     }

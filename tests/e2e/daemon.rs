@@ -158,6 +158,23 @@ pub async fn metric(port: u16, name: &str) -> Result<f64> {
         .sum())
 }
 
+/// Every series of one metric as (labels, value), labels as printed (`kind="pod"`).
+pub async fn metric_series(port: u16, name: &str) -> Result<Vec<(String, f64)>> {
+    let body = reqwest_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let labels = series
+                .split_once('{')
+                .map_or("", |(_, rest)| rest.trim_end_matches('}'));
+            Some((labels.to_string(), value.parse::<f64>().ok()?))
+        })
+        .collect())
+}
+
 async fn reqwest_get(url: &str) -> Result<String> {
     Ok(e2e::ready::http().get(url).send().await?.text().await?)
 }
