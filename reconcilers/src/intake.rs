@@ -19,7 +19,8 @@ pub fn relist_end(s: &mut State) {
     let seen = std::mem::take(&mut s.relist.seen);
     let missing: Vec<(PodKey, String)> = s
         .pods
-        .iter()
+        .sorted()
+        .into_iter()
         .filter(|(k, e)| !seen.contains(*k) && !e.gone)
         .map(|(k, e)| (k.clone(), e.pod.uid.clone()))
         .collect();

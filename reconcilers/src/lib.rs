@@ -17,6 +17,7 @@ pub mod leases;
 pub mod lifecycle;
 pub mod names;
 pub mod pod;
+pub mod pod_table;
 mod pod_write;
 mod probe;
 pub mod quantity;

@@ -108,8 +108,11 @@ impl PartialOrd for PodKey {
 }
 
 impl Hash for PodKey {
+    #[inline]
     fn hash<H: Hasher>(&self, h: &mut H) {
-        (self.namespace(), self.name()).hash(h)
+        // The joined bytes and the split point: equal keys hash alike (see `eq`).
+        h.write(self.joined.as_bytes());
+        h.write_u32(self.ns_len);
     }
 }
 

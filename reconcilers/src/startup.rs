@@ -19,7 +19,7 @@ pub fn try_start(s: &mut State) {
         return;
     };
     // B2: a pod on this node that needs a CPU class the node lacks is fatal.
-    for (key, e) in &s.pods {
+    for (key, e) in s.pods.sorted() {
         if e.pod.is_terminal() {
             continue;
         }
@@ -38,7 +38,7 @@ pub fn try_start(s: &mut State) {
     }
     s.started = true;
     let mut claimed: BTreeSet<String> = BTreeSet::new();
-    let keys: Vec<PodKey> = s.pods.keys().cloned().collect();
+    let keys: Vec<PodKey> = s.pods.keys();
     for key in &keys {
         let e = &s.pods[key];
         if e.pod.is_terminal() || e.pod.deletion_timestamp.is_some() {

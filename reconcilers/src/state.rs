@@ -9,6 +9,7 @@ use crate::action::{Action, OpId};
 use crate::config::Config;
 use crate::event::Lease;
 use crate::pod::{PodKey, PodView};
+use crate::pod_table::PodTable;
 use crate::small_str::SmallStr;
 use crate::spec::{SpecError, VmSpec};
 use crate::time::Millis;
@@ -20,9 +21,7 @@ pub struct State {
     /// Time of the event being reduced.
     pub now: Millis,
     pub(crate) next_op: OpId,
-    /// Boxed: an entry is about 2 KiB, and the map's nodes hold values inline, so unboxed
-    /// every insert or removal shifted whole entries and every node split allocated ~24 KiB.
-    pub pods: BTreeMap<PodKey, Box<PodEntry>>,
+    pub pods: PodTable,
     /// Which pod (or orphan) waits for an operation's outcome. Boxed like `pods`: an owner
     /// can hold a whole pushed status, and inline values made every node a large allocation.
     pub(crate) ops: BTreeMap<OpId, Box<OpOwner>>,
@@ -265,7 +264,7 @@ impl State {
             config,
             now: 0,
             next_op: 1,
-            pods: BTreeMap::new(),
+            pods: PodTable::default(),
             ops: BTreeMap::new(),
             vm_ids: BTreeMap::new(),
             vm_names: BTreeMap::new(),

@@ -1,24 +1,27 @@
 //! The pod status vk owns, shaped like the `PodStatus` JSON of the Kubernetes API so the
 //! shell can put it into a `pods/status` merge patch as it is, and can compare it with what the
-//! server holds.
+//! server holds. Its texts are [`SmallStr`]s: phases, condition types, times and IPs all fit
+//! inline, so a status costs two allocations (its lists) instead of about twenty.
 
 use serde::{Deserialize, Serialize};
+
+use crate::small_str::SmallStr;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodStatus {
     #[serde(default)]
-    pub phase: String,
+    pub phase: SmallStr,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<SmallStr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub message: Option<SmallStr>,
     #[serde(rename = "hostIP", default, skip_serializing_if = "Option::is_none")]
-    pub host_ip: Option<String>,
+    pub host_ip: Option<SmallStr>,
     #[serde(rename = "podIP", default, skip_serializing_if = "Option::is_none")]
-    pub pod_ip: Option<String>,
+    pub pod_ip: Option<SmallStr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<String>,
+    pub start_time: Option<SmallStr>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     #[serde(default)]
@@ -29,23 +32,23 @@ pub struct PodStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
-    pub type_: String,
-    pub status: String,
+    pub type_: SmallStr,
+    pub status: SmallStr,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_transition_time: Option<String>,
+    pub last_transition_time: Option<SmallStr>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStatus {
-    pub name: String,
+    pub name: SmallStr,
     pub ready: bool,
     #[serde(default)]
     pub restart_count: i32,
     #[serde(default)]
-    pub image: String,
+    pub image: SmallStr,
     #[serde(rename = "imageID", default)]
-    pub image_id: String,
+    pub image_id: SmallStr,
     #[serde(default)]
     pub started: Option<bool>,
     pub state: ContainerState,
@@ -64,7 +67,7 @@ pub struct ContainerState {
 #[serde(rename_all = "camelCase")]
 pub struct Running {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<SmallStr>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,11 +75,11 @@ pub struct Running {
 pub struct Terminated {
     pub exit_code: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<SmallStr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub message: Option<SmallStr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<SmallStr>,
 }
 
 pub const CONTAINER: &str = "agent";
@@ -222,7 +225,7 @@ impl<'a> Desired<'a> {
     }
 
     fn to_status(&self) -> PodStatus {
-        let start_time = self.start_time().map(str::to_string);
+        let start_time = self.start_time().map(SmallStr::new);
         PodStatus {
             phase: self.phase.into(),
             reason: self.reason.map(Into::into),
@@ -324,7 +327,7 @@ fn true_false(ok: bool) -> &'static str {
 }
 
 impl Container<'_> {
-    fn to_status(&self, start_time: Option<String>) -> ContainerStatus {
+    fn to_status(&self, start_time: Option<SmallStr>) -> ContainerStatus {
         let state = match self.terminated {
             Some((exit_code, reason, message)) => ContainerState {
                 running: None,

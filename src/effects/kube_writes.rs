@@ -7,6 +7,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use reconcilers::event::{KubeError, KubeErrorKind, KubeOk};
 use reconcilers::pod::PodKey;
+use reconcilers::small_str::SmallStr;
 use reconcilers::status::PodStatus;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -58,7 +59,7 @@ fn status_fields(status: &PodStatus) -> Value {
     for k in ["reason", "message", "podIP", "hostIP", "startTime"] {
         s.entry(k).or_insert(Value::Null);
     }
-    let ips = |ip: &Option<String>| {
+    let ips = |ip: &Option<SmallStr>| {
         ip.as_ref()
             .map(|ip| json!([{ "ip": ip }]))
             .unwrap_or(Value::Null)

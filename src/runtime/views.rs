@@ -75,12 +75,12 @@ impl Publisher {
                     .contains_key(&reconcilers::pod::PodKey::new(ns, name))
             })
         });
-        for (key, e) in &state.pods {
+        for (key, e) in state.pods.sorted() {
             let row = PodRow {
                 namespace: key.namespace().to_string(),
                 name: key.name().to_string(),
                 uid: e.pod.uid.clone(),
-                phase: e.pod.status.phase.clone(),
+                phase: e.pod.status.phase.to_string(),
             };
             if pods
                 .get(&key.to_string())

@@ -5,17 +5,19 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Pod, PodStatus as K8sStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use reconcilers::pod::{Container, OwnerRef, PodView, Resources};
+use reconcilers::small_str::SmallStr;
 use reconcilers::status::{
     Condition, ContainerState, ContainerStatus, PodStatus, Running, Terminated,
 };
-use reconcilers::time::{rfc3339_seconds, Millis};
+use reconcilers::time::{Millis, Rfc3339};
 
 fn millis(t: &Time) -> Millis {
     t.0.as_millisecond()
 }
 
-fn ts(t: &Option<Time>) -> Option<String> {
-    t.as_ref().map(|t| rfc3339_seconds(millis(t)))
+fn ts(t: &Option<Time>) -> Option<SmallStr> {
+    t.as_ref()
+        .map(|t| SmallStr::new(Rfc3339::seconds(millis(t)).as_str()))
 }
 
 fn quantities(
@@ -80,11 +82,11 @@ pub fn pod_view(pod: &Pod) -> PodView {
 /// them (second-precision times), so equal means "nothing to write".
 pub fn observed_status(s: &K8sStatus) -> PodStatus {
     PodStatus {
-        phase: s.phase.clone().unwrap_or_default(),
-        reason: s.reason.clone(),
-        message: s.message.clone(),
-        host_ip: s.host_ip.clone(),
-        pod_ip: s.pod_ip.clone(),
+        phase: s.phase.as_deref().unwrap_or_default().into(),
+        reason: s.reason.as_deref().map(SmallStr::new),
+        message: s.message.as_deref().map(SmallStr::new),
+        host_ip: s.host_ip.as_deref().map(SmallStr::new),
+        pod_ip: s.pod_ip.as_deref().map(SmallStr::new),
         start_time: ts(&s.start_time),
         conditions: s
             .conditions
@@ -92,8 +94,8 @@ pub fn observed_status(s: &K8sStatus) -> PodStatus {
             .map(|cs| {
                 cs.iter()
                     .map(|c| Condition {
-                        type_: c.type_.clone(),
-                        status: c.status.clone(),
+                        type_: c.type_.as_str().into(),
+                        status: c.status.as_str().into(),
                         last_transition_time: ts(&c.last_transition_time),
                     })
                     .collect()
@@ -105,11 +107,11 @@ pub fn observed_status(s: &K8sStatus) -> PodStatus {
             .map(|cs| {
                 cs.iter()
                     .map(|c| ContainerStatus {
-                        name: c.name.clone(),
+                        name: c.name.as_str().into(),
                         ready: c.ready,
                         restart_count: c.restart_count,
-                        image: c.image.clone(),
-                        image_id: c.image_id.clone(),
+                        image: c.image.as_str().into(),
+                        image_id: c.image_id.as_str().into(),
                         started: c.started,
                         state: ContainerState {
                             running: c
@@ -122,8 +124,8 @@ pub fn observed_status(s: &K8sStatus) -> PodStatus {
                             terminated: c.state.as_ref().and_then(|st| st.terminated.as_ref()).map(
                                 |t| Terminated {
                                     exit_code: t.exit_code,
-                                    reason: t.reason.clone(),
-                                    message: t.message.clone(),
+                                    reason: t.reason.as_deref().map(SmallStr::new),
+                                    message: t.message.as_deref().map(SmallStr::new),
                                     finished_at: ts(&t.finished_at),
                                 },
                             ),

@@ -32,7 +32,7 @@ pub fn check_actions(w: &mut World, actions: &[Action]) {
         else {
             continue;
         };
-        for (k, e) in &w.state.pods {
+        for (k, e) in w.state.pods.sorted() {
             let holds = e.vm.as_ref().is_some_and(|v| &v.record.id == id);
             let asked = key.as_ref() == Some(k);
             if (holds || asked) && wants_vm(e) {

@@ -559,7 +559,8 @@ impl Runner {
         let mut out: Vec<String> = w
             .state
             .pods
-            .iter()
+            .sorted()
+            .into_iter()
             .map(|(k, e)| {
                 let vm = e.vm.as_ref().map_or("-".into(), |v| v.record.id.clone());
                 let busy = e.busy.as_ref().map_or("-".into(), |b| step_name(&b.step));
