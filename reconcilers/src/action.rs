@@ -26,6 +26,12 @@ pub enum Timer {
     DeleteRetry { key: PodKey, uid: String },
     /// Retry the eviction delete (W6: 2 tries).
     EvictRetry { key: PodKey, uid: String },
+    /// Look again at a VM record left `creating` (B3 watcher).
+    StaleCreate {
+        id: String,
+        name: String,
+        attempt: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Routing a cocoon call's outcome back to the step that asked for it.
 
 use crate::action::OpId;
-use crate::action::{Action, Counter, Level};
+use crate::action::{Action, Level};
 use crate::event::CocoonOk;
 use crate::state::{OpOwner, State, Step};
 use crate::vm::{CocoonError, CocoonErrorKind};
@@ -29,7 +29,14 @@ pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
                 | Step::RemoveForEvict { .. } => vmevents::step_done(s, &key, step, result),
                 _ => create::step_done(s, &key, step, result),
             }
+            vmevents::take_pending_hint(s, &key);
         }
+        OpOwner::StaleCreate {
+            id,
+            name,
+            attempt,
+            call,
+        } => crate::stale_create::done(s, &id, &name, attempt, call, result),
         OpOwner::Detached { what } => detached(s, &what, result),
         _ => {}
     }
@@ -37,34 +44,14 @@ pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
 
 fn detached(s: &mut State, what: &str, result: Result<CocoonOk, CocoonError>) {
     match result {
-        Ok(CocoonOk::StaleCreate { outcome }) => {
-            s.emit(Action::Count {
-                counter: Counter::StaleCreateReconcile {
-                    outcome: outcome.clone(),
-                },
-            });
-            s.emit(Action::Log {
-                level: Level::Info,
-                message: format!("{what}: {outcome}"),
-            });
-        }
-        Ok(_) => {}
-        Err(CocoonError {
+        Ok(_)
+        | Err(CocoonError {
             kind: CocoonErrorKind::SnapshotNotFound | CocoonErrorKind::VmNotFound,
             ..
         }) => {}
-        Err(err) => {
-            if what.starts_with("stale-create") {
-                s.emit(Action::Count {
-                    counter: Counter::StaleCreateReconcile {
-                        outcome: "error".into(),
-                    },
-                });
-            }
-            s.emit(Action::Log {
-                level: Level::Warn,
-                message: format!("{what} failed: {}", err.message),
-            });
-        }
+        Err(err) => s.emit(Action::Log {
+            level: Level::Warn,
+            message: format!("{what} failed: {}", err.message),
+        }),
     }
 }

@@ -140,6 +140,9 @@ pub fn intake(s: &mut State, key: &PodKey) {
         return;
     }
     if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
+        // A new attempt (L2 rule 5): `creating` first, so a failed earlier attempt does not
+        // hold the adopted VM's `ready` back.
+        lifecycle::set(s, key, crate::state::Lifecycle::Creating, None);
         create::adopt(s, key, record, "adopted");
         return;
     }

@@ -24,6 +24,7 @@ pub mod quantity;
 mod reduce;
 pub mod small_str;
 pub mod spec;
+mod stale_create;
 mod startup;
 pub mod state;
 pub mod status;

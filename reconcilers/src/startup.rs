@@ -37,6 +37,11 @@ pub fn try_start(s: &mut State) {
         }
     }
     s.started = true;
+    // B3: records still `creating` are settled first and never enter the adoption index.
+    let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.state == "creating");
+    for vm in &stale {
+        crate::stale_create::begin(s, vm);
+    }
     let mut claimed: BTreeSet<String> = BTreeSet::new();
     let keys: Vec<PodKey> = s.pods.keys();
     for key in &keys {
@@ -100,16 +105,9 @@ pub fn try_start(s: &mut State) {
 
 /// A VM no pod claims (B8). A `creating` placeholder goes through stale-create (B3) instead:
 /// it may belong to a create that is still running.
-fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
+pub(crate) fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
     if vm.state == "creating" {
-        let op = s.new_op(OpOwner::Detached {
-            what: format!("stale-create {}", vm.id),
-        });
-        s.emit(Action::Cocoon {
-            op,
-            key: None,
-            cmd: CocoonCmd::ReconcileStaleCreate { id: vm.id.clone() },
-        });
+        crate::stale_create::begin(s, vm);
         return;
     }
     match s.config.orphan_policy {

@@ -85,6 +85,13 @@ pub enum OpOwner {
         reason: String,
         message: String,
     },
+    /// The B3 watcher of a VM record left `creating`.
+    StaleCreate {
+        id: String,
+        name: String,
+        attempt: u32,
+        call: crate::stale_create::Call,
+    },
     /// Fire-and-forget work whose outcome is only logged (orphan removal, snapshot cleanup).
     Detached {
         what: String,
@@ -126,6 +133,9 @@ pub struct PodEntry {
     /// A status we pushed whose echo still differed: not pushed again until it changes.
     pub echo_mismatch: Option<crate::status::PodStatus>,
     pub delete_failures: u32,
+    /// A VM stream hint arrived while an operation was in flight; it is taken up after.
+    #[serde(default)]
+    pub hint_pending: bool,
     /// A new incarnation under the same name, taken in once this one is collected.
     pub successor: Option<PodView>,
 }
@@ -401,6 +411,7 @@ impl PodEntry {
             ip_wait: None,
             write_op: None,
             kube_failures: 0,
+            hint_pending: false,
             delete_op: None,
             evict_tries: 0,
             kube_backoff: false,

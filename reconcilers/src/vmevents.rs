@@ -30,18 +30,46 @@ pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
             .flatten()
     });
     let Some(key) = key.cloned() else { return };
-    let Some(e) = s.pods.get(&key) else { return };
+    let Some(e) = s.pods.get_mut(&key) else {
+        return;
+    };
     let hibernating = e.spec.as_ref().is_ok_and(|sp| sp.hibernate);
     let unmanaged = e.vm.as_ref().is_some_and(|v| v.unmanaged);
-    if unmanaged || hibernating || e.deleting || e.busy.is_some() || e.terminal.is_some() {
+    if unmanaged || hibernating || e.deleting || e.terminal.is_some() {
+        return;
+    }
+    if e.busy.is_some() {
+        // One operation at a time: the hint waits for the one in flight, which may have
+        // looked at the VM before this change (a removal racing a restart).
+        e.hint_pending = e.vm.is_some();
         return;
     }
     hint(s, &key);
 }
 
+/// A hint that arrived while an operation was in flight, taken up once it is done.
+pub(crate) fn take_pending_hint(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get(key) else { return };
+    let eligible = e.hint_pending
+        && e.busy.is_none()
+        && e.vm.as_ref().is_some_and(|v| !v.unmanaged)
+        && !e.deleting
+        && e.terminal.is_none()
+        && e.delete_op.is_none()
+        && !e.spec.as_ref().is_ok_and(|sp| sp.hibernate);
+    if eligible {
+        hint(s, key);
+    } else if e.busy.is_none() {
+        if let Some(e) = s.pods.get_mut(key) {
+            e.hint_pending = false;
+        }
+    }
+}
+
 /// W4: inspect the tracked VM before believing anything.
 pub fn hint(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
+    e.hint_pending = false;
     let Some(vm) = &e.vm else { return };
     let id = vm.record.id.clone();
     create::run_step(
@@ -97,6 +125,14 @@ pub fn step_done(s: &mut State, key: &PodKey, step: Step, result: Result<CocoonO
             Step::InspectAfterRestart,
             CocoonCmd::VmInspect { vm: id },
         ),
+        // Only cocoon's not-found proves the VM gone: it was removed while being restarted.
+        (
+            Step::Restart | Step::InspectAfterRestart,
+            Err(CocoonError {
+                kind: CocoonErrorKind::VmNotFound,
+                ..
+            }),
+        ) => evict(s, key, "VMGone", "vm no longer exists"),
         (Step::Restart, Err(err)) => {
             let step = Step::RemoveForEvict {
                 reason: "RestartFailed".into(),
@@ -104,7 +140,11 @@ pub fn step_done(s: &mut State, key: &PodKey, step: Step, result: Result<CocoonO
             };
             create::run_step(s, key, step, CocoonCmd::VmRm { id });
         }
-        (Step::InspectAfterRestart, Ok(CocoonOk::Vm { vm })) => refresh(s, key, vm),
+        (Step::InspectAfterRestart, Ok(CocoonOk::Vm { vm })) if vm.is_running() => {
+            refresh(s, key, vm)
+        }
+        // Down again right after its restart: W4's cooldown decides.
+        (Step::InspectAfterRestart, Ok(CocoonOk::Vm { vm })) => not_running(s, key, vm),
         (Step::InspectAfterRestart, _) => {}
         (
             Step::RemoveForEvict { reason, message },
@@ -265,6 +305,8 @@ pub(crate) fn recheck(s: &mut State, key: &PodKey, uid: &str) {
 pub fn evict(s: &mut State, key: &PodKey, reason: &str, message: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.evict_tries += 1;
+    // The verdict is in: a hint that waited for it has nothing left to say.
+    e.hint_pending = false;
     let uid = e.pod.uid.clone();
     let op = s.new_op(OpOwner::Evict {
         key: key.clone(),

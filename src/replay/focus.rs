@@ -14,14 +14,15 @@ pub struct Focus {
     ops: BTreeSet<OpId>,
 }
 
-fn timer_key(t: &Timer) -> &PodKey {
+fn timer_key(t: &Timer) -> Option<&PodKey> {
     match t {
         Timer::CreateRetry { key, .. }
         | Timer::Recheck { key, .. }
         | Timer::LeaseWait { key, .. }
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
-        | Timer::EvictRetry { key, .. } => key,
+        | Timer::EvictRetry { key, .. } => Some(key),
+        Timer::StaleCreate { .. } => None,
     }
 }
 
@@ -51,7 +52,10 @@ impl Focus {
                 mine
             }
             Event::ProbeDone { key, .. } => *key == self.key,
-            Event::TimerFired { timer } => *timer_key(timer) == self.key,
+            Event::TimerFired {
+                timer: Timer::StaleCreate { name, .. },
+            } => self.vm_name.as_deref() == Some(name.as_str()),
+            Event::TimerFired { timer } => timer_key(timer) == Some(&self.key),
             Event::CocoonDone { op, .. } | Event::KubeDone { op, .. } => self.ops.remove(op),
             Event::VmStream { vm, .. } => {
                 before.vm_ids.get(&vm.id) == Some(&self.key)
@@ -71,7 +75,7 @@ impl Focus {
             Action::RecordEvent { key, .. }
             | Action::Probe { key, .. }
             | Action::StopProbe { key } => (Some(key), None),
-            Action::ArmTimer { timer, .. } => (Some(timer_key(timer)), None),
+            Action::ArmTimer { timer, .. } => (timer_key(timer), None),
             Action::Log { message, .. } => return names(message, &self.text),
             _ => (None, None),
         };

@@ -201,6 +201,8 @@ impl FakeCocoon {
             CocoonCmd::ReconcileStaleCreate { id } => {
                 let outcome = match self.vms.get(id) {
                     None => "not-found",
+                    // A creating record whose creator still runs (it has a pid) is busy.
+                    Some(v) if v.state == "creating" && v.pid != 0 => "busy",
                     Some(v) if v.state == "creating" => {
                         self.vms.remove(id);
                         "collected"

@@ -22,6 +22,7 @@ pub fn timer(t: &Timer) -> String {
         Timer::KubeRetry { key, .. } => ("kube-retry", key),
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
+        Timer::StaleCreate { id, .. } => return format!("stale-create {id}"),
     };
     format!("{kind} {key}")
 }

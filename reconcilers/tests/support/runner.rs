@@ -392,8 +392,8 @@ impl Runner {
                 vec![]
             }
             "timer-fire" => {
-                let (kind, k) = (rest[0].clone(), key(&rest[1]));
-                let pick = move |t: &Timer| render::timer(t) == format!("{kind} {k}");
+                let want = format!("{} {}", rest[0], rest[1]);
+                let pick = move |t: &Timer| render::timer(t) == want;
                 actions(&self.world().fire_timer(pick).expect("no such timer armed"))
             }
             "stream" => {
