@@ -25,26 +25,76 @@ pub enum Call {
     Inspect,
 }
 
+/// One record under watch, and which try this is.
+#[derive(Clone, Copy)]
+struct Watch<'a> {
+    id: &'a str,
+    name: &'a str,
+    attempt: u32,
+}
+
+impl Watch<'_> {
+    fn call(self, s: &mut State, what: Call) {
+        let op = s.new_op(OpOwner::StaleCreate {
+            id: self.id.to_string(),
+            name: self.name.to_string(),
+            attempt: self.attempt,
+            call: what,
+        });
+        let id = self.id.to_string();
+        let cmd = match what {
+            Call::Reconcile => CocoonCmd::ReconcileStaleCreate { id },
+            Call::Inspect => CocoonCmd::VmInspect { vm: id },
+        };
+        s.emit(Action::Cocoon { op, key: None, cmd });
+    }
+
+    /// Logs `stale-create <id> (<name>)` followed by `text`.
+    fn say(self, s: &mut State, level: Level, text: &str) {
+        let (id, name) = (self.id, self.name);
+        s.emit(Action::Log {
+            level,
+            message: format!("stale-create {id} ({name}){text}"),
+        });
+    }
+
+    /// Another try later, or none once the bound is reached.
+    fn later(self, s: &mut State, why: &str) {
+        if self.attempt >= MAX_TRIES {
+            let tries = self.attempt;
+            let text = format!(": still {why} after {tries} tries; the record is left alone");
+            self.say(s, Level::Warn, &text);
+            return;
+        }
+        let after_ms = (FIRST_WAIT_MS << (self.attempt - 1).min(16)).min(MAX_WAIT_MS);
+        self.say(
+            s,
+            Level::Info,
+            &format!(": {why}; looking again in {after_ms} ms"),
+        );
+        s.emit(Action::ArmTimer {
+            timer: Timer::StaleCreate {
+                id: self.id.to_string(),
+                name: self.name.to_string(),
+                attempt: self.attempt + 1,
+            },
+            after_ms,
+        });
+    }
+}
+
 pub(crate) fn begin(s: &mut State, vm: &VmRecord) {
-    ask(s, &vm.id, &vm.name, 1);
-}
-
-fn ask(s: &mut State, id: &str, name: &str, attempt: u32) {
-    call(s, id, name, attempt, Call::Reconcile);
-}
-
-fn call(s: &mut State, id: &str, name: &str, attempt: u32, what: Call) {
-    let op = s.new_op(OpOwner::StaleCreate {
-        id: id.to_string(),
-        name: name.to_string(),
-        attempt,
-        call: what,
-    });
-    let cmd = match what {
-        Call::Reconcile => CocoonCmd::ReconcileStaleCreate { id: id.to_string() },
-        Call::Inspect => CocoonCmd::VmInspect { vm: id.to_string() },
+    let w = Watch {
+        id: &vm.id,
+        name: &vm.name,
+        attempt: 1,
     };
-    s.emit(Action::Cocoon { op, key: None, cmd });
+    w.call(s, Call::Reconcile);
+}
+
+/// The watcher's timer: inspect first, then (still `creating`) ask again.
+pub(crate) fn fired(s: &mut State, id: &str, name: &str, attempt: u32) {
+    Watch { id, name, attempt }.call(s, Call::Inspect);
 }
 
 fn count(s: &mut State, outcome: &str) {
@@ -55,10 +105,6 @@ fn count(s: &mut State, outcome: &str) {
     });
 }
 
-fn log(s: &mut State, level: Level, message: String) {
-    s.emit(Action::Log { level, message });
-}
-
 pub(crate) fn done(
     s: &mut State,
     id: &str,
@@ -67,93 +113,65 @@ pub(crate) fn done(
     what: Call,
     result: Result<CocoonOk, CocoonError>,
 ) {
+    let w = Watch { id, name, attempt };
     match what {
-        Call::Reconcile => answered(s, id, name, attempt, result),
-        Call::Inspect => inspected(s, id, name, attempt, result),
+        Call::Reconcile => answered(s, w, result),
+        Call::Inspect => inspected(s, w, result),
     }
 }
 
-fn answered(
-    s: &mut State,
-    id: &str,
-    name: &str,
-    attempt: u32,
-    result: Result<CocoonOk, CocoonError>,
-) {
+fn answered(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
     match result {
         Ok(CocoonOk::StaleCreate { outcome }) => {
             count(s, &outcome);
             match outcome.as_str() {
-                "collected" | "not-found" => log(
-                    s,
-                    Level::Info,
-                    format!("stale-create {id} ({name}): {outcome}, the name is free"),
-                ),
-                "not-creating" => call(s, id, name, attempt, Call::Inspect),
-                _ => later(s, id, name, attempt, &outcome),
+                "collected" | "not-found" => {
+                    w.say(s, Level::Info, &format!(": {outcome}, the name is free"))
+                }
+                "not-creating" => w.call(s, Call::Inspect),
+                _ => w.later(s, &outcome),
             }
         }
         Ok(other) => {
             count(s, "error");
-            later(
-                s,
-                id,
-                name,
-                attempt,
-                &format!("an unexpected answer ({other:?})"),
-            );
+            w.later(s, &format!("an unexpected answer ({other:?})"));
         }
         Err(e) if e.kind == CocoonErrorKind::VmNotFound => {
             count(s, "not-found");
-            log(
-                s,
-                Level::Info,
-                format!("stale-create {id} ({name}): not found, the name is free"),
-            );
+            w.say(s, Level::Info, ": not found, the name is free");
         }
         Err(e) if e.kind == CocoonErrorKind::Unsupported => {
             count(s, "error");
-            log(
-                s,
-                Level::Warn,
-                format!(
-                    "stale-create {id} ({name}) failed: {}; this cocoon lacks the verb, the record is left alone",
-                    e.message
-                ),
+            let text = format!(
+                " failed: {}; this cocoon lacks the verb, the record is left alone",
+                e.message
             );
+            w.say(s, Level::Warn, &text);
         }
         Err(e) => {
             count(s, "error");
-            later(s, id, name, attempt, &format!("failing ({})", e.message));
+            w.later(s, &format!("failing ({})", e.message));
         }
     }
 }
 
-fn inspected(
-    s: &mut State,
-    id: &str,
-    name: &str,
-    attempt: u32,
-    result: Result<CocoonOk, CocoonError>,
-) {
+fn inspected(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
     match result {
-        Ok(CocoonOk::Vm { vm }) if vm.state == "creating" => ask(s, id, name, attempt),
+        Ok(CocoonOk::Vm { vm }) if vm.state == "creating" => w.call(s, Call::Reconcile),
         Ok(CocoonOk::Vm { vm }) if vm.is_running() && wanted(s, &vm.name) => {
-            log(
+            w.say(
                 s,
                 Level::Info,
-                format!("stale-create {id} ({name}): the create committed; its pod adopts the VM"),
+                ": the create committed; its pod adopts the VM",
             );
-            s.unclaimed.insert(vm.name.clone(), vm);
             // The pod may be between create attempts: its next one adopts.
+            s.unclaimed.insert(vm.name.clone(), vm);
         }
         Ok(CocoonOk::Vm { vm }) => crate::startup::orphan(s, &vm),
-        Err(e) if e.kind == CocoonErrorKind::VmNotFound => log(
-            s,
-            Level::Info,
-            format!("stale-create {id} ({name}): the record is gone, the name is free"),
-        ),
-        Ok(_) | Err(_) => later(s, id, name, attempt, "not inspectable"),
+        Err(e) if e.kind == CocoonErrorKind::VmNotFound => {
+            w.say(s, Level::Info, ": the record is gone, the name is free")
+        }
+        Ok(_) | Err(_) => w.later(s, "not inspectable"),
     }
 }
 
@@ -165,34 +183,4 @@ fn wanted(s: &State, name: &str) -> bool {
                 .as_ref()
                 .is_ok_and(|sp| sp.managed && sp.vm_name == name)
     })
-}
-
-fn later(s: &mut State, id: &str, name: &str, attempt: u32, why: &str) {
-    if attempt >= MAX_TRIES {
-        log(
-            s,
-            Level::Warn,
-            format!("stale-create {id} ({name}): still {why} after {attempt} tries; the record is left alone"),
-        );
-        return;
-    }
-    let after_ms = (FIRST_WAIT_MS << (attempt - 1).min(16)).min(MAX_WAIT_MS);
-    log(
-        s,
-        Level::Info,
-        format!("stale-create {id} ({name}): {why}; looking again in {after_ms} ms"),
-    );
-    s.emit(Action::ArmTimer {
-        timer: Timer::StaleCreate {
-            id: id.to_string(),
-            name: name.to_string(),
-            attempt: attempt + 1,
-        },
-        after_ms,
-    });
-}
-
-/// The watcher's timer: inspect first, then (still `creating`) ask again.
-pub(crate) fn fired(s: &mut State, id: &str, name: &str, attempt: u32) {
-    call(s, id, name, attempt, Call::Inspect);
 }
