@@ -338,11 +338,31 @@ async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
         .await
         .with_context(|| d.proc.log_tail(60))?;
 
-    // 7a: killed event streams reconnect; a vanish after that is still seen.
+    // 7a: killed event streams reconnect. A VM that vanishes while the stream is down (no
+    // event will ever say so) is found by the sweep at the reconnect; a vanish after it is
+    // seen by the stream.
+    create_pod(&pods, &run_pod("gap-a")?).await?;
+    let p = wait_ready(&pods, "gap-a", LIMIT).await?;
+    let gap_id = annotation(&p, "vm.cocoonstack.io/id").context("gap-a id")?;
+    let gap_seen = watch_for(pods.clone(), "gap-a", |p| {
+        terminated_reason(p).as_deref() == Some("VMGone")
+    });
     tb.sim
         .as_ref()
         .context("sim")?
         .run(&["sim", "fault", "kill-streams"])?;
+    // Inside the daemon's fixed 2 s reconnect delay.
+    tb.sim
+        .as_ref()
+        .context("sim")?
+        .run(&["sim", "fault", "vanish", &gap_id])?;
+    gap_seen
+        .wait(
+            "gap-a evicted VMGone after the stream gap",
+            Duration::from_secs(20),
+        )
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
     create_pod(&pods, &run_pod("after-kill")?).await?;
     let p = wait_ready(&pods, "after-kill", LIMIT).await?;
     let id = annotation(&p, "vm.cocoonstack.io/id").context("after-kill id")?;

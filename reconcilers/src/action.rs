@@ -26,6 +26,8 @@ pub enum Timer {
     DeleteRetry { key: PodKey, uid: String },
     /// Retry the eviction delete (W6: 2 tries).
     EvictRetry { key: PodKey, uid: String },
+    /// Compare `cocoon vm list` with the tracked VMs (R11).
+    Sweep,
     /// Look again at a VM record left `creating` (B3 watcher).
     StaleCreate {
         id: String,

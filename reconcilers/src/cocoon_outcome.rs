@@ -37,6 +37,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
             attempt,
             call,
         } => crate::stale_create::done(s, &id, &name, attempt, call, result),
+        OpOwner::Sweep => crate::sweep::done(s, result),
         OpOwner::Detached { what } => detached(s, &what, result),
         _ => {}
     }

@@ -93,7 +93,10 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
             s.touched.insert(&key);
             vmevents::evicted(s, &key, reason, message, ok);
         }
-        OpOwner::Vm { .. } | OpOwner::StaleCreate { .. } | OpOwner::Detached { .. } => {}
+        OpOwner::Vm { .. }
+        | OpOwner::StaleCreate { .. }
+        | OpOwner::Sweep
+        | OpOwner::Detached { .. } => {}
     }
 }
 

@@ -28,6 +28,7 @@ mod stale_create;
 mod startup;
 pub mod state;
 pub mod status;
+mod sweep;
 pub mod time;
 mod timers;
 pub mod vm;

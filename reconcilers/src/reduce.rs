@@ -7,7 +7,8 @@ use crate::event::{Envelope, Event};
 use crate::pod::PodKey;
 use crate::state::State;
 use crate::{
-    cocoon_outcome, intake, kube_outcome, leases, pod_write, probe, startup, timers, vmevents,
+    cocoon_outcome, intake, kube_outcome, leases, pod_write, probe, startup, sweep, timers,
+    vmevents,
 };
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
@@ -42,7 +43,7 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
             level: crate::action::Level::Error,
             message: format!("cocoon vm list failed: {}", error.message),
         }),
-        Event::VmStreamConnected => {}
+        Event::VmStreamConnected => sweep::stream_connected(state),
         Event::VmStream { kind, vm } => vmevents::stream_event(state, kind, vm),
         Event::VmStreamClosed { clean, .. } => vmevents::stream_closed(state, clean),
         Event::ProbeDone {

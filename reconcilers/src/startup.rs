@@ -101,6 +101,7 @@ pub fn try_start(s: &mut State) {
         orphan(s, vm);
     }
     s.emit(Action::RegisterNode);
+    crate::sweep::arm(s);
 }
 
 /// A VM no pod claims (B8). A `creating` placeholder goes through stale-create (B3) instead:

@@ -42,6 +42,14 @@ pub struct State {
     /// The lease file has been read once: until then a cached IP is not evidence of loss.
     #[serde(default)]
     pub leases_seen: bool,
+    /// A `vm list` sweep is in flight (R11); `sweep_rearm`: its outcome re-arms the timer.
+    #[serde(default)]
+    pub sweeping: bool,
+    #[serde(default)]
+    pub sweep_rearm: bool,
+    /// The VM stream closed since it last connected: events may have been missed.
+    #[serde(default)]
+    pub stream_gap: bool,
     /// DHCP MAC → pod, to route lease changes without scanning pods.
     pub macs: BTreeMap<String, PodKey>,
     /// VM id → time of its last in-place restart (W4 cooldown).
@@ -92,6 +100,8 @@ pub enum OpOwner {
         attempt: u32,
         call: crate::stale_create::Call,
     },
+    /// The periodic `vm list` comparison (R11).
+    Sweep,
     /// Fire-and-forget work whose outcome is only logged (orphan removal, snapshot cleanup).
     Detached {
         what: String,
@@ -284,6 +294,9 @@ impl State {
             started: false,
             leases: BTreeMap::new(),
             leases_seen: false,
+            sweeping: false,
+            sweep_rearm: false,
+            stream_gap: false,
             macs: BTreeMap::new(),
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),

@@ -2,7 +2,7 @@
 
 use crate::action::Timer;
 use crate::state::State;
-use crate::{create, delete, stale_create, vmevents};
+use crate::{create, delete, stale_create, sweep, vmevents};
 
 pub fn fired(s: &mut State, timer: Timer) {
     match timer {
@@ -20,5 +20,6 @@ pub fn fired(s: &mut State, timer: Timer) {
         Timer::DeleteRetry { key, uid } => delete::retry(s, &key, &uid),
         Timer::EvictRetry { key, uid } => vmevents::evict_retry(s, &key, &uid),
         Timer::StaleCreate { id, name, attempt } => stale_create::fired(s, &id, &name, attempt),
+        Timer::Sweep => sweep::start(s, true),
     }
 }

@@ -85,6 +85,8 @@ pub fn hint(s: &mut State, key: &PodKey) {
 }
 
 pub fn stream_closed(s: &mut State, clean: bool) {
+    // Whatever happened until the reconnect went unreported: the reconnect sweeps (R11).
+    s.stream_gap = true;
     if clean {
         let now = s.now;
         s.restarts.retain(|_, at| now - *at < COOLDOWN_GC_MS);

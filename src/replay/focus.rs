@@ -22,7 +22,7 @@ fn timer_key(t: &Timer) -> Option<&PodKey> {
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
         | Timer::EvictRetry { key, .. } => Some(key),
-        Timer::StaleCreate { .. } => None,
+        Timer::StaleCreate { .. } | Timer::Sweep => None,
     }
 }
 

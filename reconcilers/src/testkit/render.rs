@@ -23,6 +23,7 @@ pub fn timer(t: &Timer) -> String {
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
         Timer::StaleCreate { id, .. } => return format!("stale-create {id}"),
+        Timer::Sweep => return "sweep".into(),
     };
     format!("{kind} {key}")
 }

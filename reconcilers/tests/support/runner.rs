@@ -413,6 +413,7 @@ impl Runner {
                         .feed(Event::VmStreamClosed { clean, error: None }),
                 )
             }
+            "stream-connected" => actions(&self.world().feed(Event::VmStreamConnected)),
             "crash" => actions(&self.world().crash(&rest[0])),
             "vanish" => actions(&self.world().vanish(&rest[0])),
             // `fail-next VERB TEXT [N]`: the next N calls of VERB fail with TEXT.
