@@ -29,6 +29,9 @@ struct Families {
     vm_throttled: CounterVec,
     vm_periods: CounterVec,
     vm_rss: GaugeVec,
+    vm_cow: GaugeVec,
+    vm_rx: CounterVec,
+    vm_tx: CounterVec,
     node_cpu: CounterVec,
     node_mem: GaugeVec,
     storage_avail: GaugeVec,
@@ -54,6 +57,21 @@ impl Families {
                 &VM_LABELS,
             ),
             vm_rss: gauge("cocoon_vk_vm_memory_rss_bytes", "Per-VM RSS", &VM_LABELS),
+            vm_cow: gauge(
+                "cocoon_vk_vm_disk_cow_bytes",
+                "Per-VM bytes allocated to the COW disk",
+                &VM_LABELS,
+            ),
+            vm_rx: counter(
+                "cocoon_vk_vm_network_rx_bytes_total",
+                "Per-VM bytes received by the guest (its TAPs' transmit side)",
+                &VM_LABELS,
+            ),
+            vm_tx: counter(
+                "cocoon_vk_vm_network_tx_bytes_total",
+                "Per-VM bytes sent by the guest (its TAPs' receive side)",
+                &VM_LABELS,
+            ),
             node_cpu: counter(
                 "cocoon_vk_node_cpu_seconds_total",
                 "Node cumulative busy CPU (idle and iowait excluded)",
@@ -73,12 +91,15 @@ impl Families {
         }
     }
 
-    fn collectors(&self) -> [&dyn Collector; 8] {
+    fn collectors(&self) -> [&dyn Collector; 11] {
         [
             &self.vm_cpu,
             &self.vm_throttled,
             &self.vm_periods,
             &self.vm_rss,
+            &self.vm_cow,
+            &self.vm_rx,
+            &self.vm_tx,
             &self.node_cpu,
             &self.node_mem,
             &self.storage_avail,
@@ -121,6 +142,9 @@ impl Collector for StatsCollector {
                 .with_label_values(&l)
                 .inc_by(v.cpu.throttled_periods);
             f.vm_rss.with_label_values(&l).set(v.rss as f64);
+            f.vm_cow.with_label_values(&l).set(v.cow_bytes as f64);
+            f.vm_rx.with_label_values(&l).inc_by(v.net.rx as f64);
+            f.vm_tx.with_label_values(&l).inc_by(v.net.tx as f64);
         }
         f.node_cpu
             .with_label_values::<&str>(&[])

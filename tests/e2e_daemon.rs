@@ -121,6 +121,27 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     .await?;
     ensure!(rss > 0.0);
     ensure!(daemon::metric(metrics_port, "cocoon_vk_node_cpu_seconds_total").await? > 0.0);
+    // The COW disk holds data, and the probes' pings went through each VM's TAP both ways
+    // (guests on 127.x addresses, where namespaces are unavailable, have no TAP).
+    let run_id = annotation(&pods.get("run-a").await?, "vm.cocoonstack.io/id").context("id")?;
+    let inspect: serde_json::Value = serde_json::from_str(&sim.run(&["vm", "inspect", &run_id])?)?;
+    let has_tap = inspect["network_configs"][0]["netns_path"]
+        .as_str()
+        .is_some_and(|p| !p.is_empty());
+    let mut series = vec!["cocoon_vk_vm_disk_cow_bytes"];
+    if has_tap {
+        series.extend([
+            "cocoon_vk_vm_network_rx_bytes_total",
+            "cocoon_vk_vm_network_tx_bytes_total",
+        ]);
+    }
+    for series in series {
+        until(&format!("{series} on /metrics"), LIMIT, || async {
+            let v = daemon::metric(metrics_port, series).await?;
+            Ok((v > 0.0).then_some(()))
+        })
+        .await?;
+    }
 
     // kubectl logs reaches the daemon's kubelet API through the apiserver (K3).
     tb.kubectl(&["logs", "run-a"])

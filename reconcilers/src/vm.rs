@@ -21,6 +21,13 @@ pub struct VmRecord {
     pub static_ip: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
+    /// Every NIC's TAP device, for the shell's per-VM network counters (the core only
+    /// carries them to the published views).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taps: Vec<String>,
+    /// The COW disk's path (`storage_configs[role=cow].path`), for the disk usage series.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cow: Option<String>,
 }
 
 impl VmRecord {

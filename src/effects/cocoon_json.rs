@@ -19,6 +19,16 @@ struct RawVm {
     pid: Option<i64>,
     #[serde(default)]
     network_configs: Option<Vec<RawNic>>,
+    #[serde(default)]
+    storage_configs: Option<Vec<RawDisk>>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawDisk {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    role: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -34,6 +44,8 @@ struct RawNic {
     #[serde(default)]
     mac: String,
     #[serde(default)]
+    tap: String,
+    #[serde(default)]
     network: Option<RawStatic>,
 }
 
@@ -45,7 +57,19 @@ struct RawStatic {
 
 impl From<RawVm> for VmRecord {
     fn from(r: RawVm) -> Self {
-        let nic = r.network_configs.and_then(|n| n.into_iter().next());
+        let nics = r.network_configs.unwrap_or_default();
+        let taps = nics
+            .iter()
+            .map(|n| n.tap.clone())
+            .filter(|t| !t.is_empty())
+            .collect();
+        let cow = r
+            .storage_configs
+            .unwrap_or_default()
+            .into_iter()
+            .find(|d| d.role == "cow" && !d.path.is_empty())
+            .map(|d| d.path);
+        let nic = nics.into_iter().next();
         VmRecord {
             id: r.id,
             name: r.config.name,
@@ -61,6 +85,8 @@ impl From<RawVm> for VmRecord {
                 .map(|s| s.ip)
                 .filter(|ip| !ip.is_empty()),
             image: r.config.image,
+            taps,
+            cow,
         }
     }
 }

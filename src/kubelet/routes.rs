@@ -150,6 +150,8 @@ pub async fn stats_summary(ctx: web::Data<Ctx>) -> HttpResponse {
                 "containers": [{"name": "agent", "startTime": now,
                     "cpu": {"time": now, "usageCoreNanoSeconds": (v.cpu.usage_seconds * 1e9) as u64},
                     "memory": {"time": now, "workingSetBytes": v.rss}}],
+                "network": {"time": now, "rxBytes": v.net.rx, "txBytes": v.net.tx},
+                "ephemeral-storage": {"time": now, "usedBytes": v.cow_bytes},
             })
         })
         .collect();

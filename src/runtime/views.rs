@@ -20,6 +20,9 @@ pub struct VmView {
     pub backend: String,
     pub unmanaged: bool,
     pub windows: bool,
+    /// The record's TAP devices and COW disk path, for the per-VM network and disk series.
+    pub taps: Vec<String>,
+    pub cow: Option<String>,
 }
 
 /// A pod the watch sees on this node.
@@ -107,6 +110,8 @@ impl Publisher {
                     .spec
                     .as_ref()
                     .is_ok_and(|sp| sp.os == reconcilers::spec::Os::Windows),
+                taps: vm.record.taps.clone(),
+                cow: vm.record.cow.clone(),
             };
             let k = key.to_string();
             if vms.get(&k).map(|v| *v != view).unwrap_or(true) {

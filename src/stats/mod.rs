@@ -25,6 +25,10 @@ pub struct VmSample {
     pub vm: VmView,
     pub cpu: procfs::CpuStat,
     pub rss: u64,
+    /// Allocated bytes of the COW disk (sparse files count what they hold, not their size).
+    pub cow_bytes: u64,
+    /// Through the VM's TAPs, seen from the guest: a TAP's transmit is the guest's receive.
+    pub net: procfs::NetBytes,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -86,6 +90,9 @@ impl Sampler {
             storage_total: total,
         };
         let vms: Vec<VmView> = self.views.vms.iter().map(|e| e.value().clone()).collect();
+        // A TAP lives in the hypervisor's network namespace (CNI) or in the host's (bridge
+        // mode): the VMM's /proc view is tried first, the host's once per sample after it.
+        let host_net = std::sync::OnceLock::new();
         let vms = vms
             .into_iter()
             .filter(|v| v.pid > 0 && !v.unmanaged)
@@ -100,11 +107,40 @@ impl Sampler {
                     })
                     .unwrap_or_default();
                 let rss = procfs::rss_bytes(&read(format!("/proc/{}/stat", vm.pid)), page);
-                VmSample { vm, cpu, rss }
+                let cow_bytes = vm.cow.as_deref().map_or(0, allocated_bytes);
+                let own = procfs::net_dev(&read(format!("/proc/{}/net/dev", vm.pid)));
+                let net = vm
+                    .taps
+                    .iter()
+                    .fold(procfs::NetBytes::default(), |sum, tap| {
+                        let dev = own.get(tap).copied().or_else(|| {
+                            host_net
+                                .get_or_init(|| procfs::net_dev(&read("/proc/net/dev")))
+                                .get(tap)
+                                .copied()
+                        });
+                        let dev = dev.unwrap_or_default();
+                        procfs::NetBytes {
+                            rx: sum.rx + dev.tx,
+                            tx: sum.tx + dev.rx,
+                        }
+                    });
+                VmSample {
+                    vm,
+                    cpu,
+                    rss,
+                    cow_bytes,
+                    net,
+                }
             })
             .collect();
         Sample { node, vms }
     }
+}
+
+fn allocated_bytes(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
 }
 
 fn statfs(path: &str) -> (u64, u64) {

@@ -66,6 +66,34 @@ pub fn cpu_stat(text: &str) -> CpuStat {
     }
 }
 
+/// Bytes through one network device, as the kernel counts them on that device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetBytes {
+    pub rx: u64,
+    pub tx: u64,
+}
+
+/// `/proc/<pid>/net/dev`: device → received and transmitted bytes (columns 1 and 9).
+pub fn net_dev(text: &str) -> std::collections::BTreeMap<String, NetBytes> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let v: Vec<u64> = rest
+                .split_whitespace()
+                .map(|x| x.parse().unwrap_or(0))
+                .collect();
+            Some((
+                name.trim().to_string(),
+                NetBytes {
+                    rx: *v.first()?,
+                    tx: *v.get(8)?,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// The cgroup v2 mount point, from /proc/self/mountinfo (never assumed: hybrid hosts mount it
 /// at /sys/fs/cgroup/unified).
 pub fn cgroup2_mount(mountinfo: &str) -> Option<String> {
@@ -91,6 +119,15 @@ mod tests {
         let s = "42 (a (weird) name) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 321 22";
         assert_eq!(rss_bytes(s, 4096), 321 * 4096);
         assert_eq!(rss_bytes("garbage", 4096), 0);
+    }
+
+    #[test]
+    fn net_dev_reads_rx_and_tx_bytes() {
+        let text = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo:    1200      12    0    0    0     0          0         0     1200      12    0    0    0     0       0          0\ntapQ3ZK7M2X-0: 5000 40 0 0 0 0 0 0 7000 50 0 0 0 0 0 0\nbroken: x\n";
+        let d = net_dev(text);
+        assert_eq!(d["tapQ3ZK7M2X-0"], NetBytes { rx: 5000, tx: 7000 });
+        assert_eq!(d["lo"], NetBytes { rx: 1200, tx: 1200 });
+        assert!(!d.contains_key("broken"));
     }
 
     #[test]

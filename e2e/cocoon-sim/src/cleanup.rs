@@ -90,13 +90,13 @@ pub fn cleanup(env: &Env, all_leftovers: bool) -> Result<()> {
             ids.insert(c.id.clone());
             ipam::release(env, &c.ip, &c.id);
         } else if all_leftovers && !c.owner_alive() {
-            netns::teardown(&netns::netns_name(&c.id), &netns::veth_name(&c.id));
+            teardown_vm_net(&c.id);
             ipam::release(env, &c.ip, &c.id);
         }
     }
     for id in &ids {
         if id.len() >= 8 {
-            netns::teardown(&netns::netns_name(id), &netns::veth_name(id));
+            teardown_vm_net(id);
         }
     }
     if all_leftovers {
@@ -112,7 +112,14 @@ pub fn cleanup(env: &Env, all_leftovers: bool) -> Result<()> {
     Ok(())
 }
 
-/// vksim- namespaces and vks* links whose VM is not claimed by any live root.
+fn teardown_vm_net(id: &str) {
+    for veth in netns::veth_names(id) {
+        netns::teardown("", &veth);
+    }
+    netns::teardown(&netns::netns_name(id), "");
+}
+
+/// vksim- namespaces, and ports of the simulator's bridge, whose VM no live root claims.
 fn remove_unowned_links(env: &Env) {
     let live: BTreeSet<String> = ipam::claims(env)
         .into_iter()
@@ -129,13 +136,10 @@ fn remove_unowned_links(env: &Env) {
     let live_veths: BTreeSet<String> = live
         .iter()
         .filter(|i| i.len() >= 8)
-        .map(|i| netns::veth_name(i))
+        .flat_map(|i| netns::veth_names(i))
         .collect();
     for link in netns::list_links() {
-        if link.starts_with(netns::LINK_PREFIX)
-            && link != netns::BRIDGE
-            && !live_veths.contains(&link)
-        {
+        if link != netns::BRIDGE && netns::on_bridge(&link) && !live_veths.contains(&link) {
             netns::teardown("", &link);
         }
     }

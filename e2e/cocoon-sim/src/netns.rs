@@ -9,7 +9,6 @@ use crate::error::{fail, Result};
 
 pub const BRIDGE: &str = "vksim0";
 pub const NETNS_PREFIX: &str = "vksim-";
-pub const LINK_PREFIX: &str = "vks";
 
 pub fn netns_name(id: &str) -> String {
     format!("{NETNS_PREFIX}{id}")
@@ -19,9 +18,17 @@ pub fn netns_path(name: &str) -> String {
     format!("/var/run/netns/{name}")
 }
 
-/// Host end of NIC 0; short enough for IFNAMSIZ and recognisable as ours.
-pub fn veth_name(id: &str) -> String {
-    format!("{LINK_PREFIX}{}-0", &id[..8])
+/// The names the host end of NIC 0 can have: the TAP name cocoon gives the record (CNI
+/// `tap<id8>-0`, bridge mode `bt<id8>-0`), so a reader of per-VM network counters finds the
+/// device the record names, with a tap's direction (its rx is what the guest sent).
+pub fn veth_names(id: &str) -> [String; 2] {
+    [format!("tap{}-0", &id[..8]), format!("bt{}-0", &id[..8])]
+}
+
+/// The link is a port of the simulator's bridge: ours, whatever its name.
+pub fn on_bridge(link: &str) -> bool {
+    std::fs::read_link(Path::new("/sys/class/net").join(link).join("master"))
+        .is_ok_and(|m| m.file_name().is_some_and(|n| n == BRIDGE))
 }
 
 pub fn ip_binary() -> Option<String> {

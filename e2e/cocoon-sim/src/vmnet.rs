@@ -51,7 +51,7 @@ fn attach_loopback(env: &Env, vm: &mut StoredVm) -> Result<()> {
 fn attach_netns(env: &Env, vm: &mut StoredVm) -> Result<()> {
     let addr = ipam::allocate(env, ipam::NETNS_NET, &vm.id)?;
     let ns = netns::netns_name(&vm.id);
-    let veth = netns::veth_name(&vm.id);
+    let veth = vm.network_configs[0].tap.clone();
     let mac = vm.network_configs[0].mac.clone();
     let res = netns::ensure_bridge(&addr.gateway)
         .and_then(|_| netns::plumb(&ns, &veth, &mac, &addr.ip, addr.prefix));

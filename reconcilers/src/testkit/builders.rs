@@ -147,7 +147,7 @@ pub fn vm(id: &str, name: &str) -> VmBuilder {
             hypervisor: "cloud-hypervisor".into(),
             mac: Some(mac_for(id)),
             static_ip: None,
-            image: String::new(),
+            ..VmRecord::default()
         },
     }
 }

@@ -253,6 +253,7 @@ impl FakeCocoon {
             mac: Some(mac_for(&id)),
             static_ip: None,
             image: image.into(),
+            ..VmRecord::default()
         };
         let mut stored = rec.clone();
         if stored.pid == 0 {
