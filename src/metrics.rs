@@ -16,6 +16,7 @@ pub struct Metrics {
     evict_failure: IntCounter,
     adopt_by_name: IntCounter,
     stale_create: IntCounterVec,
+    lease_release: IntCounterVec,
     wake_ip_wait: IntCounterVec,
     snapshot_pull: IntCounterVec,
     clone_from_dir: IntCounterVec,
@@ -96,6 +97,12 @@ impl Metrics {
                 "Stale-create verb attempts",
                 &["outcome"],
             ),
+            lease_release: counter_vec(
+                &r,
+                "cocoon_vk_lease_release_total",
+                "DHCP lease releases through cocoon-net's control socket (D6)",
+                &["result"],
+            ),
             wake_ip_wait: counter_vec(
                 &r,
                 "cocoon_vk_wake_ip_wait_total",
@@ -159,6 +166,9 @@ impl Metrics {
                 self.clone_from_dir.with_label_values(&[result]).inc()
             }
             Counter::StartupResume { op } => self.startup_resume.with_label_values(&[op]).inc(),
+            Counter::LeaseRelease { result } => {
+                self.lease_release.with_label_values(&[result]).inc()
+            }
         }
     }
 

@@ -94,6 +94,9 @@ pub enum Counter {
     StartupResume {
         op: String,
     },
+    LeaseRelease {
+        result: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +133,12 @@ pub enum Action {
         key: PodKey,
         uid: String,
         grace_seconds: Option<i64>,
+    },
+    /// D6: `DELETE /v1/leases/<mac>` on cocoon-net's control socket; the outcome returns as
+    /// `Event::LeaseReleased`.
+    ReleaseLease {
+        op: OpId,
+        mac: String,
     },
     RecordEvent {
         key: PodKey,

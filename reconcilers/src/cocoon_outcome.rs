@@ -38,7 +38,20 @@ pub fn done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
             call,
         } => crate::stale_create::done(s, &id, &name, attempt, call, result),
         OpOwner::Sweep => crate::sweep::done(s, result),
-        OpOwner::Detached { what } => detached(s, &what, result),
+        OpOwner::Detached { what, release } => {
+            let gone = matches!(
+                &result,
+                Ok(_)
+                    | Err(CocoonError {
+                        kind: CocoonErrorKind::VmNotFound,
+                        ..
+                    })
+            );
+            detached(s, &what, result);
+            if let (true, Some(mac)) = (gone, release) {
+                crate::lease_release::release(s, &mac);
+            }
+        }
         _ => {}
     }
 }

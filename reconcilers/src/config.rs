@@ -47,6 +47,10 @@ pub struct Config {
     pub orphan_policy: OrphanPolicy,
     pub cpu_class: Option<String>,
     pub restore_mode: RestoreMode,
+    /// D6: DHCP leases of destroyed VMs are released through cocoon-net's control socket
+    /// (`VK_COCOON_NET_CONTROL_SOCKET` set).
+    #[serde(default)]
+    pub release_leases: bool,
 }
 
 impl Default for Config {
@@ -57,6 +61,7 @@ impl Default for Config {
             orphan_policy: OrphanPolicy::Destroy,
             cpu_class: None,
             restore_mode: RestoreMode::Ondemand,
+            release_leases: false,
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::spec::{Backend, Mode, Os, VmSpec};
 use crate::state::{Busy, IpWait, Lifecycle, OpOwner, State, Step, Tracked};
 use crate::status::parse_ready_condition;
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
-use crate::{delete, keys, leases, lifecycle, probe, vmevents};
+use crate::{delete, keys, lease_release, leases, lifecycle, probe, vmevents};
 
 const LEASE_WAIT_MS: u64 = 45_000;
 const MAX_ATTEMPTS: u32 = 20;
@@ -603,6 +603,7 @@ pub(crate) fn unindex(s: &mut State, key: &PodKey, vm: &Tracked) {
     }
 }
 
+/// The VM is gone for good (removed by vk, or found gone): untrack it and release its lease.
 pub(crate) fn forget_vm(s: &mut State, key: &PodKey) {
     probe::stop(s, key);
     let Some(e) = s.pods.get_mut(key) else { return };
@@ -610,6 +611,9 @@ pub(crate) fn forget_vm(s: &mut State, key: &PodKey) {
     if let Some(vm) = e.vm.take() {
         s.restarts.remove(&vm.record.id);
         unindex(s, key, &vm);
+        if let Some(mac) = lease_release::dhcp_mac(&vm.record).filter(|_| !vm.unmanaged) {
+            lease_release::release(s, &mac);
+        }
     }
     s.touched.insert(key);
 }

@@ -63,6 +63,7 @@ pub fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonEr
                 for snap in [name.clone(), names::fork_snapshot(&name)] {
                     let op = s.new_op(OpOwner::Detached {
                         what: format!("snapshot rm {snap}"),
+                        release: None,
                     });
                     s.emit(Action::Cocoon {
                         op,

@@ -138,6 +138,11 @@ pub enum Event {
         op: OpId,
         result: Result<KubeOk, KubeError>,
     },
+    /// The outcome of `Action::ReleaseLease` (`Err`: why it failed).
+    LeaseReleased {
+        op: OpId,
+        result: Result<(), String>,
+    },
     /// The node object is registered; pods may now be reported against it.
     NodeRegistered,
 }

@@ -96,6 +96,7 @@ pub fn done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
         OpOwner::Vm { .. }
         | OpOwner::StaleCreate { .. }
         | OpOwner::Sweep
+        | OpOwner::LeaseRelease { .. }
         | OpOwner::Detached { .. } => {}
     }
 }

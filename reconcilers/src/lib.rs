@@ -13,6 +13,7 @@ pub mod event;
 mod intake;
 pub mod keys;
 mod kube_outcome;
+mod lease_release;
 pub mod leases;
 pub mod lifecycle;
 pub mod names;

@@ -7,8 +7,8 @@ use crate::event::{Envelope, Event};
 use crate::pod::PodKey;
 use crate::state::State;
 use crate::{
-    cocoon_outcome, intake, kube_outcome, leases, pod_write, probe, startup, sweep, timers,
-    vmevents,
+    cocoon_outcome, intake, kube_outcome, lease_release, leases, pod_write, probe, startup, sweep,
+    timers, vmevents,
 };
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
@@ -56,6 +56,7 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         Event::TimerFired { timer } => timers::fired(state, timer),
         Event::CocoonDone { op, result } => cocoon_outcome::done(state, op, result),
         Event::KubeDone { op, result } => kube_outcome::done(state, op, result),
+        Event::LeaseReleased { op, result } => lease_release::done(state, op, result),
         Event::NodeRegistered => {}
     }
     for key in &state.touched.take() {

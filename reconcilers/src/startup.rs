@@ -122,6 +122,7 @@ pub(crate) fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
             });
             let op = s.new_op(OpOwner::Detached {
                 what: format!("remove orphan VM {}", vm.id),
+                release: crate::lease_release::dhcp_mac(vm),
             });
             s.emit(Action::Cocoon {
                 op,

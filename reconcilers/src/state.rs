@@ -102,9 +102,16 @@ pub enum OpOwner {
     },
     /// The periodic `vm list` comparison (R11).
     Sweep,
+    /// A lease release (D6).
+    LeaseRelease {
+        mac: String,
+    },
     /// Fire-and-forget work whose outcome is only logged (orphan removal, snapshot cleanup).
     Detached {
         what: String,
+        /// Once this succeeds, the DHCP lease of this MAC is released (D6, B8 destroy).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        release: Option<String>,
     },
 }
 

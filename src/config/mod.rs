@@ -462,6 +462,7 @@ impl Config {
             orphan_policy: self.orphan_policy,
             cpu_class: self.snapshot_cpu_class.clone(),
             restore_mode: self.restore_mode,
+            release_leases: self.cocoon_net_control_socket.is_some(),
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod cocoon;
 pub mod cocoon_json;
 pub mod kube_writes;
+pub mod lease_release;
 pub mod node;
 pub mod probes;
 
@@ -26,6 +27,8 @@ pub struct Executor {
     pub probes: probes::Probes,
     pub metrics: Metrics,
     pub node_name: String,
+    /// cocoon-net's control socket (D6); `None`: releases are off.
+    pub lease_socket: Option<std::path::PathBuf>,
     cocoon_slots: Arc<Semaphore>,
     kube_slots: Arc<Semaphore>,
 }
@@ -38,6 +41,7 @@ impl Executor {
         probes: probes::Probes,
         metrics: Metrics,
         node_name: String,
+        lease_socket: Option<std::path::PathBuf>,
     ) -> Self {
         Self {
             cocoon,
@@ -46,6 +50,7 @@ impl Executor {
             probes,
             metrics,
             node_name,
+            lease_socket,
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
         }
@@ -83,6 +88,16 @@ impl Executor {
             } => self.kube(op, "delete", move |c| async move {
                 kube_writes::delete_pod(&c, &key, &uid, grace_seconds).await
             }),
+            Action::ReleaseLease { op, mac } => {
+                let (socket, tx) = (self.lease_socket.clone(), self.tx.clone());
+                tokio::spawn(async move {
+                    let result = match socket {
+                        Some(socket) => lease_release::release(&socket, &mac).await,
+                        None => Err("no cocoon-net control socket is configured".into()),
+                    };
+                    let _ = tx.send(Event::LeaseReleased { op, result });
+                });
+            }
             Action::RecordEvent {
                 key,
                 uid,

@@ -32,6 +32,7 @@ pub struct Settings {
     pub root_dir: String,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
+    pub lease_socket: Option<PathBuf>,
 }
 
 fn now_ms() -> i64 {
@@ -102,6 +103,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         probes,
         metrics.clone(),
         settings.node.name.clone(),
+        settings.lease_socket.clone(),
     );
 
     let mut tasks = vec![

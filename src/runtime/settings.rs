@@ -44,6 +44,7 @@ impl Settings {
             tls_cert: c.tls_cert.clone(),
             tls_key: c.tls_key.clone(),
             root_dir: c.cocoon_root_dir.display().to_string(),
+            lease_socket: c.cocoon_net_control_socket.clone(),
         })
     }
 }

@@ -385,6 +385,14 @@ impl World {
         self.feed(Event::KubeDone { op, result })
     }
 
+    /// Answers pending lease release `op` by hand (cocoon-net is not consulted).
+    pub fn lease_released(&mut self, op: OpId, result: Result<(), String>) -> Vec<Action> {
+        if self.take_pending(op).is_none() {
+            panic!("no pending effect #{op}");
+        }
+        self.feed(Event::LeaseReleased { op, result })
+    }
+
     /// Executes pending effect `op` against the fake world, as `settle` would.
     pub fn exec_op(&mut self, op: OpId) {
         match self.take_pending(op) {
@@ -504,6 +512,13 @@ impl World {
                 self.registered = true;
                 self.feed(Event::NodeRegistered);
             }
+            // cocoon-net drops the row and rewrites the file, which the lease source reports.
+            Action::ReleaseLease { op, mac } => {
+                self.feed(Event::LeaseReleased { op, result: Ok(()) });
+                if self.leases.contains_key(&mac) {
+                    self.drop_lease(&mac);
+                }
+            }
             other => self.take(other),
         }
         self.deliver_watch();
@@ -604,9 +619,10 @@ pub fn create_ready_delete(pods: usize) -> Vec<Envelope> {
 /// The op id an effect reports back under.
 pub fn op_of(a: &Action) -> Option<OpId> {
     match a {
-        Action::Cocoon { op, .. } | Action::PatchPod { op, .. } | Action::DeletePod { op, .. } => {
-            Some(*op)
-        }
+        Action::Cocoon { op, .. }
+        | Action::PatchPod { op, .. }
+        | Action::ReleaseLease { op, .. }
+        | Action::DeletePod { op, .. } => Some(*op),
         _ => None,
     }
 }

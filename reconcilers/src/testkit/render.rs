@@ -44,6 +44,7 @@ pub fn counter(c: &Counter) -> String {
         Counter::SnapshotPull { result } => format!("snapshot_pull{{result={result}}}"),
         Counter::CloneFromDir { result } => format!("clone_from_dir{{result={result}}}"),
         Counter::StartupResume { op } => format!("startup_resume{{op={op}}}"),
+        Counter::LeaseRelease { result } => format!("lease_release{{result={result}}}"),
     }
 }
 
@@ -109,6 +110,7 @@ pub fn action(a: &Action) -> String {
             }
             line
         }
+        Action::ReleaseLease { op, mac } => format!("release-lease #{op} {mac}"),
         Action::DeletePod {
             op,
             key,
@@ -213,6 +215,10 @@ pub fn event(e: &Event) -> String {
             Ok(KubeOk::Done) => format!("kube-done #{op} ok"),
             Ok(KubeOk::Status { status: s }) => format!("kube-done #{op} ok {}", status(s)),
             Err(e) => format!("kube-done #{op} err {:?}", e.kind),
+        },
+        Event::LeaseReleased { op, result } => match result {
+            Ok(()) => format!("lease-released #{op} ok"),
+            Err(e) => format!("lease-released #{op} err {}", q(e)),
         },
         Event::NodeRegistered => "node-registered".into(),
     }

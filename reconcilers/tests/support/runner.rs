@@ -180,6 +180,7 @@ impl Runner {
                     }
                 }
                 "stream" => self.stream = v != "off",
+                "release" => self.config.release_leases = v != "off",
                 "echo" => self.echo = v != "off",
                 "settle" => {}
                 other => panic!("unknown setting {other}"),
@@ -349,6 +350,11 @@ impl Runner {
                     "decode output: expected value at line 1 column 1",
                 );
                 actions(&self.world().cocoon_done(op, Err(err)))
+            }
+            // `lease-release-err OP TEXT`: cocoon-net refused or was unreachable.
+            "lease-release-err" => {
+                let op = rest[0].parse().expect("op");
+                actions(&self.world().lease_released(op, Err(rest[1].clone())))
             }
             "kube-err" => {
                 let op = rest[0].parse().expect("op");
