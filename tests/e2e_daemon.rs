@@ -190,11 +190,12 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     let before = vm_ids(&tb);
     d.proc.signal(libc::SIGKILL);
     let journal2 = tb.run_dir().join("journal-2").join("events.jsonl");
+    let metrics_port = e2e::ports::free_port()?;
     d = daemon::start(
         &tb,
         &opts,
         &journal2,
-        e2e::ports::free_port()?,
+        metrics_port,
         e2e::ports::free_port()?,
     )?;
     let settle = Instant::now();
@@ -216,6 +217,11 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     // 3: delete removes the VM and the pod object.
     let run_id =
         annotation(&pods.get("run-a").await?, "vm.cocoonstack.io/id").context("run-a id")?;
+    let inspect: serde_json::Value = serde_json::from_str(&sim.run(&["vm", "inspect", &run_id])?)?;
+    let run_mac = inspect["network_configs"][0]["mac"]
+        .as_str()
+        .context("run-a's MAC")?
+        .to_ascii_lowercase();
     pods.delete("run-a", &DeleteParams::default()).await?;
     until("run-a gone", LIMIT, || async {
         Ok(pods.get_opt("run-a").await?.is_none().then_some(()))
@@ -226,6 +232,14 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
         !vm_ids(&tb).contains(&run_id),
         "run-a's VM {run_id} survived its pod"
     );
+    // D6: its DHCP lease went back to cocoon-net through the control socket.
+    until("run-a's lease released", LIMIT, || async {
+        let leases = std::fs::read_to_string(&sim.leases)?.to_ascii_lowercase();
+        Ok((!leases.contains(&run_mac)).then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
+    ensure!(daemon::metric(metrics_port, "cocoon_vk_lease_release_total").await? >= 1.0);
 
     // 6: a VM that vanishes turns its pod Failed / VMGone (latency is measured, not asserted).
     let clone_id =

@@ -50,7 +50,7 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .env("COCOON_ROOT_DIR", &sim.root)
         .env("COCOON_CGROUP_PARENT", &sim.cgroup_parent)
         .env("VK_ORPHAN_POLICY", &o.orphan_policy)
-        .env("VK_COCOON_NET_CONTROL_SOCKET", "")
+        .env("VK_COCOON_NET_CONTROL_SOCKET", &sim.control_socket)
         .env("VK_JOURNAL_PATH", &o.journal)
         .env("VK_LOG_LEVEL", "info")
         .envs(o.env.iter().cloned());

@@ -20,6 +20,9 @@ pub struct CocoonSim {
     /// Relative to the cgroup2 mount. One per run, so a test can check that exactly its own
     /// VM scopes are gone and parallel runs never share a parent.
     pub cgroup_parent: String,
+    /// cocoon-net's lease release API, served by `cocoon sim net-control` for this run.
+    pub control_socket: PathBuf,
+    net_control: Option<crate::procs::Proc>,
     run: PathBuf,
     cleaned: bool,
 }
@@ -33,15 +36,32 @@ impl CocoonSim {
         let root = dir.join("root");
         std::fs::create_dir_all(&root)?;
         let run_name = run.path().file_name().unwrap_or_default().to_string_lossy();
-        let sim = CocoonSim {
+        let mut sim = CocoonSim {
             bin,
             root,
             leases: dir.join("leases.json"),
             cgroup_parent: format!("vk-cocoon-testbed-{run_name}.slice"),
+            control_socket: dir.join("net-control.sock"),
+            net_control: None,
             run: run.path().to_path_buf(),
             cleaned: false,
         };
         run.add_cleanup(&sim.cleanup_argv(), &sim.env())?;
+        let mut serve = sim.command();
+        serve
+            .args(["sim", "net-control", "--socket"])
+            .arg(&sim.control_socket);
+        sim.net_control = Some(run.spawn("cocoon-net-control", serve)?);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !sim.control_socket.exists() {
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "cocoon sim net-control did not create {} within 10 s",
+                    sim.control_socket.display()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         step!(
             "cocoon simulator {} with root {}",
             sim.bin.display(),

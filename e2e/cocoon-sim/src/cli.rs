@@ -280,6 +280,11 @@ pub enum SimCmd {
     Lease(LeaseCmd),
     /// Print the simulator's view of a VM (address, netns, cgroup, ports)
     Info { args: Vec<String> },
+    /// Serve cocoon-net's lease release API on a Unix socket (runs until killed)
+    NetControl {
+        #[arg(long)]
+        socket: std::path::PathBuf,
+    },
     /// The guest process of one VM (internal)
     #[command(hide = true)]
     Guest {

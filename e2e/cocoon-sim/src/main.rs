@@ -15,6 +15,7 @@ mod leases;
 mod lock;
 mod model;
 mod names;
+mod net_control;
 mod netns;
 mod output;
 mod sim;

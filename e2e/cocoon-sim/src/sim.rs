@@ -21,6 +21,7 @@ pub fn dispatch(env: &Env, cmd: SimCmd) -> Result<()> {
         SimCmd::SeedSnapshot(a) => crate::snapshot::seed(env, a),
         SimCmd::Lease(l) => lease(env, l),
         SimCmd::Info { args } => info(env, &args),
+        SimCmd::NetControl { socket } => crate::net_control::serve(env, &socket),
         SimCmd::Guest { .. } => unreachable!("dispatched before env load"),
     }
 }
