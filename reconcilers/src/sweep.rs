@@ -84,13 +84,7 @@ pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
         .collect();
     for key in doubtful {
         let Some(e) = s.pods.get(&key) else { continue };
-        let quiet = e.busy.is_none()
-            && e.vm.as_ref().is_some_and(|v| !v.unmanaged)
-            && !e.deleting
-            && e.terminal.is_none()
-            && e.delete_op.is_none()
-            && !e.spec.as_ref().is_ok_and(|sp| sp.hibernate);
-        if quiet {
+        if e.busy.is_none() && vmevents::hintable(e) {
             vmevents::hint(s, &key);
         }
     }

@@ -6,7 +6,7 @@ use crate::cocoon::CocoonCmd;
 use crate::create;
 use crate::event::{CocoonOk, VmEventKind};
 use crate::pod::PodKey;
-use crate::state::{Busy, OpOwner, State, Step, Terminal};
+use crate::state::{Busy, OpOwner, PodEntry, State, Step, Terminal};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 
 const RESTART_COOLDOWN_MS: i64 = 30_000;
@@ -33,31 +33,32 @@ pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
     let Some(e) = s.pods.get_mut(&key) else {
         return;
     };
-    let hibernating = e.spec.as_ref().is_ok_and(|sp| sp.hibernate);
-    let unmanaged = e.vm.as_ref().is_some_and(|v| v.unmanaged);
-    if unmanaged || hibernating || e.deleting || e.terminal.is_some() {
+    if !hintable(e) {
         return;
     }
     if e.busy.is_some() {
         // One operation at a time: the hint waits for the one in flight, which may have
         // looked at the VM before this change (a removal racing a restart).
-        e.hint_pending = e.vm.is_some();
+        e.hint_pending = true;
         return;
     }
     hint(s, &key);
 }
 
-/// A hint that arrived while an operation was in flight, taken up once it is done.
-pub(crate) fn take_pending_hint(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get(key) else { return };
-    let eligible = e.hint_pending
-        && e.busy.is_none()
-        && e.vm.as_ref().is_some_and(|v| !v.unmanaged)
+/// Whether a hint about this pod's VM (a stream event, a sweep finding) may be acted on: a
+/// VM vk manages, with no delete, eviction or hibernate under way. A busy pod defers it.
+pub(crate) fn hintable(e: &PodEntry) -> bool {
+    e.vm.as_ref().is_some_and(|v| !v.unmanaged)
         && !e.deleting
         && e.terminal.is_none()
         && e.delete_op.is_none()
-        && !e.spec.as_ref().is_ok_and(|sp| sp.hibernate);
-    if eligible {
+        && !e.spec.as_ref().is_ok_and(|sp| sp.hibernate)
+}
+
+/// A hint that arrived while an operation was in flight, taken up once it is done.
+pub(crate) fn take_pending_hint(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get(key) else { return };
+    if e.hint_pending && e.busy.is_none() && hintable(e) {
         hint(s, key);
     } else if e.busy.is_none() {
         if let Some(e) = s.pods.get_mut(key) {
