@@ -24,6 +24,7 @@ pub struct Metrics {
     boot_duration: HistogramVec,
     pub probe_duration: Histogram,
     pub vm_table_size: Gauge,
+    pub unexpected_outcome: IntCounter,
     pub probe_degraded: Gauge,
     pub api_writes: IntCounterVec,
 }
@@ -130,6 +131,11 @@ impl Metrics {
             boot_duration: boot,
             probe_duration: probe,
             vm_table_size: gauge(&r, "cocoon_vk_vm_table_size", "Tracked VM count"),
+            unexpected_outcome: counter(
+                &r,
+                "cocoon_vk_unexpected_outcome_total",
+                "Operation outcomes the core could not place (a cocoon contract mismatch or a bug)",
+            ),
             probe_degraded: gauge(
                 &r,
                 "cocoon_vk_probe_icmp_degraded",
@@ -169,6 +175,7 @@ impl Metrics {
             Counter::LeaseRelease { result } => {
                 self.lease_release.with_label_values(&[result]).inc()
             }
+            Counter::UnexpectedOutcome => self.unexpected_outcome.inc(),
         }
     }
 

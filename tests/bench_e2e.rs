@@ -76,7 +76,9 @@ fn create_to_ready(journal: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
                     *waited.entry(key).or_default() += at - t0;
                 }
             }
-            Event::ProbeDone { key, probe, .. } => {
+            Event::ProbeDone {
+                key, seq: probe, ..
+            } => {
                 if let Some(t0) = probes.remove(&(key.to_string(), *probe)) {
                     *waited.entry(key.to_string()).or_default() += at - t0;
                 }
@@ -85,12 +87,14 @@ fn create_to_ready(journal: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
         }
         for a in &actions {
             match a {
-                Action::Cocoon {
+                Action::RunCocoon {
                     op, key: Some(key), ..
                 } => {
                     cocoon.insert(*op, (key.to_string(), at));
                 }
-                Action::Probe { key, probe, .. } => {
+                Action::RunProbe {
+                    key, seq: probe, ..
+                } => {
                     probes.insert((key.to_string(), *probe), at);
                 }
                 Action::PatchPod {

@@ -164,7 +164,7 @@ fn altered_actions_with_a_recomputed_chain_fail_in_the_reducer_comparison() {
     let mut forged_seq = None;
     rewrite(&sample_path(), &path, |env, actions| {
         for a in actions.iter_mut() {
-            if let Action::Cocoon {
+            if let Action::RunCocoon {
                 cmd: CocoonCmd::ImagePull { image, .. },
                 ..
             } = a

@@ -6,7 +6,7 @@
 mod support;
 
 use reconcilers::pod::PodKey;
-use reconcilers::testkit::render;
+use reconcilers::render;
 use reconcilers::Action;
 
 use support::scenarios;
@@ -48,7 +48,7 @@ fn the_demo_run_creates_three_pods_evicts_one_and_deletes_one() {
     // The run pod was deleted: its VM removed, a terminal status, the object deleted.
     let web = rendered_for(&w, "default/web");
     assert!(w.log.iter().flat_map(|(_, a)| a).any(|a| matches!(a,
-        Action::Cocoon { key: Some(k), cmd, .. }
+        Action::RunCocoon { key: Some(k), cmd, .. }
             if k.name() == "web" && cmd.argv().join(" ") == "vm rm --force V001")));
     assert!(web.iter().any(|l| l.contains("phase=Succeeded")));
     assert_eq!(

@@ -1,44 +1,37 @@
 //! The pure core of vk-cocoon. Every input is an [`Event`]; [`reduce`] turns it into
 //! [`Action`]s and keeps the desired pod status in [`State`]. No clock, no I/O, no randomness:
 //! the same events always give the same actions, which is what makes `vk-cocoon replay` work.
+//!
+//! - `input/`: what comes in (events, and the outcomes of the actions that have one);
+//! - `output/`: what goes out (actions, cocoon argv, their one-line forms);
+//! - `model/`: what the core knows (the state, a pod's entry and phase, its writer, the
+//!   decoded spec, the derived status and annotations);
+//! - `handle/`: how each input changes the model, one module per phase or concern, and
+//!   `reduce`, which routes an event to them.
 
-pub mod action;
-pub mod annotations;
-pub mod cocoon;
-mod cocoon_outcome;
-pub mod config;
-mod create;
-mod delete;
-pub mod event;
-mod intake;
-pub mod keys;
-mod kube_outcome;
-mod lease_release;
-pub mod leases;
-pub mod lifecycle;
-pub mod names;
-pub mod pod;
-pub mod pod_table;
-mod pod_write;
-mod probe;
-pub mod quantity;
-mod reduce;
-pub mod small_str;
-pub mod spec;
-mod stale_create;
-mod startup;
-pub mod state;
-pub mod status;
-mod sweep;
-pub mod time;
-mod timers;
-pub mod vm;
-mod vmevents;
+mod handle;
+mod input;
+mod model;
+mod output;
+
+pub use input::event;
+pub use model::{
+    annotations, backoff, config, entry, keys, names, ops, phase, pod, pod_table, quantity,
+    small_str, spec, state, status, time, vm, writer,
+};
+pub use output::{action, cocoon, render};
+
+pub use handle::dhcp;
+pub use handle::lifecycle;
+use handle::{
+    create, delete, evict, intake, outcome, probe, publish, stale_create, startup, sweep, timers,
+    tracking, vm_events,
+};
 
 pub use action::{Action, OpId, Timer};
 pub use config::Config;
 pub use event::{Envelope, Event};
-pub use reduce::reduce;
+pub use handle::reduce::reduce;
 pub use state::State;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -137,9 +137,9 @@ fn handled_once(w: &World, ids: &[String]) -> Result<(), String> {
             .pods
             .sorted()
             .into_iter()
-            .filter(|(_, e)| e.vm.as_ref().is_some_and(|v| &v.record.id == id))
+            .filter(|(_, e)| e.vm().is_some_and(|v| &v.record.id == id))
             .count();
-        let removed = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::Cocoon { key: None, cmd: CocoonCmd::VmRm { id: x }, .. } if x == id)).count();
+        let removed = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::RunCocoon { key: None, cmd: CocoonCmd::VmRm { id: x }, .. } if x == id)).count();
         let indexed = w.state.unclaimed.values().filter(|v| &v.id == id).count();
         if tracked + removed + indexed != 1 {
             return Err(format!(
@@ -280,7 +280,7 @@ proptest! {
         w.run_for(15 * 60 * 1000);
         prop_assert!(w.violations.is_empty(), "{:?}", w.violations);
         prop_assert!(converged(&w).is_ok(), "{:?}", converged(&w));
-        let rm_orphans: Vec<_> = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::Cocoon { key: None, cmd: CocoonCmd::VmRm { .. }, .. })).collect();
+        let rm_orphans: Vec<_> = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::RunCocoon { key: None, cmd: CocoonCmd::VmRm { .. }, .. })).collect();
         prop_assert!(rm_orphans.len() <= inv.orphans as usize + inv.pods.len());
         prop_assert!(replay_identical(&w).is_ok(), "{:?}", replay_identical(&w));
     }

@@ -148,10 +148,14 @@ pub fn stale_create(text: &str) -> Result<CocoonOk, CocoonError> {
         outcome: String,
     }
     let r: Raw = serde_json::from_str(text).map_err(|e| bad("stale-create outcome", e, text))?;
-    if r.outcome.is_empty() {
-        return Err(bad("stale-create outcome", "empty outcome", text));
-    }
-    Ok(CocoonOk::StaleCreate { outcome: r.outcome })
+    let outcome = reconcilers::event::StaleOutcome::parse(&r.outcome).ok_or_else(|| {
+        bad(
+            "stale-create outcome",
+            format!("unknown outcome {:?}", r.outcome),
+            text,
+        )
+    })?;
+    Ok(CocoonOk::StaleCreate { outcome })
 }
 
 /// One line of `vm status --event --format json`.

@@ -59,7 +59,7 @@ impl Executor {
     /// Runs one action. `RegisterNode` and `Fatal` are the loop's own business.
     pub fn execute(&mut self, action: Action) {
         match action {
-            Action::Cocoon { op, cmd, .. } => {
+            Action::RunCocoon { op, cmd, .. } => {
                 let (cli, tx, slots) = (
                     self.cocoon.clone(),
                     self.tx.clone(),
@@ -88,14 +88,14 @@ impl Executor {
             } => self.kube(op, "delete", move |c| async move {
                 kube_writes::delete_pod(&c, &key, &uid, grace_seconds).await
             }),
-            Action::ReleaseLease { op, mac } => {
+            Action::ReleaseDhcpLease { op, mac } => {
                 let (socket, tx) = (self.lease_socket.clone(), self.tx.clone());
                 tokio::spawn(async move {
                     let result = match socket {
                         Some(socket) => lease_release::release(&socket, &mac).await,
                         None => Err("no cocoon-net control socket is configured".into()),
                     };
-                    let _ = tx.send(Event::LeaseReleased { op, result });
+                    let _ = tx.send(Event::DhcpLeaseReleased { op, result });
                 });
             }
             Action::RecordEvent {
@@ -126,12 +126,12 @@ impl Executor {
                     }
                 });
             }
-            Action::Probe {
+            Action::RunProbe {
                 key,
-                probe,
+                seq,
                 target,
                 after_ms,
-            } => self.probes.schedule(key, probe, target, after_ms),
+            } => self.probes.schedule(key, seq, target, after_ms),
             Action::StopProbe { key } => self.probes.stop(&key),
             Action::ArmTimer { timer, after_ms } => {
                 let tx = self.tx.clone();
@@ -147,7 +147,7 @@ impl Executor {
                 Level::Warn => tracing::warn!("{message}"),
                 Level::Error => tracing::error!("{message}"),
             },
-            Action::RegisterNode | Action::Fatal { .. } => {}
+            Action::RegisterNode | Action::Abort { .. } => {}
         }
     }
 

@@ -92,7 +92,7 @@ impl Probes {
             };
             let _ = tx.send(Event::ProbeDone {
                 key: task_key,
-                probe,
+                seq: probe,
                 ok,
                 detail,
             });

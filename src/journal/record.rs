@@ -4,7 +4,7 @@
 //! `"prev"` and `"hash"`:
 //!
 //! ```text
-//! {"kind":"header","version":2,"file_no":0,…,"state":{…},"prev":"000…","hash":"9f2…"}
+//! {"kind":"header","version":3,"file_no":0,…,"state":{…},"prev":"000…","hash":"9f2…"}
 //! {"kind":"event","seq":1,"at":1777622400000,"event":{…},"prev":"9f2…","hash":"41c…"}
 //! {"kind":"actions","seq":1,"actions":[…],"prev":"41c…","hash":"d07…"}
 //! ```
@@ -23,8 +23,8 @@ use reconcilers::{Action, Config, Envelope, Event, State};
 use super::digest::Digest;
 use super::problem::Problem;
 
-/// Bumped on any change an older reader could misread (2: lease diffs, one pod write).
-pub const FORMAT_VERSION: u32 = 2;
+/// Bumped on any change an older reader could misread.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// `,"hash":"` + 64 digits + `"}`: the fixed-size end of every line.
 const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;
@@ -293,7 +293,7 @@ pub fn decode(line: &[u8]) -> Result<Line, Problem> {
 }
 
 /// `version` and `file_no` from the fixed start the writer gives every header
-/// (`{"kind":"header","version":2,"file_no":7,…`), so files can be ordered and checked
+/// (`{"kind":"header","version":3,"file_no":7,…`), so files can be ordered and checked
 /// without parsing the state snapshot behind them. `None` when a line does not start so.
 pub fn header_prefix(line: &[u8]) -> Option<(u32, u64)> {
     fn number(b: &[u8]) -> Option<(u64, &[u8])> {

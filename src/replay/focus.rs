@@ -18,7 +18,7 @@ fn timer_key(t: &Timer) -> Option<&PodKey> {
     match t {
         Timer::CreateRetry { key, .. }
         | Timer::Recheck { key, .. }
-        | Timer::LeaseWait { key, .. }
+        | Timer::IpWait { key, .. }
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
         | Timer::EvictRetry { key, .. } => Some(key),
@@ -68,12 +68,12 @@ impl Focus {
 
     pub fn action(&mut self, a: &Action) -> bool {
         let (key, op) = match a {
-            Action::Cocoon { op, key, .. } => (key.as_ref(), Some(*op)),
+            Action::RunCocoon { op, key, .. } => (key.as_ref(), Some(*op)),
             Action::PatchPod { op, key, .. } | Action::DeletePod { op, key, .. } => {
                 (Some(key), Some(*op))
             }
             Action::RecordEvent { key, .. }
-            | Action::Probe { key, .. }
+            | Action::RunProbe { key, .. }
             | Action::StopProbe { key } => (Some(key), None),
             Action::ArmTimer { timer, .. } => (timer_key(timer), None),
             Action::Log { message, .. } => return names(message, &self.text),

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use reconcilers::pod::PodKey;
-use reconcilers::testkit::render;
+use reconcilers::render;
 use reconcilers::{Action, Envelope, State};
 
 use crate::journal::{Entry, JournalError, Reader};

@@ -1,10 +1,10 @@
 //! The human form of a journal: one line per event, its actions indented below it. Events and
-//! actions use the core's own one-line forms (`reconcilers::testkit::render`), so a timeline
+//! actions use the core's own one-line forms (`reconcilers::render`), so a timeline
 //! reads like the scenario files; cocoon calls show their exact argv.
 
 use std::io::{self, Write};
 
-use reconcilers::testkit::render;
+use reconcilers::render;
 use reconcilers::time::{rfc3339_seconds, Millis};
 use reconcilers::{Action, Envelope};
 

@@ -161,7 +161,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         let mut fatal = None;
         for action in actions {
             match action {
-                Action::Fatal { message } => fatal = Some(message),
+                Action::Abort { message } => fatal = Some(message),
                 Action::RegisterNode => {
                     tasks.push(tokio::spawn(register(
                         client.clone(),

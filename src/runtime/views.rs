@@ -68,7 +68,7 @@ impl Publisher {
             state
                 .pods
                 .get(&reconcilers::pod::PodKey::new(ns, name))
-                .is_some_and(|e| e.vm.is_some())
+                .is_some_and(|e| e.vm().is_some())
         });
         let pods = &self.views.pods;
         pods.retain(|k, _| {
@@ -92,7 +92,7 @@ impl Publisher {
             {
                 pods.insert(key.to_string(), row);
             }
-            let Some(vm) = &e.vm else { continue };
+            let Some(vm) = e.vm() else { continue };
             let view = VmView {
                 vm_id: vm.record.id.clone(),
                 vm_name: vm.record.name.clone(),
@@ -105,7 +105,7 @@ impl Publisher {
                 } else {
                     vm.record.hypervisor.clone()
                 },
-                unmanaged: vm.unmanaged,
+                unmanaged: !vm.managed(),
                 windows: e
                     .spec
                     .as_ref()

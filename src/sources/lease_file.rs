@@ -1,6 +1,6 @@
 //! The cocoon-net lease file (cocoon-net-leases.md). Watched with notify (the writer renames a
 //! complete new file over the path) plus a slow poll as a safety net; every content change is
-//! one `LeasesChanged` event carrying only the difference from the table sent before (the first
+//! one `DhcpLeasesChanged` event carrying only the difference from the table sent before (the first
 //! after start carries the whole table). A torn or garbage file is logged and the last good
 //! table kept.
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
-use reconcilers::event::Lease;
+use reconcilers::event::DhcpLease;
 use reconcilers::small_str::SmallStr;
 use reconcilers::Event;
 use serde::Deserialize;
@@ -30,7 +30,7 @@ struct Row {
 }
 
 /// Parses the file; `Err` only for a document that is not a lease array at all.
-pub fn parse(text: &str) -> Result<Vec<Lease>, String> {
+pub fn parse(text: &str) -> Result<Vec<DhcpLease>, String> {
     let t = text.trim();
     if t.is_empty() {
         return Ok(Vec::new());
@@ -52,7 +52,7 @@ pub fn parse(text: &str) -> Result<Vec<Lease>, String> {
         let Some(expiry) = reconcilers::time::parse_rfc3339(&row.expiry) else {
             continue;
         };
-        out.push(Lease {
+        out.push(DhcpLease {
             mac: mac.into(),
             ip: row.ip.into(),
             expiry,
@@ -78,10 +78,13 @@ pub fn normalise_mac(s: &str) -> Option<String> {
 /// the first is the whole table as upserts, even when empty, so the core knows the file was
 /// read; later ones only new or changed rows and vanished MACs, and none when nothing changed.
 /// Duplicate MACs are resolved (latest expiry wins) before diffing.
-fn next_event(last: &mut Option<BTreeMap<SmallStr, Lease>>, table: Vec<Lease>) -> Option<Event> {
+fn next_event(
+    last: &mut Option<BTreeMap<SmallStr, DhcpLease>>,
+    table: Vec<DhcpLease>,
+) -> Option<Event> {
     let (upsert, remove) = match last {
-        None => (reconcilers::leases::normalize(table), Vec::new()),
-        Some(sent) => reconcilers::leases::diff(sent, table),
+        None => (reconcilers::dhcp::normalize(table), Vec::new()),
+        Some(sent) => reconcilers::dhcp::diff(sent, table),
     };
     let first = last.is_none();
     if !first && upsert.is_empty() && remove.is_empty() {
@@ -94,7 +97,7 @@ fn next_event(last: &mut Option<BTreeMap<SmallStr, Lease>>, table: Vec<Lease>) -
     for l in &upsert {
         sent.insert(l.mac.clone(), l.clone());
     }
-    Some(Event::LeasesChanged { upsert, remove })
+    Some(Event::DhcpLeasesChanged { upsert, remove })
 }
 
 fn fingerprint(path: &Path) -> Option<(i64, i64, u64, u64)> {
@@ -125,7 +128,7 @@ pub async fn run(path: PathBuf, tx: EventTx) {
         }
     };
     let mut last_fp = None;
-    let mut last: Option<BTreeMap<SmallStr, Lease>> = None;
+    let mut last: Option<BTreeMap<SmallStr, DhcpLease>> = None;
     loop {
         let fp = fingerprint(&path);
         if fp != last_fp || last.is_none() {
@@ -176,17 +179,17 @@ mod tests {
         assert!(parse("[{\"mac\": \"02:").is_err());
     }
 
-    fn lease(mac: &str, ip: &str, expiry: i64) -> Lease {
-        Lease {
+    fn lease(mac: &str, ip: &str, expiry: i64) -> DhcpLease {
+        DhcpLease {
             mac: mac.into(),
             ip: ip.into(),
             expiry,
         }
     }
 
-    fn diff(e: Option<Event>) -> Option<(Vec<Lease>, Vec<SmallStr>)> {
+    fn diff(e: Option<Event>) -> Option<(Vec<DhcpLease>, Vec<SmallStr>)> {
         match e? {
-            Event::LeasesChanged { upsert, remove } => Some((upsert, remove)),
+            Event::DhcpLeasesChanged { upsert, remove } => Some((upsert, remove)),
             other => panic!("not a lease event: {other:?}"),
         }
     }

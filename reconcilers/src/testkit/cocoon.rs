@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::cocoon::{CloneSource, CocoonCmd};
+use crate::event::StaleOutcome;
 use crate::event::{CocoonOk, SnapshotInfo, VmEventKind};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 
@@ -200,18 +201,16 @@ impl FakeCocoon {
             }
             CocoonCmd::ReconcileStaleCreate { id } => {
                 let outcome = match self.vms.get(id) {
-                    None => "not-found",
+                    None => StaleOutcome::NotFound,
                     // A creating record whose creator still runs (it has a pid) is busy.
-                    Some(v) if v.state == "creating" && v.pid != 0 => "busy",
+                    Some(v) if v.state == "creating" && v.pid != 0 => StaleOutcome::Busy,
                     Some(v) if v.state == "creating" => {
                         self.vms.remove(id);
-                        "collected"
+                        StaleOutcome::Collected
                     }
-                    Some(_) => "not-creating",
+                    Some(_) => StaleOutcome::NotCreating,
                 };
-                Ok(CocoonOk::StaleCreate {
-                    outcome: outcome.into(),
-                })
+                Ok(CocoonOk::StaleCreate { outcome })
             }
         }
     }

@@ -7,24 +7,20 @@ use std::collections::BTreeMap;
 use crate::action::Action;
 use crate::cocoon::CocoonCmd;
 use crate::pod::PodKey;
-use crate::state::{OpOwner, PodEntry, Step};
+use crate::state::{CocoonOwner, PodEntry};
 
 use super::World;
 
 /// A pod still wants its VM unless it is being deleted, is gone, is terminal or is being
 /// evicted.
 pub fn wants_vm(e: &PodEntry) -> bool {
-    let evicting = matches!(
-        e.busy.as_ref().map(|b| &b.step),
-        Some(Step::RemoveForEvict { .. })
-    );
-    !(e.deleting || e.gone || e.terminal.is_some() || evicting)
+    e.phase.wants_vm()
 }
 
 /// Never a `vm rm` of a VM whose pod still wants it.
 pub fn check_actions(w: &mut World, actions: &[Action]) {
     for a in actions {
-        let Action::Cocoon {
+        let Action::RunCocoon {
             cmd: CocoonCmd::VmRm { id },
             key,
             ..
@@ -33,7 +29,7 @@ pub fn check_actions(w: &mut World, actions: &[Action]) {
             continue;
         };
         for (k, e) in w.state.pods.sorted() {
-            let holds = e.vm.as_ref().is_some_and(|v| &v.record.id == id);
+            let holds = e.vm().is_some_and(|v| &v.record.id == id);
             let asked = key.as_ref() == Some(k);
             if (holds || asked) && wants_vm(e) {
                 w.violations.push(format!(
@@ -49,10 +45,10 @@ pub fn check_actions(w: &mut World, actions: &[Action]) {
 pub fn check_in_flight(w: &mut World) {
     let mut per_pod: BTreeMap<&PodKey, u32> = BTreeMap::new();
     for a in &w.pending {
-        let Action::Cocoon { op, .. } = a else {
+        let Action::RunCocoon { op, .. } = a else {
             continue;
         };
-        if let Some(OpOwner::Vm { key }) = w.state.ops.get(op).map(|o| &**o) {
+        if let Some(CocoonOwner::Pod { key }) = w.state.cocoon_owner(*op) {
             *per_pod.entry(key).or_default() += 1;
         }
     }

@@ -10,7 +10,7 @@ mod api;
 mod builders;
 mod cocoon;
 mod invariants;
-pub mod render;
+pub use crate::render;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -20,9 +20,9 @@ pub use cocoon::{verb, FakeCocoon, Fault};
 
 use crate::action::{Action, OpId, ProbeTarget, Timer};
 use crate::config::Config;
-use crate::event::{CocoonOk, Envelope, Event, KubeError, KubeOk, Lease};
+use crate::event::{CocoonOk, DhcpLease, Envelope, Event, KubeError, KubeOk};
 use crate::pod::{PodKey, PodView};
-use crate::reduce::reduce;
+use crate::reduce;
 use crate::state::State;
 use crate::time::Millis;
 use crate::vm::{CocoonError, VmRecord};
@@ -33,7 +33,7 @@ pub enum Scheduled {
     Timer(Timer),
     Probe {
         key: PodKey,
-        probe: u64,
+        seq: u64,
         target: ProbeTarget,
     },
     /// cocoon-net hands out a DHCP lease.
@@ -59,7 +59,7 @@ pub struct World {
     pub cocoon: FakeCocoon,
     pub api: FakeApi,
     /// The cocoon-net lease table, by MAC.
-    pub leases: BTreeMap<String, Lease>,
+    pub leases: BTreeMap<String, DhcpLease>,
     /// Auto-DHCP: a running VM with a DHCP NIC gets a lease this many ms later; `None` = off.
     pub dhcp: Option<u64>,
     /// Deliver cocoon's VM event stream.
@@ -136,16 +136,16 @@ impl World {
             Action::ArmTimer { timer, after_ms } => {
                 self.schedule(after_ms, Scheduled::Timer(timer));
             }
-            Action::Probe {
+            Action::RunProbe {
                 key,
-                probe,
+                seq,
                 target,
                 after_ms,
             } => {
                 // A new probe replaces the agent's earlier one (R1).
                 self.scheduled
                     .retain(|_, s| !matches!(s, Scheduled::Probe { key: k, .. } if *k == key));
-                self.schedule(after_ms, Scheduled::Probe { key, probe, target });
+                self.schedule(after_ms, Scheduled::Probe { key, seq, target });
             }
             Action::StopProbe { key } => {
                 self.scheduled
@@ -166,7 +166,7 @@ impl World {
                 reason,
                 message,
             }),
-            Action::Fatal { message } => self.fatal = Some(message),
+            Action::Abort { message } => self.fatal = Some(message),
             Action::Observe { .. } | Action::Log { .. } => {}
             other => self.pending.push_back(other),
         }
@@ -312,14 +312,14 @@ impl World {
 
     pub fn set_lease(&mut self, mac: &str, ip: &str) -> Vec<Action> {
         let mac = mac.to_ascii_lowercase();
-        let lease = Lease {
+        let lease = DhcpLease {
             mac: mac.as_str().into(),
             ip: ip.into(),
             expiry: self.now + LEASE_MS,
         };
         self.leases.insert(mac, lease.clone());
         // As the shell's lease-file source sends it: the changed row only.
-        self.feed(Event::LeasesChanged {
+        self.feed(Event::DhcpLeasesChanged {
             upsert: vec![lease],
             remove: Vec::new(),
         })
@@ -328,7 +328,7 @@ impl World {
     pub fn drop_lease(&mut self, mac: &str) -> Vec<Action> {
         let mac = mac.to_ascii_lowercase();
         self.leases.remove(&mac);
-        self.feed(Event::LeasesChanged {
+        self.feed(Event::DhcpLeasesChanged {
             upsert: Vec::new(),
             remove: vec![mac.into()],
         })
@@ -337,7 +337,7 @@ impl World {
     /// The first lease event after a (re)start: the whole table as upserts.
     pub fn feed_lease_table(&mut self) -> Vec<Action> {
         let upsert = self.leases.values().cloned().collect();
-        self.feed(Event::LeasesChanged {
+        self.feed(Event::DhcpLeasesChanged {
             upsert,
             remove: Vec::new(),
         })
@@ -390,7 +390,7 @@ impl World {
         if self.take_pending(op).is_none() {
             panic!("no pending effect #{op}");
         }
-        self.feed(Event::LeaseReleased { op, result })
+        self.feed(Event::DhcpLeaseReleased { op, result })
     }
 
     /// Executes pending effect `op` against the fake world, as `settle` would.
@@ -421,13 +421,13 @@ impl World {
             .iter()
             .find(|(_, s)| matches!(s, Scheduled::Probe { key: k, .. } if k == key))?
             .0;
-        let Some(Scheduled::Probe { key, probe, .. }) = self.scheduled.remove(&k) else {
+        let Some(Scheduled::Probe { key, seq, .. }) = self.scheduled.remove(&k) else {
             unreachable!()
         };
         let detail = if ok { "reachable" } else { "unreachable" }.to_string();
         Some(self.feed(Event::ProbeDone {
             key,
-            probe,
+            seq,
             ok,
             detail,
         }))
@@ -443,7 +443,7 @@ impl World {
             Scheduled::Timer(timer) => {
                 self.feed(Event::TimerFired { timer });
             }
-            Scheduled::Probe { key, probe, target } => {
+            Scheduled::Probe { key, seq, target } => {
                 let ok = self.reachable(&target);
                 let detail = match (&target.ip, ok) {
                     (None, _) => "waiting for dhcp lease",
@@ -452,7 +452,7 @@ impl World {
                 };
                 self.feed(Event::ProbeDone {
                     key,
-                    probe,
+                    seq,
                     ok,
                     detail: detail.into(),
                 });
@@ -483,7 +483,7 @@ impl World {
     fn execute(&mut self, a: Action) {
         let now = self.now;
         match a {
-            Action::Cocoon { op, cmd, .. } => {
+            Action::RunCocoon { op, cmd, .. } => {
                 let result = self.cocoon.exec(&cmd);
                 self.feed(Event::CocoonDone { op, result });
             }
@@ -513,8 +513,8 @@ impl World {
                 self.feed(Event::NodeRegistered);
             }
             // cocoon-net drops the row and rewrites the file, which the lease source reports.
-            Action::ReleaseLease { op, mac } => {
-                self.feed(Event::LeaseReleased { op, result: Ok(()) });
+            Action::ReleaseDhcpLease { op, mac } => {
+                self.feed(Event::DhcpLeaseReleased { op, result: Ok(()) });
                 if self.leases.contains_key(&mac) {
                     self.drop_lease(&mac);
                 }
@@ -619,9 +619,9 @@ pub fn create_ready_delete(pods: usize) -> Vec<Envelope> {
 /// The op id an effect reports back under.
 pub fn op_of(a: &Action) -> Option<OpId> {
     match a {
-        Action::Cocoon { op, .. }
+        Action::RunCocoon { op, .. }
         | Action::PatchPod { op, .. }
-        | Action::ReleaseLease { op, .. }
+        | Action::ReleaseDhcpLease { op, .. }
         | Action::DeletePod { op, .. } => Some(*op),
         _ => None,
     }

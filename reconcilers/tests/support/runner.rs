@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 
 use reconcilers::action::{Action, Timer};
 use reconcilers::config::{Config, OrphanPolicy, RestoreMode};
-use reconcilers::event::{CocoonOk, Event, KubeError, KubeErrorKind, SnapshotInfo, VmEventKind};
+use reconcilers::event::{
+    CocoonOk, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome, VmEventKind,
+};
 use reconcilers::keys;
+use reconcilers::phase::{DeleteWait, Phase};
 use reconcilers::pod::{PodKey, PodView};
 use reconcilers::status;
 use reconcilers::testkit::{self, render, World};
@@ -569,8 +572,8 @@ impl Runner {
             .sorted()
             .into_iter()
             .map(|(k, e)| {
-                let vm = e.vm.as_ref().map_or("-".into(), |v| v.record.id.clone());
-                let busy = e.busy.as_ref().map_or("-".into(), |b| step_name(&b.step));
+                let vm = e.vm().map_or("-".into(), |v| v.record.id.clone());
+                let busy = busy(&e.phase);
                 let life = e.intent.state.map_or("-", |s| s.as_str());
                 format!(
                     "{k} vm={vm} busy={busy} lifecycle={life}@{} probe={}",
@@ -589,15 +592,32 @@ impl Runner {
     }
 }
 
-fn step_name(s: &reconcilers::state::Step) -> String {
-    let v = serde_json::to_value(s).expect("serializable");
-    v["step"].as_str().unwrap_or("?").to_string()
+/// The step the pod waits on, if any: a bring-up step, a VM task, a removal.
+fn busy(phase: &Phase) -> String {
+    let step = |v: serde_json::Value| v["step"].as_str().unwrap_or("?").to_string();
+    match phase {
+        Phase::Creating(c) => step(serde_json::to_value(&c.step).expect("serializable")),
+        Phase::Running(r) => r.task.as_ref().map_or("-".into(), |t| {
+            step(serde_json::to_value(&t.step).expect("serializable"))
+        }),
+        Phase::Deleting(d) => match d.wait {
+            DeleteWait::RemoveVm(_) => "remove_vm".into(),
+            DeleteWait::Task(_) => "task".into(),
+            DeleteWait::Retry => "-".into(),
+        },
+        Phase::Evicting(e) if e.delete.is_none() => "remove_for_evict".into(),
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Evicting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => "-".into(),
+    }
 }
 
 fn scheduled(s: &testkit::Scheduled) -> String {
     match s {
         testkit::Scheduled::Timer(t) => format!("timer {}", render::timer(t)),
-        testkit::Scheduled::Probe { key, probe, .. } => format!("probe {key} p{probe}"),
+        testkit::Scheduled::Probe { key, seq, .. } => format!("probe {key} p{seq}"),
         testkit::Scheduled::Lease { mac, ip } => format!("lease {mac}={ip}"),
     }
 }
@@ -634,7 +654,8 @@ fn cocoon_ok(toks: &[String]) -> CocoonOk {
             },
         },
         "stale" => CocoonOk::StaleCreate {
-            outcome: rest[0].clone(),
+            outcome: StaleOutcome::parse(&rest[0])
+                .unwrap_or_else(|| panic!("cocoon-ok: unknown stale-create outcome {}", rest[0])),
         },
         other => panic!("cocoon-ok: unknown result {other}"),
     }

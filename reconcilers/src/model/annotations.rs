@@ -37,7 +37,7 @@ struct Wanted<'a> {
 
 impl<'a> Wanted<'a> {
     fn of(e: &'a PodEntry, generation: &'a mut Decimal) -> Self {
-        let vm = e.vm.as_ref().filter(|v| !v.unmanaged);
+        let vm = e.vm().filter(|v| v.managed());
         let lifecycle = e.intent.state.map(|state| {
             (
                 state.as_str(),

@@ -1,17 +1,16 @@
-//! Readiness probing (spec/behavior.md §6). The shell runs one probe per `Action::Probe`; the
-//! schedule and the debounce are decided here, so a replay reproduces every flip.
+//! Readiness probing (R1–R6). The shell runs one probe per `Action::RunProbe`; the schedule
+//! and the debounce are decided here, so a replay reproduces every flip.
 
 use crate::action::{Action, ProbeCheck, ProbeTarget};
-use crate::leases;
+use crate::backoff::Backoff;
+use crate::dhcp;
 use crate::pod::PodKey;
 use crate::spec::Os;
-use crate::state::State;
+use crate::state::{Agent, State};
 
-/// Kept in µs: R3's series (100, 150, 225, 337.5, 506.25, 759.375 ms, cap 1 s) must not
-/// drift by rounding every step to whole milliseconds.
-const FIRST_BACKOFF_US: u64 = 100_000;
-const MAX_BACKOFF_US: u64 = 1_000_000;
-const FIRST_BACKOFF_MS: u64 = FIRST_BACKOFF_US / 1000;
+/// R3 before Ready, in µs: 100, 150, 225, 337.5, 506.25, 759.375 ms, then 1 s. Kept in µs so
+/// the series does not drift by rounding every step to whole milliseconds.
+const NOT_READY: Backoff = Backoff::three_halves(100_000, 1_000_000);
 const READY_INTERVAL_MS: u64 = 5000;
 const FAILURES_TO_FLIP: u32 = 3;
 /// How long the first status of a VM waits for a passing probe: R3's per-probe deadline. A
@@ -20,28 +19,31 @@ const FIRST_RESULT_BOUND_MS: crate::time::Millis = 3000;
 
 /// Starts (or replaces) the pod's probe agent; the first probe runs at once (R2).
 pub fn start(s: &mut State, key: &PodKey) {
+    let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
-    e.probe.active = true;
-    e.probe.awaiting_first = true;
-    e.probe.started_at = s.now;
+    e.probe.agent = Agent::AwaitingFirst;
+    e.probe.started_at = now;
     e.probe.failures = 0;
-    e.probe.backoff_us = FIRST_BACKOFF_US;
+    e.probe.waits = 0;
     schedule(s, key, 0);
 }
 
 pub fn stop(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    if e.probe.active {
-        e.probe.active = false;
-        e.probe.ready = false;
-        e.probe.seq += 1;
-        s.emit(Action::StopProbe { key: key.clone() });
+    match e.probe.agent {
+        Agent::Stopped => {}
+        Agent::AwaitingFirst | Agent::Running => {
+            e.probe.agent = Agent::Stopped;
+            e.probe.ready = false;
+            e.probe.seq += 1;
+            s.emit(Action::StopProbe { key: key.clone() });
+        }
     }
 }
 
 fn schedule(s: &mut State, key: &PodKey, after_ms: u64) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    let Some(vm) = &e.vm else { return };
+    let Some(vm) = e.phase.vm() else { return };
     let port = e.spec.as_ref().ok().and_then(|sp| sp.probe_port);
     let macos = e.spec.as_ref().is_ok_and(|sp| sp.os == Os::Macos);
     let check = match (port, macos) {
@@ -54,27 +56,27 @@ fn schedule(s: &mut State, key: &PodKey, after_ms: u64) {
         check,
     };
     e.probe.seq += 1;
-    let probe = e.probe.seq;
-    s.emit(Action::Probe {
+    let seq = e.probe.seq;
+    s.emit(Action::RunProbe {
         key: key.clone(),
-        probe,
+        seq,
         target,
         after_ms,
     });
 }
 
 /// R4 debounce: one success makes a pod ready; three consecutive failures make it not ready.
-pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
+pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool) {
     let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
-    if !e.probe.active || seq != e.probe.seq {
+    if e.probe.agent == Agent::Stopped || seq != e.probe.seq {
         return;
     }
     // The wait for a first result ends on a success or once the bound has passed; a failure
     // inside it (no lease yet, guest not answering yet) is not worth a status of its own.
     let first_settled = ok || now.saturating_sub(e.probe.started_at) >= FIRST_RESULT_BOUND_MS;
-    if e.probe.awaiting_first && first_settled {
-        e.probe.awaiting_first = false;
+    if e.probe.agent == Agent::AwaitingFirst && first_settled {
+        e.probe.agent = Agent::Running;
         s.touched.insert(key);
     }
     let Some(e) = s.pods.get_mut(key) else { return };
@@ -89,21 +91,20 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool, _detail: &str) {
         if p.failures >= FAILURES_TO_FLIP {
             p.ready = false;
             p.failures = 0;
-            p.backoff_us = FIRST_BACKOFF_US * 3 / 2;
-            FIRST_BACKOFF_MS
+            p.waits = 1;
+            NOT_READY.after(1) / 1000
         } else {
             READY_INTERVAL_MS
         }
     } else {
-        let wait = p.backoff_us.max(FIRST_BACKOFF_US);
-        p.backoff_us = (wait * 3 / 2).min(MAX_BACKOFF_US);
-        wait / 1000
+        p.waits += 1;
+        NOT_READY.after(p.waits) / 1000
     };
     if p.ready != was_ready {
         e.ready_changed_at = Some(now);
         s.touched.insert(key);
     }
     // R6: every tick re-resolves a DHCP VM's IP; the tracked IP is only a cache.
-    leases::refresh_ip(s, key);
+    dhcp::refresh_ip(s, key);
     schedule(s, key, next);
 }

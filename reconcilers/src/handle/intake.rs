@@ -2,10 +2,11 @@
 //! of what a new pod needs, and collecting an entry once nothing is left to do for it.
 
 use crate::action::{Action, Counter, Level};
+use crate::phase::{Failed, Gone, Object, Phase, Retry};
 use crate::pod::{PodKey, PodView};
 use crate::spec::Os;
-use crate::state::{PodEntry, State};
-use crate::{create, delete, lifecycle, probe};
+use crate::state::{PodEntry, Startup, State};
+use crate::{create, delete, lifecycle};
 
 pub fn relist_begin(s: &mut State) {
     s.relist.in_progress = true;
@@ -21,7 +22,7 @@ pub fn relist_end(s: &mut State) {
         .pods
         .sorted()
         .into_iter()
-        .filter(|(k, e)| !seen.contains(*k) && !e.gone)
+        .filter(|(k, e)| !seen.contains(*k) && !e.phase.object_gone())
         .map(|(k, e)| (k.clone(), e.pod.uid.clone()))
         .collect();
     s.tombstones.retain(|_, k| seen.contains(k));
@@ -38,7 +39,7 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
     let Some(e) = s.pods.get_mut(&key) else {
         s.pods.insert(key.clone(), Box::new(PodEntry::new(pod)));
         s.touched.insert(&key);
-        if s.started {
+        if s.started() {
             intake(s, &key);
         }
         return;
@@ -51,14 +52,14 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
         return;
     }
     let changed = !e.pod.same_desired(&pod);
-    let starts_deleting = pod.deletion_timestamp.is_some() && !e.deleting;
+    let starts_deleting = pod.deletion_timestamp.is_some() && !e.phase.deleting();
     e.pod = pod;
     s.touched.insert(&key);
-    if !s.started || e.deleted_by_us {
+    if s.startup != Startup::Done || matches!(e.phase, Phase::Gone(_)) {
         return;
     }
     if starts_deleting {
-        delete::begin(s, &key);
+        delete::request(s, &key, Object::Present);
     } else if changed {
         updated(s, &key);
     }
@@ -72,22 +73,40 @@ fn updated(s: &mut State, key: &PodKey) {
     let spec_changed = before != e.spec;
     lifecycle::follow_generation(s, key);
     let Some(e) = s.pods.get_mut(key) else { return };
-    if spec_changed && e.vm.is_none() && e.busy.is_none() && e.failure.is_some() && !e.deleting {
-        e.attempts = 0;
-        e.permanent_failure = false;
-        e.failure = None;
-        intake(s, key);
+    match e.phase {
+        // A failed pod that changed gets a fresh start, its attempts counted anew.
+        Phase::Failed(_) if spec_changed => {
+            e.phase = Phase::Waiting;
+            intake(s, key);
+        }
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => {}
     }
 }
 
 /// Decide what a pod that vk does not run yet needs (P2, C1–C3).
 pub fn intake(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get(key) else { return };
+    let Some(e) = s.pod(key) else { return };
+    match e.phase {
+        Phase::Waiting | Phase::Failed(_) => {}
+        Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => return,
+    }
     if e.pod.deletion_timestamp.is_some() {
-        delete::begin(s, key);
+        delete::request(s, key, Object::Present);
         return;
     }
-    if e.pod.is_terminal() || e.vm.is_some() || e.busy.is_some() {
+    if e.pod.is_terminal() {
         return;
     }
     let spec = match &e.spec {
@@ -160,8 +179,21 @@ pub fn intake(s: &mut State, key: &PodKey) {
 /// An input-validation reject (C1): counter and status only, no Event, no lifecycle write.
 fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    e.failure = Some(message.clone());
-    e.permanent_failure = true;
+    let attempts = match &e.phase {
+        Phase::Failed(f) => f.attempts,
+        Phase::Waiting
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => 0,
+    };
+    e.phase = Phase::Failed(Failed {
+        message: message.clone(),
+        attempts,
+        retry: Retry::OnChange,
+    });
     s.touched.insert(key);
     s.emit(Action::Count {
         counter: Counter::PodLifecycle {
@@ -179,6 +211,7 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
 /// The pod object is gone from the API (watch delete, or missing from a complete relist).
 pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
     s.tombstones.remove(uid);
+    let started = s.started();
     let Some(e) = s.pods.get_mut(key) else { return };
     if e.pod.uid != uid {
         // A successor waiting for its predecessor's cleanup may be gone before it is taken in.
@@ -187,38 +220,31 @@ pub fn pod_gone(s: &mut State, key: &PodKey, uid: &str) {
         }
         return;
     }
-    if e.gone {
+    if e.phase.object_gone() {
         return;
     }
-    e.gone = true;
-    s.touched.insert(key);
-    probe::stop(s, key);
-    let e = &s.pods[key];
-    if e.deleted_by_us || !s.started {
+    if !started {
+        // Nothing runs before startup: the entry only waits to be collected.
+        e.phase = Phase::Gone(Gone { delete: None });
+        s.touched.insert(key);
         return;
     }
-    delete::begin(s, key);
+    delete::request(s, key, Object::Gone);
 }
 
-/// The pod is gone and nothing is in flight for it: its entry can go.
-pub(crate) fn collectable(e: &PodEntry, started: bool) -> bool {
-    let idle = e.busy.is_none()
-        && e.write_op.is_none()
-        && e.delete_op.is_none()
-        && (e.vm.is_none() || e.vm.as_ref().is_some_and(|v| v.unmanaged) || !started);
-    e.gone && idle
+/// The pod is gone and nothing is out for it: its entry can go.
+pub(crate) fn collectable(e: &PodEntry) -> bool {
+    matches!(e.phase, Phase::Gone(Gone { delete: None })) && e.writer.out().is_none()
 }
 
-/// Drops a collectable entry (and its VM indexes); a successor waiting under the same name
-/// is taken in.
+/// Drops a collectable entry; a successor waiting under the same name is taken in.
 pub fn collect(s: &mut State, key: &PodKey) {
-    if !s.pods.get(key).is_some_and(|e| collectable(e, s.started)) {
+    if !s.pod(key).is_some_and(collectable) {
         return;
     }
-    let mut e = s.pods.remove(key).expect("present");
-    if let Some(vm) = e.vm.take() {
-        crate::create::unindex(s, key, &vm);
-    }
+    let Some(mut e) = s.pods.remove(key) else {
+        return;
+    };
     if let Some(next) = e.successor.take() {
         pod_applied(s, next);
     }

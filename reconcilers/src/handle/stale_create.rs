@@ -7,15 +7,16 @@
 //! without the verb leaves the record alone.
 
 use crate::action::{Action, Counter, Level, Timer};
+use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
-use crate::event::CocoonOk;
-use crate::state::{OpOwner, State};
+use crate::event::{CocoonOk, StaleOutcome};
+use crate::state::{CocoonOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 
 /// Tries of the verb (or of an inspect between them) before the record is left alone.
 pub const MAX_TRIES: u32 = 8;
-const FIRST_WAIT_MS: u64 = 1000;
-const MAX_WAIT_MS: u64 = 30_000;
+/// Between tries: 1 s doubling to 30 s.
+const RETRY: Backoff = Backoff::doubling(1000, 30_000);
 
 /// Which call of the watcher an outcome answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -35,18 +36,18 @@ struct Watch<'a> {
 
 impl Watch<'_> {
     fn call(self, s: &mut State, what: Call) {
-        let op = s.new_op(OpOwner::StaleCreate {
+        let owner = CocoonOwner::StaleCreate {
             id: self.id.to_string(),
             name: self.name.to_string(),
             attempt: self.attempt,
             call: what,
-        });
+        };
         let id = self.id.to_string();
         let cmd = match what {
             Call::Reconcile => CocoonCmd::ReconcileStaleCreate { id },
             Call::Inspect => CocoonCmd::VmInspect { vm: id },
         };
-        s.emit(Action::Cocoon { op, key: None, cmd });
+        s.run_cocoon(owner, None, cmd);
     }
 
     /// Logs `stale-create <id> (<name>)` followed by `text`.
@@ -66,7 +67,7 @@ impl Watch<'_> {
             self.say(s, Level::Warn, &text);
             return;
         }
-        let after_ms = (FIRST_WAIT_MS << (self.attempt - 1).min(16)).min(MAX_WAIT_MS);
+        let after_ms = RETRY.after(self.attempt);
         self.say(
             s,
             Level::Info,
@@ -123,13 +124,14 @@ pub(crate) fn done(
 fn answered(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
     match result {
         Ok(CocoonOk::StaleCreate { outcome }) => {
-            count(s, &outcome);
-            match outcome.as_str() {
-                "collected" | "not-found" => {
-                    w.say(s, Level::Info, &format!(": {outcome}, the name is free"))
+            let said = outcome.as_str();
+            count(s, said);
+            match outcome {
+                StaleOutcome::Collected | StaleOutcome::NotFound => {
+                    w.say(s, Level::Info, &format!(": {said}, the name is free"))
                 }
-                "not-creating" => w.call(s, Call::Inspect),
-                _ => w.later(s, &outcome),
+                StaleOutcome::NotCreating => w.call(s, Call::Inspect),
+                StaleOutcome::Busy => w.later(s, said),
             }
         }
         Ok(other) => {
@@ -178,7 +180,7 @@ fn inspected(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
 /// A pod on this node wants a VM of this name (any order of the walk gives the same answer).
 fn wanted(s: &State, name: &str) -> bool {
     s.pods.sorted().into_iter().any(|(_, e)| {
-        !e.gone
+        !e.phase.object_gone()
             && e.spec
                 .as_ref()
                 .is_ok_and(|sp| sp.managed && sp.vm_name == name)

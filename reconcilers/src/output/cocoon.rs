@@ -270,7 +270,7 @@ mod tests {
             fc: false,
             no_direct_io: false,
         };
-        let action = crate::Action::Cocoon {
+        let action = crate::Action::RunCocoon {
             op: 1,
             key: None,
             cmd,

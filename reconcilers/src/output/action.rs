@@ -18,8 +18,8 @@ pub enum Timer {
     CreateRetry { key: PodKey, uid: String },
     /// Re-inspect a VM whose inspect was inconclusive (W4 inline retry, W5 deferred recheck).
     Recheck { key: PodKey, uid: String },
-    /// The post-clone DHCP lease wait ran out (C16).
-    LeaseWait { key: PodKey, uid: String },
+    /// The wait for a clone's DHCP lease ran out (C16).
+    IpWait { key: PodKey, uid: String },
     /// Retry a Kubernetes write that failed with a transient error.
     KubeRetry { key: PodKey, uid: String },
     /// Retry a failed VM removal of a pod being deleted.
@@ -66,7 +66,7 @@ pub enum Level {
     Error,
 }
 
-/// Counters of spec/behavior.md §12 that decisions move.
+/// The counters of M3 that decisions move.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum Counter {
@@ -97,6 +97,8 @@ pub enum Counter {
     LeaseRelease {
         result: String,
     },
+    /// An operation's outcome the core could not place (a contract mismatch or a core bug).
+    UnexpectedOutcome,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,7 +110,8 @@ pub enum Histogram {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
-    Cocoon {
+    /// Run one cocoon CLI command; the outcome returns as `Event::CocoonDone`.
+    RunCocoon {
         op: OpId,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<PodKey>,
@@ -135,8 +138,8 @@ pub enum Action {
         grace_seconds: Option<i64>,
     },
     /// D6: `DELETE /v1/leases/<mac>` on cocoon-net's control socket; the outcome returns as
-    /// `Event::LeaseReleased`.
-    ReleaseLease {
+    /// `Event::DhcpLeaseReleased`.
+    ReleaseDhcpLease {
         op: OpId,
         mac: String,
     },
@@ -147,10 +150,10 @@ pub enum Action {
         reason: String,
         message: String,
     },
-    /// Run one probe after `after_ms`; the result returns as `Event::ProbeDone`.
-    Probe {
+    /// Run probe `seq` after `after_ms`; the result returns as `Event::ProbeDone`.
+    RunProbe {
         key: PodKey,
-        probe: u64,
+        seq: u64,
         target: ProbeTarget,
         after_ms: u64,
     },
@@ -174,8 +177,8 @@ pub enum Action {
     },
     /// Startup reconcile is complete: register the node and start serving.
     RegisterNode,
-    /// Startup cannot continue (B2); the shell exits non-zero without registering the node.
-    Fatal {
+    /// Startup cannot continue (B1, B2): exit non-zero without registering the node.
+    Abort {
         message: String,
     },
 }

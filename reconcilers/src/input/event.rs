@@ -28,7 +28,7 @@ pub enum VmEventKind {
 /// One row of the cocoon-net lease file, already validated by the shell. The texts are
 /// short and inline ([`SmallStr`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
+pub struct DhcpLease {
     /// Lowercase, colon-separated.
     pub mac: SmallStr,
     pub ip: SmallStr,
@@ -42,7 +42,38 @@ pub enum CocoonOk {
     Vm { vm: VmRecord },
     Vms { vms: Vec<VmRecord> },
     Snapshot { snapshot: SnapshotInfo },
-    StaleCreate { outcome: String },
+    StaleCreate { outcome: StaleOutcome },
+}
+
+/// What `vm reconcile-stale-create` did with a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StaleOutcome {
+    Collected,
+    Busy,
+    NotCreating,
+    NotFound,
+}
+
+impl StaleOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleOutcome::Collected => "collected",
+            StaleOutcome::Busy => "busy",
+            StaleOutcome::NotCreating => "not-creating",
+            StaleOutcome::NotFound => "not-found",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "collected" => StaleOutcome::Collected,
+            "busy" => StaleOutcome::Busy,
+            "not-creating" => StaleOutcome::NotCreating,
+            "not-found" => StaleOutcome::NotFound,
+            _ => return None,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,14 +148,15 @@ pub enum Event {
     },
     ProbeDone {
         key: PodKey,
-        probe: u64,
+        /// The `seq` of the `RunProbe` this answers.
+        seq: u64,
         ok: bool,
         detail: String,
     },
     /// The lease file changed, as a diff against the table the shell sent before: new or
     /// changed rows and the MACs that disappeared. The first after a start is the whole table.
-    LeasesChanged {
-        upsert: Vec<Lease>,
+    DhcpLeasesChanged {
+        upsert: Vec<DhcpLease>,
         remove: Vec<SmallStr>,
     },
     TimerFired {
@@ -138,8 +170,8 @@ pub enum Event {
         op: OpId,
         result: Result<KubeOk, KubeError>,
     },
-    /// The outcome of `Action::ReleaseLease` (`Err`: why it failed).
-    LeaseReleased {
+    /// The outcome of `Action::ReleaseDhcpLease` (`Err`: why it failed).
+    DhcpLeaseReleased {
         op: OpId,
         result: Result<(), String>,
     },

@@ -8,11 +8,11 @@ use crate::cocoon::CocoonCmd;
 use crate::config::OrphanPolicy;
 use crate::keys;
 use crate::pod::PodKey;
-use crate::state::{OpOwner, State};
+use crate::state::{CocoonOwner, Startup, State};
 use crate::{create, intake};
 
 pub fn try_start(s: &mut State) {
-    if s.started || !s.relist.complete_once {
+    if s.started() || !s.relist.complete_once {
         return;
     }
     let Some(vms) = s.inventory.clone() else {
@@ -30,13 +30,13 @@ pub fn try_start(s: &mut State) {
                         "pod {key} requires snapshot cpu class {class:?} but this node's class is {}; refusing to register",
                         s.config.cpu_class.as_deref().map_or("unset".to_string(), |c| format!("{c:?}"))
                     );
-                    s.emit(Action::Fatal { message });
+                    s.emit(Action::Abort { message });
                     return;
                 }
             }
         }
     }
-    s.started = true;
+    s.startup = Startup::Done;
     // B3: records still `creating` are settled first and never enter the adoption index.
     let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.state == "creating");
     for vm in &stale {
@@ -120,15 +120,11 @@ pub(crate) fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
                     vm.name, vm.id
                 ),
             });
-            let op = s.new_op(OpOwner::Detached {
+            let owner = CocoonOwner::Detached {
                 what: format!("remove orphan VM {}", vm.id),
-                release: crate::lease_release::dhcp_mac(vm),
-            });
-            s.emit(Action::Cocoon {
-                op,
-                key: None,
-                cmd: CocoonCmd::VmRm { id: vm.id.clone() },
-            });
+                release: crate::dhcp::release_mac(vm),
+            };
+            s.run_cocoon(owner, None, CocoonCmd::VmRm { id: vm.id.clone() });
         }
         OrphanPolicy::Alert => {
             s.emit(Action::Log {

@@ -7,10 +7,11 @@
 use crate::action::{Action, Level, Timer};
 use crate::cocoon::CocoonCmd;
 use crate::event::CocoonOk;
+use crate::phase::Phase;
 use crate::pod::PodKey;
-use crate::state::{OpOwner, State};
+use crate::state::{CocoonOwner, State, StreamState, SweepState};
 use crate::vm::CocoonError;
-use crate::vmevents;
+use crate::vm_events;
 
 pub const PERIOD_MS: u64 = 30_000;
 
@@ -24,42 +25,35 @@ pub(crate) fn arm(s: &mut State) {
 
 /// `periodic`: started by the timer, so its outcome re-arms it.
 pub(crate) fn start(s: &mut State, periodic: bool) {
-    if !s.started {
+    if !s.started() {
         return;
     }
-    if s.sweeping {
-        // The one in flight stands for this one; only the timer chain must go on.
-        s.sweep_rearm |= periodic;
-        return;
+    match &mut s.sweep {
+        // The one out stands for this one; only the timer chain must go on.
+        SweepState::Out { rearm } => *rearm |= periodic,
+        SweepState::Idle => {
+            s.sweep = SweepState::Out { rearm: periodic };
+            s.run_cocoon(CocoonOwner::Sweep, None, CocoonCmd::VmList);
+        }
     }
-    s.sweeping = true;
-    s.sweep_rearm = periodic;
-    let op = s.new_op(OpOwner::Sweep);
-    s.emit(Action::Cocoon {
-        op,
-        key: None,
-        cmd: CocoonCmd::VmList,
-    });
 }
 
 pub(crate) fn stream_connected(s: &mut State) {
-    if std::mem::take(&mut s.stream_gap) {
-        start(s, false);
+    match std::mem::take(&mut s.stream) {
+        StreamState::Gap => start(s, false),
+        StreamState::Connected => {}
     }
 }
 
 pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
-    s.sweeping = false;
-    if std::mem::take(&mut s.sweep_rearm) {
+    if let SweepState::Out { rearm: true } = std::mem::take(&mut s.sweep) {
         arm(s);
     }
     let vms = match result {
         Ok(CocoonOk::Vms { vms }) => vms,
         Ok(other) => {
-            return s.emit(Action::Log {
-                level: Level::Warn,
-                message: format!("sweep: unexpected answer from cocoon vm list: {other:?}"),
-            })
+            let what = format!("sweep: cocoon vm list answered {other:?}");
+            return crate::outcome::unexpected(s, &what);
         }
         Err(e) => {
             return s.emit(Action::Log {
@@ -83,9 +77,9 @@ pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
         .map(|(_, key)| key.clone())
         .collect();
     for key in doubtful {
-        let Some(e) = s.pods.get(&key) else { continue };
-        if e.busy.is_none() && vmevents::hintable(e) {
-            vmevents::hint(s, &key);
+        let Some(e) = s.pod(&key) else { continue };
+        if matches!(&e.phase, Phase::Running(r) if r.task.is_none()) && vm_events::hintable(e) {
+            vm_events::hint(s, &key);
         }
     }
 }

@@ -29,6 +29,13 @@ impl PodTable {
         self.0.get_mut(key).map(|e| &mut **e)
     }
 
+    /// The incarnation a timer or a late outcome was meant for: the pod under `key`, if it
+    /// still has `uid` (a successor under the same name is another pod).
+    #[inline]
+    pub fn incarnation(&mut self, key: &PodKey, uid: &str) -> Option<&mut PodEntry> {
+        self.get_mut(key).filter(|e| e.pod.uid == uid)
+    }
+
     #[inline]
     pub fn contains_key(&self, key: &PodKey) -> bool {
         self.0.contains_key(key)

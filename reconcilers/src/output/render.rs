@@ -18,7 +18,7 @@ pub fn timer(t: &Timer) -> String {
     let (kind, key) = match t {
         Timer::CreateRetry { key, .. } => ("create-retry", key),
         Timer::Recheck { key, .. } => ("recheck", key),
-        Timer::LeaseWait { key, .. } => ("lease-wait", key),
+        Timer::IpWait { key, .. } => ("lease-wait", key),
         Timer::KubeRetry { key, .. } => ("kube-retry", key),
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
@@ -45,6 +45,7 @@ pub fn counter(c: &Counter) -> String {
         Counter::CloneFromDir { result } => format!("clone_from_dir{{result={result}}}"),
         Counter::StartupResume { op } => format!("startup_resume{{op={op}}}"),
         Counter::LeaseRelease { result } => format!("lease_release{{result={result}}}"),
+        Counter::UnexpectedOutcome => "unexpected_outcome".into(),
     }
 }
 
@@ -86,7 +87,7 @@ pub fn status(s: &PodStatus) -> String {
 
 pub fn action(a: &Action) -> String {
     match a {
-        Action::Cocoon { op, cmd, .. } => format!("cocoon #{op} {}", cmd.argv().join(" ")),
+        Action::RunCocoon { op, cmd, .. } => format!("cocoon #{op} {}", cmd.argv().join(" ")),
         Action::PatchPod {
             op,
             key,
@@ -110,7 +111,7 @@ pub fn action(a: &Action) -> String {
             }
             line
         }
-        Action::ReleaseLease { op, mac } => format!("release-lease #{op} {mac}"),
+        Action::ReleaseDhcpLease { op, mac } => format!("release-lease #{op} {mac}"),
         Action::DeletePod {
             op,
             key,
@@ -127,13 +128,13 @@ pub fn action(a: &Action) -> String {
             message,
             ..
         } => format!("event {key} {kind:?} {reason} {}", q(message)),
-        Action::Probe {
+        Action::RunProbe {
             key,
-            probe,
+            seq,
             target,
             after_ms,
         } => format!(
-            "probe {key} p{probe} {} after={after_ms}ms",
+            "probe {key} p{seq} {} after={after_ms}ms",
             probe_target(target)
         ),
         Action::StopProbe { key } => format!("stop-probe {key}"),
@@ -148,7 +149,7 @@ pub fn action(a: &Action) -> String {
             format!("log {} {}", format!("{level:?}").to_lowercase(), q(message))
         }
         Action::RegisterNode => "register-node".into(),
-        Action::Fatal { message } => format!("fatal {}", q(message)),
+        Action::Abort { message } => format!("fatal {}", q(message)),
     }
 }
 
@@ -164,7 +165,7 @@ fn cocoon_ok(ok: &CocoonOk) -> String {
             "ok snapshot {} hypervisor={} image={}",
             snapshot.name, snapshot.hypervisor, snapshot.image
         ),
-        CocoonOk::StaleCreate { outcome } => format!("ok stale-create {outcome}"),
+        CocoonOk::StaleCreate { outcome } => format!("ok stale-create {}", outcome.as_str()),
     }
 }
 
@@ -192,13 +193,13 @@ pub fn event(e: &Event) -> String {
             format!("stream {kind:?} {} {} {}", vm.id, vm.name, vm.state).to_string()
         }
         Event::VmStreamClosed { clean, .. } => format!("stream-closed clean={clean}"),
-        Event::ProbeDone { key, probe, ok, .. } => {
+        Event::ProbeDone { key, seq, ok, .. } => {
             format!(
-                "probe-done {key} p{probe} {}",
+                "probe-done {key} p{seq} {}",
                 if *ok { "ok" } else { "fail" }
             )
         }
-        Event::LeasesChanged { upsert, remove } => {
+        Event::DhcpLeasesChanged { upsert, remove } => {
             let u: Vec<String> = upsert
                 .iter()
                 .map(|l| format!("{}={}", l.mac, l.ip))
@@ -216,7 +217,7 @@ pub fn event(e: &Event) -> String {
             Ok(KubeOk::Status { status: s }) => format!("kube-done #{op} ok {}", status(s)),
             Err(e) => format!("kube-done #{op} err {:?}", e.kind),
         },
-        Event::LeaseReleased { op, result } => match result {
+        Event::DhcpLeaseReleased { op, result } => match result {
             Ok(()) => format!("lease-released #{op} ok"),
             Err(e) => format!("lease-released #{op} err {}", q(e)),
         },

@@ -85,7 +85,8 @@ pub struct Terminated {
 pub const CONTAINER: &str = "agent";
 
 use crate::config::Config;
-use crate::state::{Lifecycle, PodEntry, Terminal};
+use crate::phase::{End, Phase};
+use crate::state::{Agent, Lifecycle, PodEntry};
 use crate::time::{parse_rfc3339, Millis, Rfc3339};
 
 /// The complete status vk wants the server to hold for this pod (spec/behavior.md §5).
@@ -153,12 +154,12 @@ impl<'a> Desired<'a> {
         };
         let host_ip = Some(config.node_ip.as_str());
         let restart_never = e.pod.restart_policy.as_deref() == Some("Never");
-        if let Some(terminal) = &e.terminal {
-            let (phase, code, reason, message) = match terminal {
-                Terminal::Evicted { reason, message } => {
+        if let Phase::Terminal(terminal) = &e.phase {
+            let (phase, code, reason, message) = match &terminal.end {
+                End::Evicted { reason, message } => {
                     ("Failed", 1, reason.as_str(), Some(message.as_str()))
                 }
-                Terminal::Succeeded => ("Succeeded", 0, "Completed", None),
+                End::Succeeded => ("Succeeded", 0, "Completed", None),
             };
             return Desired {
                 phase,
@@ -175,10 +176,21 @@ impl<'a> Desired<'a> {
                 }),
             };
         }
-        let Some(vm) = &e.vm else {
+        let Some(vm) = e.phase.vm() else {
             // S1: no VM → Pending with no conditions and no container statuses (the operator's
-            // wake gate depends on that); P3: a failed create shows ProviderFailed.
-            let (phase, reason, message) = match &e.failure {
+            // wake gate depends on that); P3: a failed create shows ProviderFailed, also while
+            // the next attempt runs.
+            let failure = match &e.phase {
+                Phase::Failed(f) => Some(&f.message),
+                Phase::Creating(c) => c.last_failure.as_ref(),
+                Phase::Waiting
+                | Phase::Running(_)
+                | Phase::Evicting(_)
+                | Phase::Deleting(_)
+                | Phase::Terminal(_)
+                | Phase::Gone(_) => None,
+            };
+            let (phase, reason, message) = match failure {
                 Some(msg) => (
                     if restart_never { "Failed" } else { "Pending" },
                     Some("ProviderFailed"),
@@ -188,7 +200,7 @@ impl<'a> Desired<'a> {
             };
             // A pod vk has not placed keeps whatever hostIP it has: writing ours onto a fresh
             // Pending pod would be a write with nothing to say.
-            let host_ip = match &e.failure {
+            let host_ip = match failure {
                 Some(_) => host_ip,
                 None => e.pod.status.host_ip.as_deref(),
             };
@@ -399,11 +411,11 @@ pub fn parse_ready_condition(status: &PodStatus) -> Option<(bool, Option<Millis>
 /// A VM whose probe agent has not reported yet: its first status waits for that result
 /// (R2), which comes at once or within the 3 s probe deadline.
 pub(crate) fn first_probe_pending(e: &PodEntry) -> bool {
-    e.vm.is_some() && e.probe.active && e.probe.awaiting_first
+    e.phase.vm().is_some() && e.probe.agent == Agent::AwaitingFirst
 }
 
 /// The derived status when it differs from what the server holds — not from what was last
-/// sent, so a status someone else overwrote is repaired (issue #5 §6); `None` when it holds.
+/// sent, so a status someone else overwrote is repaired (INV-6); `None` when it holds.
 pub(crate) fn wanted(config: &Config, e: &PodEntry) -> Option<PodStatus> {
     let desired = Desired::of(config, e);
     // Tests (debug builds) prove the cheap comparison against the built status every time.
@@ -412,10 +424,14 @@ pub(crate) fn wanted(config: &Config, e: &PodEntry) -> Option<PodStatus> {
         desired.to_status() == e.pod.status
     );
     debug_assert!(e
+        .writer
         .echo_mismatch
         .as_ref()
         .is_none_or(|m| desired.matches(m) == (desired.to_status() == *m)));
     let holds = desired.matches(&e.pod.status)
-        || e.echo_mismatch.as_ref().is_some_and(|m| desired.matches(m));
+        || e.writer
+            .echo_mismatch
+            .as_ref()
+            .is_some_and(|m| desired.matches(m));
     (!holds).then(|| desired.to_status())
 }

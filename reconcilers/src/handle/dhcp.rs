@@ -1,20 +1,27 @@
-//! The cocoon-net lease table (spec/cocoon-net-leases.md §5) and IP resolution for DHCP NICs.
+//! DHCP leases: cocoon-net's lease table (LEASE-5), the IP of a DHCP NIC resolved from it on
+//! every probe tick (R6), and the release of a destroyed VM's lease (D6).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
+use crate::action::{Action, Counter, Level, OpId};
 use crate::create;
-use crate::event::Lease;
+use crate::event::DhcpLease;
+use crate::phase::Phase;
 use crate::pod::PodKey;
 use crate::small_str::SmallStr;
-use crate::state::{State, Tracked};
+use crate::state::{DhcpFile, State, Tracked};
+use crate::vm::VmRecord;
+
+/// How long a clone waits for its lease before lifecycle `failed` (C16).
+pub const IP_WAIT_MS: u64 = 45_000;
 
 /// The shell sends the lease table as a diff against the last table it sent: rows that are
 /// new or changed (`upsert`) and MACs that disappeared (`remove`); the first event after a
 /// start carries the whole table as upserts. Only the MACs in the diff are touched and only
 /// their pods refreshed: removed ones first, then upserted ones, each in MAC order.
-pub fn changed(s: &mut State, upsert: Vec<Lease>, mut remove: Vec<SmallStr>) {
-    s.leases_seen = true;
+pub fn changed(s: &mut State, upsert: Vec<DhcpLease>, mut remove: Vec<SmallStr>) {
+    s.dhcp_file = DhcpFile::Read;
     let upsert = normalize(upsert);
     for mac in remove.iter_mut() {
         mac.make_ascii_lowercase();
@@ -23,19 +30,19 @@ pub fn changed(s: &mut State, upsert: Vec<Lease>, mut remove: Vec<SmallStr>) {
     remove.dedup();
     let mut macs: Vec<SmallStr> = Vec::with_capacity(remove.len() + upsert.len());
     for mac in remove {
-        if s.leases.remove(&mac).is_some() {
+        if s.dhcp_leases.remove(&mac).is_some() {
             macs.push(mac);
         }
     }
     for l in upsert {
-        if s.leases.get(&l.mac) == Some(&l) {
+        if s.dhcp_leases.get(&l.mac) == Some(&l) {
             continue;
         }
         macs.push(l.mac.clone());
-        s.leases.insert(l.mac.clone(), l);
+        s.dhcp_leases.insert(l.mac.clone(), l);
     }
     for mac in macs {
-        if let Some(key) = s.macs.get(mac.as_str()).cloned() {
+        if let Some(key) = s.dhcp_macs.get(mac.as_str()).cloned() {
             refresh_ip(s, &key);
         }
     }
@@ -44,7 +51,10 @@ pub fn changed(s: &mut State, upsert: Vec<Lease>, mut remove: Vec<SmallStr>) {
 /// The diff the shell sends when the lease file now holds `table` and it last sent `last`
 /// (the whole table, normalized): new or changed rows, and the MACs no longer present, both
 /// in MAC order. Applying it with [`changed`] turns `last` into `table`.
-pub fn diff(last: &BTreeMap<SmallStr, Lease>, table: Vec<Lease>) -> (Vec<Lease>, Vec<SmallStr>) {
+pub fn diff(
+    last: &BTreeMap<SmallStr, DhcpLease>,
+    table: Vec<DhcpLease>,
+) -> (Vec<DhcpLease>, Vec<SmallStr>) {
     let table = normalize(table);
     let mut remove = Vec::new();
     let mut upsert = Vec::new();
@@ -78,7 +88,7 @@ pub fn diff(last: &BTreeMap<SmallStr, Lease>, table: Vec<Lease>) -> (Vec<Lease>,
 /// Lowercase MACs, sorted, one row per MAC. Duplicate MACs should not happen; if they do,
 /// the latest expiry wins (stable: on a tie the first row). An already sorted and unique
 /// table, which one pass proves, skips the sort and dedup.
-pub fn normalize(mut table: Vec<Lease>) -> Vec<Lease> {
+pub fn normalize(mut table: Vec<DhcpLease>) -> Vec<DhcpLease> {
     for l in table.iter_mut() {
         l.mac.make_ascii_lowercase();
     }
@@ -100,21 +110,21 @@ fn resolved<'a>(s: &'a State, vm: &'a Tracked) -> Option<&'a str> {
     if let Some(ip) = &vm.record.static_ip {
         return Some(ip);
     }
-    if vm.unmanaged {
+    if !vm.managed() {
         return vm.ip.as_deref();
     }
     // Before the lease file was read (a restart), the IP the pod already shows stands.
-    if !s.leases_seen {
+    if s.dhcp_file == DhcpFile::Unread {
         return vm.ip.as_deref();
     }
     let mut mac = SmallStr::new(vm.record.mac.as_ref()?);
     mac.make_ascii_lowercase();
-    let lease = s.leases.get(&mac)?;
+    let lease = s.dhcp_leases.get(&mac)?;
     (lease.expiry > s.now).then_some(lease.ip.as_str())
 }
 
 pub fn refresh_ip(s: &mut State, key: &PodKey) {
-    let Some(vm) = s.pods.get(key).and_then(|e| e.vm.as_ref()) else {
+    let Some(vm) = s.pod(key).and_then(|e| e.vm()) else {
         return;
     };
     let ip = resolved(s, vm);
@@ -122,12 +132,60 @@ pub fn refresh_ip(s: &mut State, key: &PodKey) {
         return;
     }
     let ip = ip.map(str::to_string);
-    let e = s.pods.get_mut(key).expect("present");
-    e.vm.as_mut().expect("present").ip = ip.clone();
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let arrived = ip.is_some();
+    if let Some(vm) = e.phase.vm_mut() {
+        vm.ip = ip;
+    }
+    let waiting = matches!(&e.phase, Phase::Running(r) if r.ip_wait.is_some());
     s.touched.insert(key);
-    if ip.is_some() && s.pods[key].ip_wait.is_some() {
+    if arrived && waiting {
         create::ip_arrived(s, key);
     }
+}
+
+/// The MAC whose lease a destroyed VM leaves behind: its first NIC's, when that NIC is DHCP.
+pub(crate) fn release_mac(vm: &VmRecord) -> Option<String> {
+    vm.mac.clone().filter(|_| vm.static_ip.is_none())
+}
+
+/// D6 (and B8 `destroy`): hands a destroyed VM's lease back to cocoon-net so its address
+/// returns to the pool instead of waiting out the lease. Best effort: the release is
+/// idempotent on cocoon-net's side, a failure is logged and counted, never retried.
+pub(crate) fn release(s: &mut State, mac: &str) {
+    if !s.config.release_leases {
+        return;
+    }
+    let op = s.next_op();
+    s.dhcp_release_ops.insert(op, mac.to_string());
+    s.emit(Action::ReleaseDhcpLease {
+        op,
+        mac: mac.to_string(),
+    });
+}
+
+pub(crate) fn released(s: &mut State, op: OpId, result: Result<(), String>) {
+    let Some(mac) = s.dhcp_release_ops.remove(&op) else {
+        return crate::outcome::unexpected(
+            s,
+            &format!("a lease release outcome for unknown operation #{op}"),
+        );
+    };
+    let outcome = match result {
+        Ok(()) => "ok",
+        Err(why) => {
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("lease release of {mac} failed (it expires on its own): {why}"),
+            });
+            "error"
+        }
+    };
+    s.emit(Action::Count {
+        counter: Counter::LeaseRelease {
+            result: outcome.into(),
+        },
+    });
 }
 
 #[cfg(test)]
@@ -135,8 +193,8 @@ mod tests {
     use super::*;
     use crate::Config;
 
-    fn lease(mac: &str, ip: &str, expiry: i64) -> Lease {
-        Lease {
+    fn lease(mac: &str, ip: &str, expiry: i64) -> DhcpLease {
+        DhcpLease {
             mac: mac.into(),
             ip: ip.into(),
             expiry,
@@ -152,22 +210,22 @@ mod tests {
             lease("02:00:00:00:00:0a", "10.0.0.9", 9),
         ];
         changed(&mut s, first, Vec::new());
-        assert!(s.leases_seen);
-        let want = |rows: &[Lease]| -> BTreeMap<SmallStr, Lease> {
+        assert_eq!(s.dhcp_file, DhcpFile::Read);
+        let want = |rows: &[DhcpLease]| -> BTreeMap<SmallStr, DhcpLease> {
             rows.iter().map(|l| (l.mac.clone(), l.clone())).collect()
         };
         let a9 = lease("02:00:00:00:00:0a", "10.0.0.9", 9);
         let b = lease("02:00:00:00:00:0b", "10.0.0.2", 5);
-        assert_eq!(s.leases, want(&[a9.clone(), b.clone()]));
+        assert_eq!(s.dhcp_leases, want(&[a9.clone(), b.clone()]));
         let c = lease("02:00:00:00:00:0c", "10.0.0.3", 5);
         let b2 = lease("02:00:00:00:00:0b", "10.0.0.2", 7);
-        let (upsert, remove) = diff(&s.leases, vec![c.clone(), b2.clone()]);
+        let (upsert, remove) = diff(&s.dhcp_leases, vec![c.clone(), b2.clone()]);
         assert_eq!(upsert, vec![b2.clone(), c.clone()]);
         assert_eq!(remove, vec![SmallStr::from("02:00:00:00:00:0a")]);
         changed(&mut s, upsert, remove);
-        assert_eq!(s.leases, want(&[b2, c]));
+        assert_eq!(s.dhcp_leases, want(&[b2, c]));
         assert_eq!(
-            diff(&s.leases, s.leases.values().cloned().collect()),
+            diff(&s.dhcp_leases, s.dhcp_leases.values().cloned().collect()),
             (vec![], vec![])
         );
     }

@@ -2,14 +2,11 @@
 //! pod it touched has its desired status and annotations compared with what the server holds,
 //! so each handler only changes state and never has to remember to publish.
 
-use crate::action::Action;
+use crate::action::{Action, Level};
 use crate::event::{Envelope, Event};
 use crate::pod::PodKey;
 use crate::state::State;
-use crate::{
-    cocoon_outcome, intake, kube_outcome, lease_release, leases, pod_write, probe, startup, sweep,
-    timers, vmevents,
-};
+use crate::{dhcp, intake, outcome, probe, publish, startup, sweep, timers, vm_events};
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
     state.now = envelope.at;
@@ -33,30 +30,25 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         }
         // B1: without the VM inventory no adoption or orphan decision is safe, so startup
         // stops and the node is not registered; after startup a failed list changes nothing.
-        Event::VmListFailed { error } if !state.started => state.emit(Action::Fatal {
+        Event::VmListFailed { error } if !state.started() => state.emit(Action::Abort {
             message: format!(
                 "cocoon vm list failed at startup, not registering the node: {}",
                 error.message
             ),
         }),
         Event::VmListFailed { error } => state.emit(Action::Log {
-            level: crate::action::Level::Error,
+            level: Level::Error,
             message: format!("cocoon vm list failed: {}", error.message),
         }),
         Event::VmStreamConnected => sweep::stream_connected(state),
-        Event::VmStream { kind, vm } => vmevents::stream_event(state, kind, vm),
-        Event::VmStreamClosed { clean, .. } => vmevents::stream_closed(state, clean),
-        Event::ProbeDone {
-            key,
-            probe: seq,
-            ok,
-            detail,
-        } => probe::done(state, &key, seq, ok, &detail),
-        Event::LeasesChanged { upsert, remove } => leases::changed(state, upsert, remove),
+        Event::VmStream { kind, vm } => vm_events::stream_event(state, kind, vm),
+        Event::VmStreamClosed { clean, .. } => vm_events::stream_closed(state, clean),
+        Event::ProbeDone { key, seq, ok, .. } => probe::done(state, &key, seq, ok),
+        Event::DhcpLeasesChanged { upsert, remove } => dhcp::changed(state, upsert, remove),
         Event::TimerFired { timer } => timers::fired(state, timer),
-        Event::CocoonDone { op, result } => cocoon_outcome::done(state, op, result),
-        Event::KubeDone { op, result } => kube_outcome::done(state, op, result),
-        Event::LeaseReleased { op, result } => lease_release::done(state, op, result),
+        Event::CocoonDone { op, result } => outcome::cocoon_done(state, op, result),
+        Event::KubeDone { op, result } => outcome::kube_done(state, op, result),
+        Event::DhcpLeaseReleased { op, result } => dhcp::released(state, op, result),
         Event::NodeRegistered => {}
     }
     for key in &state.touched.take() {
@@ -70,8 +62,8 @@ fn publish(s: &mut State, key: &PodKey) {
     let Some(mut p) = s.publishing(key) else {
         return;
     };
-    pod_write::sync(&mut p, key);
-    if intake::collectable(p.entry, p.started) {
+    publish::sync(&mut p, key);
+    if intake::collectable(p.entry) {
         intake::collect(s, key);
     }
 }

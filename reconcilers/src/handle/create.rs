@@ -1,0 +1,769 @@
+//! The Creating phase (CreatePod, C3–C12): the bring-up step machine. One step's cocoon call
+//! is out at a time; its outcome picks the next step, a Running pod, a Failed pod, or — when
+//! a delete came meanwhile — hands the pod to the delete.
+
+use crate::action::{Action, Counter, EventType, Histogram, Level, Timer};
+use crate::backoff::Backoff;
+use crate::cocoon::{CloneSource, CocoonCmd};
+use crate::config::RestoreMode;
+use crate::event::{CocoonOk, SnapshotInfo};
+use crate::names;
+use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Retry, Running};
+use crate::pod::PodKey;
+use crate::spec::{Backend, Mode, Os, VmSpec};
+use crate::state::{CocoonOwner, Lifecycle, State, Tracked, VmOwner};
+use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
+use crate::{delete, keys, lifecycle, outcome, probe, tracking};
+
+/// P3: a failed bring-up is retried 5 ms doubling to 1000 s, 20 attempts in all.
+pub const RETRY: Backoff = Backoff::doubling(5, 1_000_000);
+const MAX_ATTEMPTS: u32 = 20;
+
+/// Starts a bring-up (C6: a fresh one first drops the fork snapshot of its VM name, so a
+/// predecessor's fork state never reaches new sub-agents).
+pub fn begin(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pod(key) else { return };
+    let Ok(spec) = e.spec.clone() else { return };
+    let (attempts, last_failure) = match &e.phase {
+        Phase::Failed(f) => (f.attempts, Some(f.message.clone())),
+        Phase::Waiting
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => (0, None),
+    };
+    lifecycle::set(s, key, Lifecycle::Creating, None);
+    let cmd = CocoonCmd::SnapshotRm {
+        name: names::fork_snapshot(&spec.vm_name),
+    };
+    let op = s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    );
+    let since = s.now;
+    if let Some(e) = s.pods.get_mut(key) {
+        e.phase = Phase::Creating(Creating {
+            step: CreateStep::RemoveFork,
+            op,
+            since,
+            attempts,
+            last_failure,
+            cancel: None,
+        });
+    }
+}
+
+/// The next step of the bring-up under way.
+fn step(s: &mut State, key: &PodKey, next: CreateStep, cmd: CocoonCmd) {
+    let op = s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    );
+    if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        c.step = next;
+        c.op = op;
+    }
+}
+
+/// The outcome of the step's call (the router checked it is this step's).
+pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Creating(c) = &e.phase else { return };
+    let (current, cancel) = (c.step.clone(), c.cancel);
+    let spec = match &e.spec {
+        Ok(spec) => spec.clone(),
+        // The pod changed into something undecodable while the step was out.
+        Err(err) => return fail_permanently(s, key, err.to_string()),
+    };
+    use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNameTaken};
+    // A delete is waiting: only a step that may have made a VM matters, so it is removed.
+    if let Some(object) = cancel {
+        match current {
+            CreateStep::Run | CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => {}
+            CreateStep::RemoveFork
+            | CreateStep::PullImage
+            | CreateStep::InspectSnapshot { .. }
+            | CreateStep::InspectForkSource
+            | CreateStep::SaveForkSnapshot { .. }
+            | CreateStep::RemoveTakenFork { .. }
+            | CreateStep::InspectNameTaken => {
+                if let Err(err) = &result {
+                    count_clone_from_dir_failure(s, &current, &spec, err);
+                }
+                return delete::without_vm(s, key, object);
+            }
+        }
+    }
+    match (current, result) {
+        (
+            CreateStep::RemoveFork,
+            Ok(CocoonOk::Done)
+            | Err(CocoonError {
+                kind: SnapshotNotFound,
+                ..
+            }),
+        ) => first_source_step(s, key, &spec),
+        (CreateStep::PullImage, Ok(CocoonOk::Done)) => {
+            step(s, key, CreateStep::Run, run_cmd(&spec))
+        }
+        (CreateStep::Run | CreateStep::Clone, Ok(CocoonOk::Vm { vm })) => {
+            if vm.id.is_empty() {
+                fail(s, key, "cocoon returned a VM record without an id".into());
+            } else if !vm.is_running() || vm.pid == 0 {
+                // A record that is not running yet: inspect for the live state and the PID
+                // the stats need.
+                let id = vm.id.clone();
+                step(
+                    s,
+                    key,
+                    CreateStep::InspectAfterBoot { record: vm },
+                    CocoonCmd::VmInspect { vm: id },
+                );
+            } else {
+                booted(s, key, vm);
+            }
+        }
+        (
+            CreateStep::Run | CreateStep::Clone,
+            Err(CocoonError {
+                kind: VmNameTaken, ..
+            }),
+        ) if cancel.is_none() => {
+            let vm = spec.vm_name.clone();
+            step(
+                s,
+                key,
+                CreateStep::InspectNameTaken,
+                CocoonCmd::VmInspect { vm },
+            );
+        }
+        (CreateStep::InspectAfterBoot { .. }, Ok(CocoonOk::Vm { vm })) => booted(s, key, vm),
+        // The VM came up; the record from the boot call is what we know of it.
+        (CreateStep::InspectAfterBoot { record }, Err(_)) => booted(s, key, record),
+        (CreateStep::InspectAfterBoot { record }, Ok(other)) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: vm inspect {} answered {other:?}", record.id),
+            );
+            booted(s, key, record)
+        }
+        (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm }))
+            if vm.is_running() && vm.name == spec.vm_name =>
+        {
+            adopt(s, key, vm, "adopted")
+        }
+        (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm })) => fail(
+            s,
+            key,
+            format!(
+                "vm name {:?} is taken by VM {} in state {:?}",
+                spec.vm_name, vm.id, vm.state
+            ),
+        ),
+        (CreateStep::InspectSnapshot { name }, Ok(CocoonOk::Snapshot { snapshot })) => {
+            snapshot_found(s, key, &spec, name, snapshot)
+        }
+        (
+            CreateStep::InspectSnapshot { name },
+            Err(CocoonError {
+                kind: SnapshotNotFound,
+                ..
+            }),
+        ) => match &spec.fork_from {
+            Some(source) => fork_source(s, key, source),
+            None => {
+                s.emit(Action::Count {
+                    counter: Counter::SnapshotPull {
+                        result: "failed".into(),
+                    },
+                });
+                fail(
+                        s,
+                        key,
+                        format!("snapshot {name:?} is not on this node and no registry pull is available in this build"),
+                    )
+            }
+        },
+        (CreateStep::InspectForkSource, Ok(CocoonOk::Vm { vm })) => {
+            save_fork(s, key, &vm.name, vm.id, false)
+        }
+        (
+            CreateStep::SaveForkSnapshot { vm, again: false },
+            Err(CocoonError {
+                kind: SnapshotNameTaken,
+                message,
+            }),
+        ) => {
+            let source = spec.fork_from.as_deref().unwrap_or_default();
+            let name = taken_by(&message).unwrap_or_else(|| names::fork_snapshot(source));
+            step(
+                s,
+                key,
+                CreateStep::RemoveTakenFork { vm },
+                CocoonCmd::SnapshotRm { name },
+            );
+        }
+        (
+            CreateStep::RemoveTakenFork { vm },
+            Ok(CocoonOk::Done)
+            | Err(CocoonError {
+                kind: SnapshotNotFound,
+                ..
+            }),
+        ) => {
+            let source = spec.fork_from.clone().unwrap_or_default();
+            save_fork(s, key, &source, vm, true);
+        }
+        (CreateStep::SaveForkSnapshot { .. }, Ok(CocoonOk::Done)) => {
+            let name = names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
+            let cmd = clone_cmd(s, &spec, CloneSource::Snapshot(name), false);
+            step(s, key, CreateStep::Clone, cmd);
+        }
+        (failed_step, Err(err)) => {
+            count_clone_from_dir_failure(s, &failed_step, &spec, &err);
+            let label = step_label(&failed_step, &spec);
+            fail(s, key, format!("{label}: {}", err.message))
+        }
+        // An answer of the wrong shape for the call: cocoon and vk disagree on the
+        // contract. The attempt fails like any other, so the pod retries.
+        (
+            failed_step @ (CreateStep::RemoveFork
+            | CreateStep::PullImage
+            | CreateStep::Run
+            | CreateStep::Clone
+            | CreateStep::InspectNameTaken
+            | CreateStep::InspectSnapshot { .. }
+            | CreateStep::InspectForkSource
+            | CreateStep::SaveForkSnapshot { .. }
+            | CreateStep::RemoveTakenFork { .. }),
+            Ok(other),
+        ) => {
+            let label = step_label(&failed_step, &spec);
+            outcome::unexpected(s, &format!("pod {key}: {label} answered {other:?}"));
+            fail(s, key, format!("{label}: unexpected answer from cocoon"))
+        }
+    }
+}
+
+fn count_clone_from_dir_failure(
+    s: &mut State,
+    step: &CreateStep,
+    spec: &VmSpec,
+    _err: &CocoonError,
+) {
+    if matches!(step, CreateStep::Clone) && spec.clone_from_dir.is_some() {
+        s.emit(Action::Count {
+            counter: Counter::CloneFromDir {
+                result: "failed".into(),
+            },
+        });
+    }
+}
+
+fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
+    let fork = || names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
+    match step {
+        CreateStep::RemoveFork => format!("snapshot rm {}", names::fork_snapshot(&spec.vm_name)),
+        CreateStep::PullImage => format!("image pull {}", spec.image),
+        CreateStep::Run => format!("vm run {}", spec.vm_name),
+        CreateStep::Clone => format!("vm clone {}", spec.vm_name),
+        CreateStep::InspectAfterBoot { record } => format!("vm inspect {}", record.id),
+        CreateStep::InspectSnapshot { name } => format!("snapshot inspect {name}"),
+        CreateStep::InspectForkSource => {
+            format!(
+                "vm inspect {}",
+                spec.fork_from.as_deref().unwrap_or_default()
+            )
+        }
+        CreateStep::SaveForkSnapshot { .. } | CreateStep::RemoveTakenFork { .. } => {
+            format!("snapshot save {}", fork())
+        }
+        CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
+    }
+}
+
+/// C3 path order after the fork snapshot is dropped: clone-from-dir, fork-from, run, clone.
+fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
+    if let Some(dir) = &spec.clone_from_dir {
+        let cmd = clone_cmd(s, spec, CloneSource::FromDir(dir.clone()), true);
+        step(s, key, CreateStep::Clone, cmd);
+    } else if let Some(source) = &spec.fork_from {
+        let name = names::fork_snapshot(source);
+        step(
+            s,
+            key,
+            CreateStep::InspectSnapshot { name: name.clone() },
+            CocoonCmd::SnapshotInspect { name },
+        );
+    } else {
+        match spec.mode {
+            Mode::Run => {
+                let cmd = CocoonCmd::ImagePull {
+                    image: spec.image.clone(),
+                    force: spec.force_pull,
+                };
+                step(s, key, CreateStep::PullImage, cmd);
+            }
+            Mode::Clone => {
+                let name = names::image_snapshot_name(&spec.image).0;
+                step(
+                    s,
+                    key,
+                    CreateStep::InspectSnapshot { name: name.clone() },
+                    CocoonCmd::SnapshotInspect { name },
+                );
+            }
+        }
+    }
+}
+
+fn snapshot_found(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, snap: SnapshotInfo) {
+    let backend_set = s
+        .pod(key)
+        .is_some_and(|e| e.pod.annotation(keys::BACKEND).is_some());
+    if backend_set && !snap.hypervisor.is_empty() && snap.hypervisor != spec.backend.as_str() {
+        let msg = format!(
+            "snapshot {name:?} was taken on {}, the pod asks for {}",
+            snap.hypervisor,
+            spec.backend.as_str()
+        );
+        return fail(s, key, msg);
+    }
+    if spec.fork_from.is_none() {
+        s.emit(Action::Count {
+            counter: Counter::SnapshotPull {
+                result: "ok".into(),
+            },
+        });
+    }
+    let pull = spec.fork_from.is_none() && !snap.image.is_empty();
+    let mut cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
+    if let CocoonCmd::VmClone { restore_mode, .. } = &mut cmd {
+        // The backend of a clone is the snapshot's, not the pod's.
+        if snap.hypervisor == Backend::Firecracker.as_str() {
+            *restore_mode = None;
+        }
+    }
+    step(s, key, CreateStep::Clone, cmd);
+}
+
+fn fork_source(s: &mut State, key: &PodKey, source: &str) {
+    let tracked = s
+        .vm_names
+        .get(source)
+        .and_then(|k| s.pod(k))
+        .and_then(|e| e.vm());
+    match tracked {
+        Some(vm) => {
+            let id = vm.record.id.clone();
+            save_fork(s, key, source, id, false);
+        }
+        None => step(
+            s,
+            key,
+            CreateStep::InspectForkSource,
+            CocoonCmd::VmInspect {
+                vm: source.to_string(),
+            },
+        ),
+    }
+}
+
+fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String, again: bool) {
+    let cmd = CocoonCmd::SnapshotSave {
+        name: names::fork_snapshot(source),
+        vm: vm.clone(),
+    };
+    step(s, key, CreateStep::SaveForkSnapshot { vm, again }, cmd);
+}
+
+/// The holder of a taken snapshot name: the token after `already in use by ` (or `held by
+/// `), trailing `)` stripped (CLI-3).
+fn taken_by(message: &str) -> Option<String> {
+    let lower = message.to_ascii_lowercase();
+    let at = ["already in use by ", "held by "]
+        .iter()
+        .find_map(|p| lower.find(p).map(|i| i + p.len()))?;
+    let id = message[at..].split_whitespace().next()?;
+    let id = id.trim_end_matches(')');
+    (!id.is_empty()).then(|| id.to_string())
+}
+
+fn run_cmd(spec: &VmSpec) -> CocoonCmd {
+    CocoonCmd::VmRun {
+        name: spec.vm_name.clone(),
+        image: spec.image.clone(),
+        cpu: spec.vcpus,
+        cpu_policy: spec.cpu,
+        memory: spec.memory_bytes,
+        storage: spec.storage_bytes,
+        network: spec.network.clone(),
+        windows: spec.os == Os::Windows,
+        fc: spec.backend == Backend::Firecracker,
+        no_direct_io: spec.no_direct_io,
+    }
+}
+
+fn clone_cmd(s: &State, spec: &VmSpec, source: CloneSource, pull: bool) -> CocoonCmd {
+    let restore_mode = match (spec.backend, spec.os) {
+        (Backend::Firecracker, _) => None,
+        (_, Os::Windows) => Some(RestoreMode::Copy),
+        _ => Some(s.config.restore_mode),
+    };
+    CocoonCmd::VmClone {
+        name: spec.vm_name.clone(),
+        source,
+        network: spec.network.clone(),
+        no_direct_io: spec.no_direct_io,
+        pull,
+        restore_mode,
+        cpu_policy: spec.cpu,
+    }
+}
+
+/// C12: the VM is up. Track it, probe it, and wait for the IP that `ready` needs — or, when
+/// a delete came meanwhile, hand it to the delete, which removes it.
+fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
+    let now = s.now;
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Creating(c) = &e.phase else { return };
+    let Ok(spec) = &e.spec else { return };
+    let (since, cancel) = (c.since, c.cancel);
+    let clone_path =
+        spec.mode != Mode::Run || spec.clone_from_dir.is_some() || spec.fork_from.is_some();
+    let backend = spec.backend.as_str().to_string();
+    let from_dir = spec.clone_from_dir.is_some();
+    s.emit(Action::Observe {
+        histogram: Histogram::VmBootDuration {
+            mode: if clone_path { "clone" } else { "run" }.into(),
+            backend,
+        },
+        millis: (now - since).max(0) as u64,
+    });
+    if clone_path && from_dir {
+        s.emit(Action::Count {
+            counter: Counter::CloneFromDir {
+                result: "ok".into(),
+            },
+        });
+    }
+    let tracked = Tracked {
+        record: vm,
+        ip: None,
+        owner: VmOwner::Vk,
+    };
+    if let Some(e) = s.pods.get_mut(key) {
+        e.started_at = Some(now);
+    }
+    if let Some(object) = cancel {
+        return delete::with_new_vm(s, key, tracked, object);
+    }
+    enter_running(s, key, tracked);
+    probe::start(s, key);
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "create".into(),
+            result: "ok".into(),
+            reason: String::new(),
+        },
+    });
+    ready_wait(
+        s,
+        key,
+        if clone_path {
+            IpWait::Clone
+        } else {
+            IpWait::Run
+        },
+    );
+}
+
+/// The pod holds this VM now: Running with no task, indexed, its IP resolved.
+fn enter_running(s: &mut State, key: &PodKey, vm: Tracked) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.phase = Phase::Running(Running {
+        vm,
+        task: None,
+        ip_wait: None,
+    });
+    tracking::indexed(s, key);
+}
+
+/// C16: `ready` needs a resolvable IP. Clones wait 45 s for the lease; a run or an adoption
+/// has no deadline (ANN-4.2 rule 7: `ready` requires an IP on every managed path).
+pub(crate) fn ready_wait(s: &mut State, key: &PodKey, wait: IpWait) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    r.ip_wait = Some(wait);
+    if r.vm.ip.is_some() {
+        ip_arrived(s, key);
+    } else if wait.has_deadline() {
+        let uid = e.pod.uid.clone();
+        s.emit(Action::ArmTimer {
+            timer: Timer::IpWait {
+                key: key.clone(),
+                uid,
+            },
+            after_ms: crate::dhcp::IP_WAIT_MS,
+        });
+    }
+}
+
+pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
+    let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
+        return;
+    };
+    let Some(wait) = r.ip_wait.take() else { return };
+    if wait.has_deadline() {
+        s.emit(Action::Count {
+            counter: Counter::WakeIpWait {
+                result: "ok".into(),
+            },
+        });
+    }
+    lifecycle::set(s, key, Lifecycle::Ready, None);
+}
+
+pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    let name = e.vm_name().unwrap_or_default().to_string();
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    if r.vm.ip.is_some() {
+        return;
+    }
+    let Some(wait) = r.ip_wait.take() else { return };
+    let msg = format!(
+        "{} {name}: dhcp lease not observed within 45s",
+        wait.as_str()
+    );
+    s.emit(Action::Count {
+        counter: Counter::WakeIpWait {
+            result: "timeout".into(),
+        },
+    });
+    warn_event(s, key, "PostCloneIPWaitTimeout", &format!("create: {msg}"));
+    lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+}
+
+/// C4: a VM of this name is already here: take it over instead of creating another.
+pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: &str) {
+    let now = s.now;
+    let tracked = Tracked {
+        record: vm,
+        ip: None,
+        owner: VmOwner::Vk,
+    };
+    enter_running(s, key, tracked);
+    if let Some(e) = s.pods.get_mut(key) {
+        e.started_at = e.started_at.or(Some(now));
+    }
+    probe::start(s, key);
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "create".into(),
+            result: "ok".into(),
+            reason: reason.into(),
+        },
+    });
+    // No guest work is owed, but `ready` still needs the IP (usually already leased).
+    ready_wait(s, key, IpWait::Adopt);
+}
+
+/// C5: an unmanaged pod brings its own VM; vk only probes the annotated IP.
+pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
+    let record = VmRecord {
+        id: spec.static_id.clone().unwrap_or_default(),
+        name: spec.vm_name.clone(),
+        state: "running".into(),
+        static_ip: spec.static_ip.clone(),
+        ..VmRecord::default()
+    };
+    let now = s.now;
+    let tracked = Tracked {
+        ip: record.static_ip.clone(),
+        record,
+        owner: VmOwner::Pod,
+    };
+    enter_running(s, key, tracked);
+    if let Some(e) = s.pods.get_mut(key) {
+        e.started_at = e.started_at.or(Some(now));
+    }
+    probe::start(s, key);
+    lifecycle::set(s, key, Lifecycle::Ready, None);
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "create".into(),
+            result: "ok".into(),
+            reason: "unmanaged".into(),
+        },
+    });
+}
+
+/// B4/B5: re-attach a pod to its VM after a restart, keeping what the server already shows
+/// (start time, readiness and its transition time) so a restart does not flap the pod. Its
+/// `ip` annotation is the IP cache until the lease file is read (R6).
+pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
+    let running = vm.is_running();
+    let Some(e) = s.pod(key) else { return };
+    let cached_ip = e.pod.annotation(keys::VM_IP).map(str::to_string);
+    let tracked = Tracked {
+        record: vm,
+        ip: cached_ip,
+        owner: VmOwner::Vk,
+    };
+    enter_running(s, key, tracked);
+    let now = s.now;
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.started_at = e
+        .pod
+        .status
+        .start_time
+        .as_deref()
+        .and_then(crate::time::parse_rfc3339)
+        .or(Some(now));
+    if let Some((ready, since)) = crate::status::parse_ready_condition(&e.pod.status) {
+        e.probe.ready = ready;
+        e.ready_changed_at = since;
+    }
+    let intent = e.intent.state;
+    let uid = e.pod.uid.clone();
+    probe::start(s, key);
+    match intent {
+        Some(Lifecycle::Failed) => {}
+        Some(Lifecycle::Creating) => {
+            s.emit(Action::Count {
+                counter: Counter::StartupResume {
+                    op: "ready_wait".into(),
+                },
+            });
+            s.emit(Action::RecordEvent {
+                key: key.clone(),
+                uid,
+                kind: EventType::Normal,
+                reason: "ResumedAfterRestart".into(),
+                message: "reconcile: resuming the wait for the VM's IP".into(),
+            });
+            ready_wait(s, key, IpWait::Clone);
+        }
+        // Seeded `ready` stays as the server has it: no rewrite, no flap.
+        Some(Lifecycle::Ready) => {}
+        Some(Lifecycle::Hibernating | Lifecycle::Hibernated) | None => {
+            ready_wait(s, key, IpWait::Adopt)
+        }
+    }
+    if !running {
+        crate::vm_events::hint(s, key);
+    }
+}
+
+/// C12.6 / P3: a bring-up error. Warning Event, lifecycle `failed`, and a retry with backoff.
+pub fn fail(s: &mut State, key: &PodKey, msg: String) {
+    fail_with(s, key, msg, Retry::Timer)
+}
+
+/// A bring-up error that a retry cannot change (a bad annotation): reported like any other,
+/// then the pod waits for a change instead of a timer.
+pub fn fail_permanently(s: &mut State, key: &PodKey, msg: String) {
+    fail_with(s, key, msg, Retry::OnChange)
+}
+
+fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: Retry) {
+    let Some(e) = s.pod(key) else { return };
+    let attempts = match &e.phase {
+        Phase::Creating(Creating {
+            cancel: Some(object),
+            ..
+        }) => return delete::without_vm(s, key, *object),
+        Phase::Creating(c) => c.attempts,
+        Phase::Failed(f) => f.attempts,
+        Phase::Waiting
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => 0,
+    } + 1;
+    let uid = e.pod.uid.clone();
+    s.touched.insert(key);
+    warn_event(s, key, "CreateBringUpFailed", &format!("create: {msg}"));
+    lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "create".into(),
+            result: "failed".into(),
+            reason: match retry {
+                Retry::Timer => "bring_up",
+                Retry::OnChange => "invalid_spec",
+            }
+            .into(),
+        },
+    });
+    let retry = match retry {
+        Retry::Timer if attempts < MAX_ATTEMPTS => {
+            s.emit(Action::ArmTimer {
+                timer: Timer::CreateRetry {
+                    key: key.clone(),
+                    uid,
+                },
+                after_ms: RETRY.after(attempts),
+            });
+            Retry::Timer
+        }
+        Retry::Timer => {
+            s.emit(Action::Log {
+                level: Level::Error,
+                message: format!(
+                    "pod {key}: create failed {attempts} times; giving up until the pod changes: {msg}"
+                ),
+            });
+            Retry::OnChange
+        }
+        Retry::OnChange => Retry::OnChange,
+    };
+    if let Some(e) = s.pods.get_mut(key) {
+        e.phase = Phase::Failed(Failed {
+            message: msg,
+            attempts,
+            retry,
+        });
+    }
+}
+
+/// The create-retry timer: a failed pod tries again.
+pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    match e.phase {
+        Phase::Failed(_) => crate::intake::intake(s, key),
+        Phase::Waiting
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => {}
+    }
+}
+
+pub(crate) fn warn_event(s: &mut State, key: &PodKey, reason: &str, message: &str) {
+    let Some(e) = s.pod(key) else { return };
+    let uid = e.pod.uid.clone();
+    s.emit(Action::RecordEvent {
+        key: key.clone(),
+        uid,
+        kind: EventType::Warning,
+        reason: reason.into(),
+        message: lifecycle::truncate(message.to_string(), 512),
+    });
+}

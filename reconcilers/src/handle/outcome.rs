@@ -1,0 +1,123 @@
+//! Routing each operation's outcome back to whoever waits for it. Every owner and every
+//! phase is matched by name, so a new operation or phase does not compile until it is routed.
+//! An outcome nobody can take is a logged, counted error that leaves the pod as it was, so
+//! the next event or timer can still move it.
+
+use crate::action::{Action, Counter, Level, OpId};
+use crate::event::{CocoonOk, KubeError, KubeOk};
+use crate::phase::{Call, DeleteWait, Phase, Running, VmTask};
+use crate::pod::PodKey;
+use crate::state::{CocoonOwner, KubeOwner, State};
+use crate::vm::{CocoonError, CocoonErrorKind};
+use crate::{create, delete, dhcp, evict, publish, stale_create, sweep, vm_events};
+
+/// An outcome the core cannot place: logged as an error and counted.
+pub(crate) fn unexpected(s: &mut State, what: &str) {
+    s.emit(Action::Log {
+        level: Level::Error,
+        message: format!("unexpected outcome: {what}"),
+    });
+    s.emit(Action::Count {
+        counter: Counter::UnexpectedOutcome,
+    });
+}
+
+pub fn cocoon_done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError>) {
+    let Some(owner) = s.cocoon_ops.remove(&op) else {
+        return unexpected(s, &format!("cocoon operation #{op} is not out"));
+    };
+    match *owner {
+        CocoonOwner::Pod { key } => pod_cocoon_done(s, &key, op, result),
+        CocoonOwner::StaleCreate {
+            id,
+            name,
+            attempt,
+            call,
+        } => stale_create::done(s, &id, &name, attempt, call, result),
+        CocoonOwner::Sweep => sweep::done(s, result),
+        CocoonOwner::Detached { what, release } => detached(s, &what, release, result),
+    }
+}
+
+/// The pod's one VM operation came back: to the step of the phase that sent it.
+fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonOk, CocoonError>) {
+    if s.pod(key).is_none() {
+        return unexpected(
+            s,
+            &format!("cocoon operation #{op} of pod {key}, which is gone"),
+        );
+    }
+    s.touched.insert(key);
+    let Some(e) = s.pod(key) else { return };
+    match &e.phase {
+        Phase::Creating(c) if c.op == op => create::step_done(s, key, result),
+        Phase::Running(Running {
+            task: Some(VmTask {
+                call: Call::Out(o), ..
+            }),
+            ..
+        }) if *o == op => vm_events::task_done(s, key, result),
+        Phase::Deleting(d) if d.wait == DeleteWait::Task(op) => delete::task_done(s, key),
+        Phase::Deleting(d) if d.wait == DeleteWait::RemoveVm(op) => {
+            delete::vm_removed(s, key, result)
+        }
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => {
+            let phase = e.phase.name();
+            unexpected(
+                s,
+                &format!("cocoon operation #{op} of pod {key} in phase {phase}"),
+            )
+        }
+    }
+}
+
+fn detached(
+    s: &mut State,
+    what: &str,
+    release: Option<String>,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    use CocoonErrorKind::{SnapshotNotFound, VmNotFound};
+    let gone = match &result {
+        Ok(_)
+        | Err(CocoonError {
+            kind: VmNotFound, ..
+        }) => true,
+        Err(CocoonError {
+            kind: SnapshotNotFound,
+            ..
+        }) => false,
+        Err(err) => {
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("{what} failed: {}", err.message),
+            });
+            false
+        }
+    };
+    if let (true, Some(mac)) = (gone, release) {
+        dhcp::release(s, &mac);
+    }
+}
+
+pub fn kube_done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {
+    let Some(owner) = s.kube_ops.remove(&op) else {
+        return unexpected(s, &format!("Kubernetes operation #{op} is not out"));
+    };
+    match *owner {
+        KubeOwner::Write {
+            key,
+            status,
+            annotations,
+        } => publish::write_done(s, &key, op, status, annotations, result),
+        KubeOwner::DeleteObject { key } => delete::object_deleted(s, &key, op, result),
+        KubeOwner::Evict { key } => evict::done(s, &key, op, result),
+    }
+}

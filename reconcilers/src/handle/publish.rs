@@ -1,0 +1,164 @@
+//! Publishing a pod: what the server lacks of the derived status and annotations goes out as
+//! one write, one at a time per pod. While a write is out nothing else is sent; its outcome
+//! touches the pod, and whatever still differs then goes next, so a burst of changes costs
+//! one or two writes instead of one each (S9, S10, L1–L3).
+
+use std::collections::BTreeMap;
+
+use crate::action::{Action, Level, OpId, Timer};
+use crate::event::{KubeError, KubeErrorKind, KubeOk};
+use crate::pod::PodKey;
+use crate::state::{KubeOwner, Publish, State};
+use crate::status::{first_probe_pending, PodStatus};
+use crate::writer::{WriteState, RETRY};
+use crate::{annotations, delete, status};
+
+pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
+    let e = &*p.entry;
+    if !p.started || !e.writer.can_write() || e.phase.holds_writes() || first_probe_pending(e) {
+        return;
+    }
+    let status = status::wanted(p.config, e);
+    if status.is_none() {
+        // The server holds the final status: a deleted pod's object can go (D8).
+        delete::finalize(p, key);
+        if !p.entry.writer.can_write() || p.entry.phase.holds_writes() {
+            return;
+        }
+    }
+    // A deleting pod's object is about to go: its annotations are not worth a write.
+    let annotations = match p.entry.phase.deleting() {
+        true => Default::default(),
+        false => annotations::diff(p.entry),
+    };
+    if status.is_none() && annotations.is_empty() {
+        return;
+    }
+    let op = p.fx.kube_op(KubeOwner::Write {
+        key: key.clone(),
+        status: status.clone(),
+        annotations: annotations.clone(),
+    });
+    p.entry.writer.state = WriteState::Out(op);
+    p.fx.emit(Action::PatchPod {
+        op,
+        key: key.clone(),
+        uid: p.entry.pod.uid.clone(),
+        status,
+        annotations,
+    });
+}
+
+/// The outcome of the pod's write.
+pub(crate) fn write_done(
+    s: &mut State,
+    key: &PodKey,
+    op: OpId,
+    pushed: Option<PodStatus>,
+    annotations: BTreeMap<String, Option<String>>,
+    result: Result<KubeOk, KubeError>,
+) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    if e.writer.out() != Some(op) {
+        let what = format!("pod {key}: the outcome of write #{op}, which is not the one out");
+        return crate::outcome::unexpected(s, &what);
+    }
+    e.writer.state = WriteState::Idle;
+    s.touched.insert(key);
+    match result {
+        Ok(ok) => {
+            e.writer.failures = 0;
+            // The echo is the server's whole status; without one it holds what was pushed.
+            match (ok, &pushed) {
+                (KubeOk::Status { status: held }, _) => e.pod.status = held,
+                (KubeOk::Done, Some(pushed)) => e.pod.status = pushed.clone(),
+                (KubeOk::Done, None) => {}
+            }
+            if let Some(pushed) = pushed {
+                // The server changed what we pushed: pushing it again would loop.
+                e.writer.echo_mismatch = (pushed != e.pod.status).then_some(pushed);
+            }
+            for (k, v) in annotations {
+                match v {
+                    Some(v) => e.pod.annotations.insert(k, v),
+                    None => e.pod.annotations.remove(&k),
+                };
+            }
+        }
+        Err(err) => {
+            let what = match pushed {
+                Some(_) => Write::Status,
+                None => Write::Annotations,
+            };
+            write_failed(s, key, what, err)
+        }
+    }
+}
+
+/// Which Kubernetes write of the pod failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Write {
+    Status,
+    Annotations,
+    ObjectDelete,
+}
+
+impl Write {
+    fn as_str(self) -> &'static str {
+        match self {
+            Write::Status => "status",
+            Write::Annotations => "annotation patch",
+            Write::ObjectDelete => "pod delete",
+        }
+    }
+}
+
+/// 404/409/422 mean the incarnation was superseded: drop the write. Anything else is retried
+/// with backoff; the declarative sync re-derives what to write when the timer fires.
+pub(crate) fn write_failed(s: &mut State, key: &PodKey, what: Write, err: KubeError) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    // A 422 on a status write is our own bug (an invalid status), not a superseded pod: it is
+    // logged loudly and retried, so a fixed derivation heals it.
+    let superseded = match (err.kind, what) {
+        (KubeErrorKind::NotFound | KubeErrorKind::Conflict, _) => true,
+        (KubeErrorKind::Invalid, Write::Status) => false,
+        (KubeErrorKind::Invalid, Write::Annotations | Write::ObjectDelete) => true,
+        (KubeErrorKind::Other, _) => false,
+    };
+    let what = what.as_str();
+    if superseded {
+        e.writer.state = WriteState::Superseded;
+        s.emit(Action::Log {
+            level: Level::Info,
+            message: format!("pod {key}: {what} dropped, pod superseded: {}", err.message),
+        });
+        return;
+    }
+    e.writer.failures += 1;
+    e.writer.state = WriteState::Backoff;
+    let after_ms = RETRY.after(e.writer.failures);
+    let uid = e.pod.uid.clone();
+    s.emit(Action::Log {
+        level: Level::Warn,
+        message: format!("pod {key}: {what} failed, retrying: {}", err.message),
+    });
+    s.emit(Action::ArmTimer {
+        timer: Timer::KubeRetry {
+            key: key.clone(),
+            uid,
+        },
+        after_ms,
+    });
+}
+
+/// The kube-retry timer re-opens the writer.
+pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    match e.writer.state {
+        WriteState::Backoff => e.writer.state = WriteState::Idle,
+        WriteState::Idle | WriteState::Out(_) | WriteState::Superseded => {}
+    }
+    s.touched.insert(key);
+}

@@ -1,0 +1,3 @@
+//! What comes into the core: every event, with the outcomes of the actions that have one.
+
+pub mod event;

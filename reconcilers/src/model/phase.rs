@@ -1,0 +1,354 @@
+//! Where a pod is in its life, as one value. Each variant holds what that phase needs and
+//! nothing else, so a handler matches on the phase instead of combining flags, and a phase
+//! added later (hibernating, waking, guest fix-ups) is one more variant the compiler makes
+//! every match consider.
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::OpId;
+use crate::state::Tracked;
+use crate::time::Millis;
+use crate::vm::VmRecord;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// Known, with nothing to run: before startup, a pod the API already shows finished, or
+    /// a hibernated pod without a VM.
+    Waiting,
+    /// The last bring-up failed or the pod was rejected; shown as ProviderFailed.
+    Failed(Failed),
+    /// A bring-up is under way: one cocoon call out at a time.
+    Creating(Creating),
+    /// The pod has its VM.
+    Running(Running),
+    /// The VM is gone or removed; the pod object is being deleted (W6).
+    Evicting(Evicting),
+    /// The pod is being deleted and its VM is being removed.
+    Deleting(Deleting),
+    /// The final status is decided; the object goes once the server holds it.
+    Terminal(Terminal),
+    /// The pod object is gone; the entry goes once nothing is out for it.
+    Gone(Gone),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failed {
+    pub message: String,
+    /// Bring-up attempts so far (P3 gives up after 20).
+    pub attempts: u32,
+    pub retry: Retry,
+}
+
+/// What starts the next attempt of a failed pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retry {
+    /// The create-retry timer.
+    Timer,
+    /// Only a change of the pod: retrying as it is cannot help, or the attempts ran out.
+    OnChange,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creating {
+    pub step: CreateStep,
+    /// The step's cocoon call.
+    pub op: OpId,
+    /// When the bring-up began (boot duration).
+    pub since: Millis,
+    pub attempts: u32,
+    /// The previous attempt's error: still what the pod shows until this one succeeds.
+    pub last_failure: Option<String>,
+    /// A delete came while the step was out; the step's outcome hands the pod over to it.
+    pub cancel: Option<Object>,
+}
+
+/// One step of a bring-up; its outcome picks the next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum CreateStep {
+    RemoveFork,
+    PullImage,
+    Run,
+    InspectAfterBoot {
+        record: VmRecord,
+    },
+    InspectSnapshot {
+        name: String,
+    },
+    InspectForkSource,
+    /// `again`: the name was taken and its holder removed; a second refusal is final.
+    SaveForkSnapshot {
+        vm: String,
+        again: bool,
+    },
+    /// `snapshot save` refuses a taken name: remove the holder, then save once more.
+    RemoveTakenFork {
+        vm: String,
+    },
+    Clone,
+    InspectNameTaken,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Running {
+    pub vm: Tracked,
+    /// Work on the VM after a hint: inspect, restart, removal before an eviction.
+    pub task: Option<VmTask>,
+    /// Lifecycle `ready` waits for the VM's IP (C16).
+    pub ip_wait: Option<IpWait>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmTask {
+    pub step: VmStep,
+    pub call: Call,
+    /// A hint came while this task was out; it is taken up once the task is done, since the
+    /// task may have looked at the VM before the change the hint reports.
+    pub hint_deferred: bool,
+}
+
+/// How a step waits: on its cocoon call, or on a timer before the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "wait", content = "op", rename_all = "snake_case")]
+pub enum Call {
+    Out(OpId),
+    Timer,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum VmStep {
+    /// W4/W5: inspect after a hint; `attempt` counts inspects, `first_failure` starts the
+    /// recheck budget.
+    Recover {
+        attempt: u32,
+        first_failure: Option<Millis>,
+    },
+    Restart,
+    InspectAfterRestart,
+    /// `vm rm` before an eviction (restart cooldown, failed restart).
+    RemoveForEvict {
+        reason: EvictReason,
+        message: String,
+    },
+}
+
+/// Which wait for an IP: a clone waits 45 s for its lease (C16); a run or an adoption waits
+/// without a deadline, since `ready` needs an IP on every managed path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IpWait {
+    Clone,
+    Run,
+    Adopt,
+}
+
+impl IpWait {
+    pub fn has_deadline(self) -> bool {
+        match self {
+            IpWait::Clone => true,
+            IpWait::Run | IpWait::Adopt => false,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpWait::Clone => "clone",
+            IpWait::Run => "run",
+            IpWait::Adopt => "adopt",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evicting {
+    /// The pod as it ran: a failed eviction keeps all of it (W6).
+    pub running: Running,
+    pub reason: EvictReason,
+    pub message: String,
+    /// Delete calls sent so far (W6 sends two at most).
+    pub tries: u32,
+    /// The delete call out; `None` while the retry timer runs.
+    pub delete: Option<OpId>,
+    /// A delete of the pod came while the eviction's call was out.
+    pub cancel: Option<Object>,
+}
+
+/// Why a pod was evicted: the container's terminated reason (S6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EvictReason {
+    #[serde(rename = "VMGone")]
+    VmGone,
+    RestartCooldown,
+    RestartFailed,
+    #[serde(rename = "VMInspectTimeout")]
+    VmInspectTimeout,
+}
+
+impl EvictReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvictReason::VmGone => "VMGone",
+            EvictReason::RestartCooldown => "RestartCooldown",
+            EvictReason::RestartFailed => "RestartFailed",
+            EvictReason::VmInspectTimeout => "VMInspectTimeout",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleting {
+    pub vm: Tracked,
+    pub wait: DeleteWait,
+    /// Failed `vm rm` calls in a row.
+    pub failures: u32,
+    pub object: Object,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "wait", content = "op", rename_all = "snake_case")]
+pub enum DeleteWait {
+    /// A VM task's call was out when the delete came; its outcome starts the removal.
+    Task(OpId),
+    RemoveVm(OpId),
+    /// `vm rm` failed; the delete-retry timer runs it again.
+    Retry,
+}
+
+/// Whether the pod object still exists in the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Object {
+    /// It has a deletion timestamp: vk deletes it once its final status is written.
+    Present,
+    Gone,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terminal {
+    pub end: End,
+    pub object: ObjectDelete,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum End {
+    Succeeded,
+    Evicted {
+        reason: EvictReason,
+        message: String,
+    },
+}
+
+/// vk's grace-0 delete of the pod object (the delete contract's last step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "delete", content = "op", rename_all = "snake_case")]
+pub enum ObjectDelete {
+    /// Nobody asked to delete the pod yet (an evicted pod waits for its deletion timestamp).
+    NotAsked,
+    /// Sent once the server holds the final status.
+    Asked,
+    Out(OpId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gone {
+    /// vk's own delete of the object, still out.
+    pub delete: Option<OpId>,
+}
+
+impl Phase {
+    /// The VM the pod holds, in any phase that has one.
+    pub fn vm(&self) -> Option<&Tracked> {
+        match self {
+            Phase::Running(r) => Some(&r.vm),
+            Phase::Evicting(e) => Some(&e.running.vm),
+            Phase::Deleting(d) => Some(&d.vm),
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Creating(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => None,
+        }
+    }
+
+    pub fn vm_mut(&mut self) -> Option<&mut Tracked> {
+        match self {
+            Phase::Running(r) => Some(&mut r.vm),
+            Phase::Evicting(e) => Some(&mut e.running.vm),
+            Phase::Deleting(d) => Some(&mut d.vm),
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Creating(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => None,
+        }
+    }
+
+    /// The pod object is gone from the API (vk deleted it, or someone did).
+    pub fn object_gone(&self) -> bool {
+        match self {
+            Phase::Gone(_) => true,
+            Phase::Deleting(d) => d.object == Object::Gone,
+            Phase::Creating(c) => c.cancel == Some(Object::Gone),
+            Phase::Evicting(e) => e.cancel == Some(Object::Gone),
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Terminal(_) => false,
+        }
+    }
+
+    /// A delete of the pod is under way (its deletion timestamp was seen, or it is gone).
+    pub fn deleting(&self) -> bool {
+        match self {
+            Phase::Deleting(_) | Phase::Gone(_) => true,
+            Phase::Creating(c) => c.cancel.is_some(),
+            Phase::Evicting(e) => e.cancel.is_some(),
+            Phase::Terminal(t) => t.object != ObjectDelete::NotAsked,
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) => false,
+        }
+    }
+
+    /// Status and annotation writes wait: the object is gone or about to go, a call that
+    /// decides what the pod shows is out (a removal, an eviction, a cancelled bring-up step).
+    pub fn holds_writes(&self) -> bool {
+        match self {
+            Phase::Gone(_) => true,
+            Phase::Creating(c) => c.cancel.is_some(),
+            Phase::Evicting(e) => e.delete.is_some() || e.cancel == Some(Object::Gone),
+            Phase::Deleting(d) => d.object == Object::Gone || d.wait != DeleteWait::Retry,
+            Phase::Terminal(t) => matches!(t.object, ObjectDelete::Out(_)),
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) => false,
+        }
+    }
+
+    /// The pod still wants its VM: it is neither being deleted, evicted nor finished.
+    pub fn wants_vm(&self) -> bool {
+        match self {
+            Phase::Waiting | Phase::Failed(_) => true,
+            Phase::Creating(c) => c.cancel.is_none(),
+            Phase::Running(r) => !matches!(
+                r.task,
+                Some(VmTask {
+                    step: VmStep::RemoveForEvict { .. },
+                    ..
+                })
+            ),
+            Phase::Evicting(_) | Phase::Deleting(_) | Phase::Terminal(_) | Phase::Gone(_) => false,
+        }
+    }
+
+    /// A short name for logs and test dumps.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Failed(_) => "failed",
+            Phase::Creating(_) => "creating",
+            Phase::Running(_) => "running",
+            Phase::Evicting(_) => "evicting",
+            Phase::Deleting(_) => "deleting",
+            Phase::Terminal(_) => "terminal",
+            Phase::Gone(_) => "gone",
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The tables the reducer owns. Every map has its removal path: a pod entry goes when the pod
+//! is gone from the API and its VM is handled; VM and MAC indexes follow the entry.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, OpId};
+use crate::config::Config;
+use crate::event::DhcpLease;
+use crate::pod::PodKey;
+use crate::pod_table::PodTable;
+use crate::small_str::SmallStr;
+use crate::time::Millis;
+use crate::vm::VmRecord;
+
+pub use crate::entry::{Agent, Intent, Lifecycle, PodEntry, ProbeState, Tracked, VmOwner};
+pub use crate::ops::{CocoonOwner, KubeOwner};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub config: Config,
+    /// Time of the event being reduced.
+    pub now: Millis,
+    pub(crate) next_op: OpId,
+    pub pods: PodTable,
+    /// Who waits for each cocoon call. Boxed like `pods`: an owner can be large.
+    pub(crate) cocoon_ops: BTreeMap<OpId, Box<CocoonOwner>>,
+    /// Who waits for each Kubernetes call.
+    pub(crate) kube_ops: BTreeMap<OpId, Box<KubeOwner>>,
+    /// The MAC of each DHCP lease release out (D6).
+    pub(crate) dhcp_release_ops: BTreeMap<OpId, String>,
+    /// Tracked VM id → pod.
+    pub vm_ids: BTreeMap<String, PodKey>,
+    /// Tracked VM name → pod (stream events may carry only a name).
+    pub vm_names: BTreeMap<String, PodKey>,
+    /// VMs found at startup that no pod claimed, by name, under `alert`/`keep` (B8): the next
+    /// create of that name adopts instead of colliding.
+    pub unclaimed: BTreeMap<String, VmRecord>,
+    /// `None` until the first `cocoon vm list` completed.
+    pub inventory: Option<Vec<VmRecord>>,
+    pub relist: Relist,
+    pub startup: Startup,
+    /// cocoon-net's DHCP leases, by MAC.
+    pub dhcp_leases: BTreeMap<SmallStr, DhcpLease>,
+    pub dhcp_file: DhcpFile,
+    pub sweep: SweepState,
+    pub stream: StreamState,
+    /// DHCP MAC → pod, to route lease changes without scanning pods.
+    pub dhcp_macs: BTreeMap<String, PodKey>,
+    /// VM id → time of its last in-place restart (W4 cooldown).
+    pub restarts: BTreeMap<String, Millis>,
+    /// UIDs vk deleted itself, so a late watch echo does not resurrect the pod.
+    pub tombstones: BTreeMap<String, PodKey>,
+    #[serde(skip)]
+    pub(crate) out: Vec<Action>,
+    #[serde(skip)]
+    pub(crate) touched: Touched,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relist {
+    pub in_progress: bool,
+    pub complete_once: bool,
+    pub seen: BTreeSet<PodKey>,
+}
+
+/// Destructive decisions wait for both the pod relist and `cocoon vm list`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Startup {
+    #[default]
+    Pending,
+    /// Startup reconcile done: adoption, orphan and delete decisions are allowed.
+    Done,
+}
+
+/// Whether the lease file has been read: until then a cached IP is not evidence of loss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DhcpFile {
+    #[default]
+    Unread,
+    Read,
+}
+
+/// The `vm list` sweep (R11): one at a time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "sweep", rename_all = "snake_case")]
+pub enum SweepState {
+    #[default]
+    Idle,
+    /// One is out; `rearm`: its outcome re-arms the periodic timer.
+    Out { rearm: bool },
+}
+
+/// The VM event stream, as far as missed events go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamState {
+    #[default]
+    Connected,
+    /// It closed since it last connected: events may have been missed.
+    Gap,
+}
+
+impl State {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            now: 0,
+            next_op: 1,
+            pods: PodTable::default(),
+            cocoon_ops: BTreeMap::new(),
+            kube_ops: BTreeMap::new(),
+            dhcp_release_ops: BTreeMap::new(),
+            vm_ids: BTreeMap::new(),
+            vm_names: BTreeMap::new(),
+            unclaimed: BTreeMap::new(),
+            inventory: None,
+            relist: Relist::default(),
+            startup: Startup::Pending,
+            dhcp_leases: BTreeMap::new(),
+            dhcp_file: DhcpFile::Unread,
+            sweep: SweepState::Idle,
+            stream: StreamState::Connected,
+            dhcp_macs: BTreeMap::new(),
+            restarts: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
+            out: Vec::new(),
+            touched: Touched::default(),
+        }
+    }
+
+    pub fn started(&self) -> bool {
+        self.startup == Startup::Done
+    }
+
+    pub(crate) fn emit(&mut self, a: Action) {
+        self.effects().emit(a);
+    }
+
+    fn effects(&mut self) -> Effects<'_> {
+        Effects {
+            next_op: &mut self.next_op,
+            kube_ops: &mut self.kube_ops,
+            out: &mut self.out,
+        }
+    }
+
+    pub(crate) fn next_op(&mut self) -> OpId {
+        let id = self.next_op;
+        self.next_op += 1;
+        id
+    }
+
+    /// Sends a cocoon command and remembers who waits for its outcome.
+    pub(crate) fn run_cocoon(
+        &mut self,
+        owner: CocoonOwner,
+        key: Option<PodKey>,
+        cmd: crate::cocoon::CocoonCmd,
+    ) -> OpId {
+        let op = self.next_op();
+        self.cocoon_ops.insert(op, Box::new(owner));
+        self.emit(Action::RunCocoon { op, key, cmd });
+        op
+    }
+
+    pub(crate) fn kube_op(&mut self, owner: KubeOwner) -> OpId {
+        self.effects().kube_op(owner)
+    }
+
+    /// The pod an event names, if vk knows it.
+    pub(crate) fn pod(&self, key: &PodKey) -> Option<&PodEntry> {
+        self.pods.get(key)
+    }
+
+    /// A pod's entry together with what publishing it reads and writes, found with one
+    /// lookup: publishing runs for every touched pod after every event.
+    pub(crate) fn publishing(&mut self, key: &PodKey) -> Option<Publish<'_>> {
+        let started = self.started();
+        let entry = self.pods.get_mut(key)?;
+        Some(Publish {
+            config: &self.config,
+            started,
+            entry,
+            fx: Effects {
+                next_op: &mut self.next_op,
+                kube_ops: &mut self.kube_ops,
+                out: &mut self.out,
+            },
+        })
+    }
+
+    /// Operations whose outcome has not come back yet.
+    pub fn pending_ops(&self) -> usize {
+        self.cocoon_ops.len() + self.kube_ops.len() + self.dhcp_release_ops.len()
+    }
+
+    /// Who waits for a cocoon call, if it is still out.
+    pub fn cocoon_owner(&self, op: OpId) -> Option<&CocoonOwner> {
+        self.cocoon_ops.get(&op).map(|o| &**o)
+    }
+}
+
+/// Pods the event being reduced changed, to publish once its handler is done (see `reduce`).
+/// Usually one or two keys, so a Vec, sorted and deduplicated when taken, not a set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Touched(Vec<PodKey>);
+
+impl Touched {
+    pub(crate) fn insert(&mut self, key: &PodKey) {
+        // Handlers often touch the same pod several times in a row; skip the clone then.
+        if self.0.last() != Some(key) {
+            self.0.push(key.clone());
+        }
+    }
+
+    /// The touched pods in key order, each once: the order their actions come out in.
+    pub(crate) fn take(&mut self) -> Vec<PodKey> {
+        let mut keys = std::mem::take(&mut self.0);
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
+/// The effect log of the event being reduced, borrowed apart from the pod table so an entry
+/// and the log can be used together.
+pub(crate) struct Effects<'a> {
+    next_op: &'a mut OpId,
+    kube_ops: &'a mut BTreeMap<OpId, Box<KubeOwner>>,
+    out: &'a mut Vec<Action>,
+}
+
+impl Effects<'_> {
+    pub(crate) fn emit(&mut self, a: Action) {
+        // Most events emit one to three actions. Left to itself the Vec's first allocation
+        // holds four (1,152 bytes), and glibc consolidates all its fast bins before serving
+        // any request of 1 KiB or more: that cost more than the rest of a typical event.
+        // Three (864 bytes) stay under the threshold.
+        if self.out.capacity() == 0 {
+            self.out.reserve_exact(3);
+        }
+        self.out.push(a);
+    }
+
+    pub(crate) fn kube_op(&mut self, owner: KubeOwner) -> OpId {
+        let id = *self.next_op;
+        *self.next_op += 1;
+        self.kube_ops.insert(id, Box::new(owner));
+        id
+    }
+}
+
+/// One touched pod being published: its entry, the settings publishing reads, the log.
+pub(crate) struct Publish<'a> {
+    pub config: &'a Config,
+    pub started: bool,
+    pub entry: &'a mut PodEntry,
+    pub fx: Effects<'a>,
+}

@@ -1,0 +1,6 @@
+//! What goes out of the core: actions, the cocoon argv they carry, and the one-line forms
+//! that replay timelines and scenario files print.
+
+pub mod action;
+pub mod cocoon;
+pub mod render;
