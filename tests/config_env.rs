@@ -142,7 +142,7 @@ fn every_variable_is_read() {
 }
 
 #[test]
-fn defaults_follow_the_spec() {
+fn defaults_are_the_documented_ones() {
     let c = parse(&[]).expect("defaults are valid");
     assert_eq!(c.kubeconfig, None);
     assert_eq!(c.node_name, "cocoon-pool");
