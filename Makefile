@@ -55,6 +55,7 @@ bench:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets --all-features -- -D warnings
+	bash docs/check-rule-ids.sh
 
 -include e2e/testbed.mk
 

@@ -1,4 +1,4 @@
-//! vk-cocoon's own Prometheus metrics (spec/behavior.md §12, prefix `cocoon_vk_`). Counters the
+//! vk-cocoon's own Prometheus metrics (M3, prefix `cocoon_vk_`). Counters the
 //! core decides arrive as `Action::Count`/`Observe`; the shell only measures probe time.
 
 use prometheus::{

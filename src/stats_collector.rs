@@ -1,4 +1,4 @@
-//! Exposes the shared sample on `/metrics` (spec M3 per-VM and node series). Families are
+//! Exposes the shared sample on `/metrics` (M3 per-VM and node series). Families are
 //! rebuilt from the sample at each scrape; counters are the kernel's cumulative figures.
 
 use std::sync::Arc;

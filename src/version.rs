@@ -1,5 +1,5 @@
 //! What this build calls itself. `VK_COCOON_VERSION` at build time stamps a release; an
-//! unstamped build reports `dev` as the node's kubelet version (spec N7).
+//! unstamped build reports `dev` as the node's kubelet version (N7).
 
 /// The package version, written into journal headers.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

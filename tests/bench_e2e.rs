@@ -1,8 +1,8 @@
 //! `make bench-e2e`: N pods (BENCH_PODS, default 200) created at once on the real testbed with
 //! zero simulated boot time. Measures — never asserts — create → Ready (from the daemon's own
 //! journal, so the figures are the daemon's view, in ms), API writes per pod lifecycle, daemon
-//! RSS and CPU at steady state, and VM-vanished → pod Failed latency. The one assertion is the
-//! issue's: the node Lease never misses a renewal while the pods are created.
+//! RSS and CPU at steady state, and VM-vanished → pod Failed latency. The one assertion: the
+//! node Lease never misses a renewal while the pods are created (N17).
 
 #[path = "e2e/daemon.rs"]
 mod daemon;

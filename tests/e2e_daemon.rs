@@ -1,4 +1,4 @@
-//! The daemon end to end (issue #5): the real binary against a real kube-apiserver + etcd and
+//! The daemon end to end: the real binary against a real kube-apiserver + etcd and
 //! the cocoon simulator with real guests. Every daemon run's journal is replayed with --verify.
 
 #[path = "e2e/daemon.rs"]

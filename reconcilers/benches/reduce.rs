@@ -10,7 +10,7 @@ use reconcilers::{reduce, Config, Envelope, State};
 fn bench(c: &mut Criterion) {
     // Decoded from JSON, as the daemon decodes what it receives, not used as the World built
     // them: the World's run leaves its objects scattered through a heap it then frees, and
-    // with those inputs freeing the per-iteration clones alone (no reduce at all) took ~45 ms
+    // with those inputs freeing the per-iteration clones alone (no reduce at all) takes ~45 ms
     // of a ~125 ms iteration (`DROP_ONLY=1 RAW=1 examples/reduce_profile`). That is the
     // generator's footprint in glibc's heap, not reduce's work; decoded, the same inputs
     // drop in ~16 ms.

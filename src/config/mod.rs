@@ -1,8 +1,8 @@
-//! The daemon's configuration: every variable of spec/behavior.md §14 (and the journal's),
+//! The daemon's configuration: every variable the daemon reads (CFG-1), the journal's included,
 //! parsed and validated in one place. A bad value is an error that names the variable and
 //! says what a good value looks like; all of them are reported at once.
 //!
-//! Empty means unset (§14), except where emptiness is itself a setting:
+//! Empty means unset (CFG-1), except where emptiness is itself a setting:
 //! `VK_COCOON_NET_CONTROL_SOCKET=` disables lease releases and `VK_JOURNAL_PATH=` disables
 //! the journal.
 
@@ -91,7 +91,7 @@ impl fmt::Debug for Secret {
 pub enum IpSource {
     Env,
     Detected,
-    /// No non-loopback IPv4 exists; the Go code fell back to 127.0.0.1 (spec §18 q8).
+    /// No non-loopback IPv4 exists: the node address is 127.0.0.1, with a warning (DEC-6).
     Fallback,
 }
 
@@ -195,7 +195,7 @@ struct Env<'a> {
 }
 
 impl Env<'_> {
-    /// Set and non-empty (§14: empty = unset).
+    /// Set and non-empty (CFG-1: empty = unset).
     fn get(&mut self, var: &'static str) -> Option<String> {
         let v = (self.lookup)(var).filter(|v| !v.is_empty())?;
         self.set.insert(var);

@@ -1,5 +1,5 @@
 //! The node address when `VK_NODE_IP` is unset: the first non-loopback IPv4 of the host (N5),
-//! in the kernel's interface order, as Go's `net.InterfaceAddrs` returned it.
+//! in the kernel's interface order (as `getifaddrs` lists them).
 
 use std::net::Ipv4Addr;
 

@@ -34,7 +34,7 @@ pub fn quantity(s: &str) -> Result<Quantity, String> {
     }
 }
 
-/// `HOST:PORT` to listen on. An empty host means every IPv4 address, as Go's `:9091` did.
+/// `HOST:PORT` to listen on. An empty host (`:9091`) means every IPv4 address.
 pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
@@ -93,7 +93,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listen_addresses_in_go_and_rust_forms() {
+    fn listen_addresses_with_and_without_a_host() {
         assert_eq!(listen_addr(":9091").unwrap().to_string(), "0.0.0.0:9091");
         assert_eq!(
             listen_addr("127.0.0.1:1").unwrap().to_string(),

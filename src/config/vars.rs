@@ -1,4 +1,4 @@
-//! Every environment variable the daemon reads (spec/behavior.md §14 plus the journal's),
+//! Every environment variable the daemon reads (CFG-1), the journal's included,
 //! its default and what it means. One list, so `check-config`, the README and the parser
 //! cannot drift apart (a test holds them together).
 
@@ -72,7 +72,7 @@ pub const VARS: &[Var] = &[
     var(
         "OCI_REGISTRY",
         "unset (warning)",
-        "registry base for snapshot push/pull; required by the spec, optional in this build",
+        "registry base for snapshot push/pull; optional in this build, which has no push/pull yet",
     ),
     var(
         "GOOGLE_APPLICATION_CREDENTIALS",

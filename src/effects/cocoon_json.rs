@@ -1,4 +1,4 @@
-//! Tolerant decoding of cocoon's JSON (cocoon-cli.md §4): unknown keys are ignored, keys that
+//! Tolerant decoding of cocoon's JSON (CLI-4): unknown keys are ignored, keys that
 //! may be omitted default, and anything undecodable is an error value, never a panic.
 
 use reconcilers::event::{CocoonOk, SnapshotInfo};

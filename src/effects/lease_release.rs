@@ -1,4 +1,4 @@
-//! D6: `DELETE /v1/leases/<mac>` on cocoon-net's control socket (cocoon-net-leases.md §7):
+//! D6: `DELETE /v1/leases/<mac>` on cocoon-net's control socket (LEASE-7):
 //! HTTP/1.1 over a Unix socket, 5 s for the whole exchange. 204 means released or no lease
 //! (idempotent); anything else is reported back as an error text.
 

@@ -1,5 +1,5 @@
-//! The loop's record of every event it consumed and every action it produced (architecture
-//! invariant 4): versioned JSON lines, each chained to the one before by sha256, rotated by
+//! The loop's record of every event it consumed and every action it produced (INV-4):
+//! versioned JSON lines, each chained to the one before by sha256, rotated by
 //! size. `vk-cocoon replay` feeds it back through the same reducer.
 //!
 //! A file is one `header` line (format version, node, core config, created-at and a snapshot

@@ -1,5 +1,5 @@
 //! The kubelet API on `VK_KUBELET_PORT` (K1–K6), HTTPS, on a thread of its own (actix's server
-//! is not `Send`). Spec §18 q7: like the Go original it asks no client certificate; the
+//! is not `Send`). It asks no client certificate (DEC-5); the
 //! apiserver reaches it with `kubectl logs`.
 
 mod routes;

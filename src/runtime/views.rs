@@ -1,6 +1,6 @@
 //! Read-side views for the kubelet API and the metrics surfaces. The loop republishes them at
 //! most once a second from its State; readers only ever touch these maps, never a lock the loop
-//! needs (ARCHITECTURE invariant 7).
+//! needs (INV-7).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use reconcilers::State;
 
-/// One tracked VM, as readers need it for stats (spec M1: only VMs with a known PID).
+/// One tracked VM, as readers need it for stats (M1: only VMs with a known PID).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmView {
     pub vm_id: String,

@@ -1,4 +1,4 @@
-//! The cocoon-net lease file (cocoon-net-leases.md). Watched with notify (the writer renames a
+//! The cocoon-net lease file (LEASE-2, LEASE-4). Watched with notify (the writer renames a
 //! complete new file over the path) plus a slow poll as a safety net; every content change is
 //! one `DhcpLeasesChanged` event carrying only the difference from the table sent before (the first
 //! after start carries the whole table). A torn or garbage file is logged and the last good

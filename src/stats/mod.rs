@@ -1,4 +1,4 @@
-//! The shared sample (spec M1): node and per-VM figures read from /proc and the VM cgroup
+//! The shared sample (M1): node and per-VM figures read from /proc and the VM cgroup
 //! scopes, built from the published views outside any loop lock, and reused for 2 s by every
 //! surface so a scrape storm reads the kernel at most once per 2 s.
 
@@ -50,7 +50,7 @@ fn read(path: impl AsRef<std::path::Path>) -> String {
 }
 
 impl Sampler {
-    /// Spec §18 q3: COCOON_CGROUP_PARENT is taken relative to the cgroup v2 mount.
+    /// DEC-1: COCOON_CGROUP_PARENT is taken relative to the cgroup v2 mount.
     pub fn new(views: Views, cgroup_parent: &str, root_dir: &str) -> Self {
         let scopes = procfs::cgroup2_mount(&read("/proc/self/mountinfo"))
             .map(|m| PathBuf::from(m).join(cgroup_parent.trim_start_matches('/')));

@@ -1,9 +1,9 @@
-//! Readers of /proc and the cgroup v2 tree (spec M2). Every reader takes the file's text, so
+//! Readers of /proc and the cgroup v2 tree (M2). Every reader takes the file's text, so
 //! tests feed fixtures; an unreadable value reads as 0.
 
-/// Node CPU seconds from the `cpu ` line of /proc/stat: busy time only. Spec §18 q4: the Go
-/// code summed every column, idle included, so metrics-server saw every core busy; we leave out
-/// idle and iowait, and guest/guest_nice, which user/nice already contain.
+/// Node CPU seconds from the `cpu ` line of /proc/stat: busy time only (DEC-2). Idle and
+/// iowait are left out (summing every column would show metrics-server every core busy), and so
+/// are guest/guest_nice, which user/nice already contain.
 pub fn node_cpu_seconds(proc_stat: &str, user_hz: f64) -> f64 {
     let Some(line) = proc_stat.lines().find(|l| l.starts_with("cpu ")) else {
         return 0.0;

@@ -1,4 +1,4 @@
-//! `vm status --event --format json` (§7): an ADDED burst on connect, then a diff every
+//! `vm status --event --format json` (CLI-7): an ADDED burst on connect, then a diff every
 //! 200 ms by ID on (name, reconciled state, cpu, memory, static IPs, image). Runs until
 //! SIGTERM/SIGINT (exit 0); `sim fault kill-streams` makes it exit 1.
 

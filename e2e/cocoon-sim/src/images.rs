@@ -1,5 +1,6 @@
-//! Image verbs (§6.1–6.3): a local image index only, no bytes are fetched. An image ref whose
-//! name contains `missing` cannot be pulled (a registry 404), which lets tests hit that path.
+//! Image verbs (CLI-6.1–CLI-6.3): a local image index only, no bytes are fetched. An image ref
+//! whose name contains `missing` cannot be pulled (a registry 404), which lets tests hit that
+//! path.
 
 use std::io::Read;
 

@@ -1,4 +1,4 @@
-//! The cocoon-net lease file (cocoon-net-leases.md): a pretty JSON array, literal `null` when
+//! The cocoon-net lease file (LEASE-2, LEASE-4): a pretty JSON array, literal `null` when
 //! empty, no trailing newline, replaced atomically, at most one row per MAC and per IP.
 
 use serde::{Deserialize, Serialize};

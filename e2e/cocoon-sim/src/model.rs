@@ -1,4 +1,4 @@
-//! The JSON shapes of cocoon-cli.md §4, field order and omit-when-empty rules included, plus the
+//! The JSON shapes of CLI-4, field order and omit-when-empty rules included, plus the
 //! simulator's private bookkeeping stored beside each VM record.
 
 use serde::{Deserialize, Serialize};
@@ -153,7 +153,7 @@ pub struct StoredVm {
     pub sim: SimInfo,
 }
 
-/// The public VM record (§4.1), including the N-era additions.
+/// The public VM record (CLI-4.1), including the fields newer cocoon releases add.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct VmOut {
     pub id: String,
@@ -323,7 +323,7 @@ pub struct StoredSnapshot {
     pub source_macs: Vec<String>,
 }
 
-/// The `snapshot.json` envelope of an export archive (§9).
+/// The `snapshot.json` envelope of an export archive (CLI-9).
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct SnapshotEnvelope {
     pub config: SnapshotConfig,

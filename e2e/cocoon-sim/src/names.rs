@@ -47,7 +47,7 @@ pub fn valid_vm_name(n: &str) -> bool {
     valid_name(n, b"")
 }
 
-/// Snapshot names (N tier) also allow `:` and `/` (`repo:tag`).
+/// Snapshot names also allow `:` and `/` (`repo:tag`), as newer cocoon releases do (CLI-2).
 pub fn valid_snapshot_name(n: &str) -> bool {
     valid_name(n, b":/")
 }

@@ -1,4 +1,4 @@
-//! A stand-in for cocoon-net's lease release API (cocoon-net-leases.md §7), served on a Unix
+//! A stand-in for cocoon-net's lease release API (LEASE-7), served on a Unix
 //! socket: `DELETE /v1/leases/<mac>` drops that MAC's row from the lease file and answers
 //! 204, also when there was none; an unparseable MAC is 400; another method on the path is
 //! 405 with `Allow: DELETE`; a lease file that cannot be rewritten is 500. One connection at a

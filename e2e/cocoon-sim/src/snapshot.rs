@@ -1,5 +1,6 @@
-//! Snapshot verbs (§6.15–6.19) and the archive envelope (§9). Payload files are small stand-ins
-//! named like cocoon's; `cocoon.json` carries the source NIC MACs for Firecracker clones.
+//! Snapshot verbs (CLI-6.15–CLI-6.19) and the archive envelope (CLI-9). Payload files are
+//! small stand-ins named like cocoon's; `cocoon.json` carries the source NIC MACs for
+//! Firecracker clones.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

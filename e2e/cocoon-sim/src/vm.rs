@@ -1,4 +1,4 @@
-//! VM lifecycle verbs: run, clone, inspect, list, rm, start, stop (cocoon-cli.md §6.4–6.9).
+//! VM lifecycle verbs: run, clone, inspect, list, rm, start, stop (CLI-6.4–CLI-6.9).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -481,7 +481,7 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         );
         return Ok(());
     }
-    // cocoon prints the clone record as built, before any PID file is read (§6.5).
+    // cocoon prints the clone record as built, before any PID file is read (CLI-6.5).
     let mut out = vm.to_out("running");
     out.pid = 0;
     out.socket_path.clear();

@@ -1,4 +1,4 @@
-//! N-era VM verbs: exec, logs, net, reconcile-stale-create (cocoon-cli.md §6.11–6.14).
+//! The newer VM verbs: exec, logs, net, reconcile-stale-create (CLI-6.11–CLI-6.14).
 
 use serde::Serialize;
 use std::fs;

@@ -1,4 +1,4 @@
-//! The event stream (cocoon-cli.md §7): ADDED burst, MODIFIED on the tuple, DELETED with the
+//! The event stream (CLI-7): ADDED burst, MODIFIED on the tuple, DELETED with the
 //! last seen record, exit 0 on SIGTERM, non-zero when killed by the fault.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Real guests: ping, TCP, SSH banner, DHCP leases (cocoon-net-leases.md), ports, cgroups.
+//! Real guests: ping, TCP, SSH banner, DHCP leases (LEASE-2–LEASE-6), ports, cgroups.
 //! Runs in netns mode when root with iproute2, otherwise in loopback mode, never failing for
 //! lack of privileges.
 

@@ -1,4 +1,4 @@
-//! Snapshot and image verbs against cocoon-cli.md §4.3/4.4, §6.1–6.3, §6.15–6.19 and §9.
+//! Snapshot and image verbs against CLI-4.3, CLI-4.4, CLI-6.1–CLI-6.3, CLI-6.15–CLI-6.19, CLI-9.
 
 mod common;
 

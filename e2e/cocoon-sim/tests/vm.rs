@@ -1,4 +1,4 @@
-//! VM verbs against cocoon-cli.md §4.1/4.2 and §6.4–6.14, and the §3 error rows.
+//! VM verbs against CLI-4.1, CLI-4.2 and CLI-6.4–CLI-6.14, and the error classes of CLI-3.
 
 mod common;
 
