@@ -494,7 +494,7 @@ fn enter_running(s: &mut State, key: &PodKey, vm: Tracked) {
 }
 
 /// C16: `ready` needs a resolvable IP. Clones wait 45 s for the lease; a run or an adoption
-/// has no deadline (ANN-4.2 rule 7: `ready` requires an IP on every managed path).
+/// has no deadline (ANN-4.2.7: `ready` requires an IP on every managed path).
 pub(crate) fn ready_wait(s: &mut State, key: &PodKey, wait: IpWait) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {

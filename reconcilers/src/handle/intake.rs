@@ -1,4 +1,4 @@
-//! Pods coming and going (spec/behavior.md §2): the watch and its relist bracket, the choice
+//! Pods coming and going (P1–P6): the watch and its relist bracket, the choice
 //! of what a new pod needs, and collecting an entry once nothing is left to do for it.
 
 use crate::action::{Action, Counter, Level};
@@ -159,7 +159,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
         return;
     }
     if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
-        // A new attempt (L2 rule 5): `creating` first, so a failed earlier attempt does not
+        // A new attempt (L3, ANN-4.2.5): `creating` first, so a failed earlier attempt does not
         // hold the adopted VM's `ready` back.
         lifecycle::set(s, key, crate::state::Lifecycle::Creating, None);
         create::adopt(s, key, record, "adopted");

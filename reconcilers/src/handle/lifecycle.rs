@@ -1,4 +1,4 @@
-//! Lifecycle intent (spec/annotations.md §4): one per pod incarnation, written as an atomic
+//! Lifecycle intent (L1–L4, ANN-4): one per pod incarnation, written as an atomic
 //! triple by `annotations::sync`. This module only decides what the intent is.
 
 use crate::keys::MESSAGE_LIMIT;
@@ -8,7 +8,7 @@ use crate::state::{Intent, Lifecycle, State};
 pub fn set(s: &mut State, key: &PodKey, state: Lifecycle, message: Option<String>) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let generation = e.pod.generation().max(e.intent.generation);
-    // Sticky failure (§4.2 rule 5): at the same generation only a new attempt replaces it.
+    // Sticky failure (L3, ANN-4.2.5): at the same generation only a new attempt replaces it.
     if e.intent.state == Some(Lifecycle::Failed)
         && generation == e.intent.generation
         && matches!(state, Lifecycle::Ready | Lifecycle::Hibernated)
@@ -28,7 +28,7 @@ pub fn set(s: &mut State, key: &PodKey, state: Lifecycle, message: Option<String
     s.touched.insert(key);
 }
 
-/// A higher generation stamp alone re-publishes the current state with it (§4.2 rule 6).
+/// A higher generation stamp alone re-publishes the current state with it (ANN-4.2.6).
 pub fn follow_generation(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let g = e.pod.generation();

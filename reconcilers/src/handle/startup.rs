@@ -1,4 +1,4 @@
-//! Startup reconcile (spec/behavior.md §9): once both the pod relist and `cocoon vm list` are
+//! Startup reconcile (B1–B8): once both the pod relist and `cocoon vm list` are
 //! complete — never before — adopt by id, then by name, and apply the orphan policy.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! Runtime and lifecycle annotations (spec/annotations.md §3–4), kept declaratively: what vk
+//! Runtime and lifecycle annotations (ANN-3, ANN-4), kept declaratively: what vk
 //! wants on the pod is derived from state and patched when the pod differs, so a lost write
 //! is repaired by the next event instead of by bookkeeping.
 

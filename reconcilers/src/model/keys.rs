@@ -1,4 +1,4 @@
-//! Annotation, label and reason strings of the contract (spec/annotations.md). Exact bytes.
+//! Annotation, label and reason strings of the contract (ANN-1). Exact bytes.
 
 pub const VM_NAME: &str = "vm.cocoonstack.io/name";
 pub const VM_ID: &str = "vm.cocoonstack.io/id";

@@ -31,7 +31,7 @@ pub fn valid_network(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
 }
 
-/// Local snapshot name of a clone image (annotations.md §2.3): `repo` for `latest`, else
+/// Local snapshot name of a clone image (ANN-2.3): `repo` for `latest`, else
 /// `repo:tag`; over 63 chars, the first 50 + `-` + 12 hex chars of sha256(full name).
 pub fn image_snapshot_name(image: &str) -> (String, String, String) {
     let (repo, tag) = match image.split_once(':') {

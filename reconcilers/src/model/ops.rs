@@ -31,6 +31,8 @@ pub enum CocoonOwner {
     },
 }
 
+// The table boxes every owner, so a large write owner costs no space in the others.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "owner", rename_all = "snake_case")]
 pub enum KubeOwner {

@@ -1,5 +1,5 @@
 //! The pod table. Every event looks pods up by key several times, and on a 1,000-pod node a
-//! B-tree search was a fifth of `reduce`'s work in key comparisons; a hash lookup is one
+//! B-tree search would spend a fifth of `reduce`'s work in key comparisons; a hash lookup is one
 //! hash of a short key. The hasher is fixed (FxHash, no per-process seed), and the table is
 //! only ever walked in key order (`sorted`), so neither randomness nor insertion history can
 //! reach an action, a snapshot or a replay.

@@ -1,4 +1,4 @@
-//! Decoding a pod into the VM it asks for (spec/annotations.md §1–2). A bad value is a typed
+//! Decoding a pod into the VM it asks for (ANN-1, ANN-2). A bad value is a typed
 //! error naming the key, so the pod can be failed with a message a person can act on.
 
 use std::fmt;
@@ -51,7 +51,7 @@ pub enum SnapshotPolicy {
     Never,
 }
 
-/// Host cgroup CPU policy (annotations.md §2.2).
+/// Host cgroup CPU policy (ANN-2.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuPolicy {
     pub weight: u32,

@@ -89,7 +89,7 @@ use crate::phase::{End, Phase};
 use crate::state::{Agent, Lifecycle, PodEntry};
 use crate::time::{parse_rfc3339, Millis, Rfc3339};
 
-/// The complete status vk wants the server to hold for this pod (spec/behavior.md §5).
+/// The complete status vk wants the server to hold for this pod (S1–S10).
 pub fn derive(config: &Config, e: &PodEntry) -> PodStatus {
     Desired::of(config, e).to_status()
 }
@@ -99,7 +99,7 @@ pub fn is_desired(config: &Config, e: &PodEntry, status: &PodStatus) -> bool {
     Desired::of(config, e).matches(status)
 }
 
-/// The desired status as borrowed parts of the entry (spec/behavior.md §5). It is compared
+/// The desired status as borrowed parts of the entry (S1–S10). It is compared
 /// with the server's status after every event that touches the pod, and is almost always
 /// equal: the comparison must not allocate, so only a status that goes out is built.
 struct Desired<'a> {

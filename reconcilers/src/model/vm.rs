@@ -1,4 +1,4 @@
-//! What the core knows of a cocoon VM and of a failed cocoon call (spec/cocoon-cli.md §3, §4).
+//! What the core knows of a cocoon VM and of a failed cocoon call (CLI-3, CLI-4).
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +31,7 @@ pub struct VmRecord {
 }
 
 impl VmRecord {
-    /// Only the exact string `running` means alive (cocoon-cli.md §5).
+    /// Only the exact string `running` means alive (CLI-5).
     pub fn is_running(&self) -> bool {
         self.state == "running"
     }

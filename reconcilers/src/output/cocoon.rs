@@ -1,4 +1,4 @@
-//! cocoon invocations as typed commands, and their exact argv (spec/cocoon-cli.md §6). The
+//! cocoon invocations as typed commands, and their exact argv (CLI-6). The
 //! argv is built here so scenario tests show precisely what would run; every name in it was
 //! validated by `spec`/`names` before it got here.
 

@@ -1,5 +1,5 @@
 //! A fake `cocoon`: VMs, snapshots and images in maps, answering each `CocoonCmd` the way
-//! spec/cocoon-cli.md says the real binary does — including its error texts, which go
+//! the cocoon CLI contract (CLI-1–CLI-7) says the real binary does — including its error texts, which go
 //! through the same `CocoonError::classify` the shell uses. Faults are armed per verb.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -74,7 +74,7 @@ impl FakeCocoon {
         self.faults.entry(verb.into()).or_default().push_back(f);
     }
 
-    /// The VMM died: the record stays, not running (cocoon-cli.md §5).
+    /// The VMM died: the record stays, not running (CLI-5).
     pub fn crash(&mut self, id: &str) {
         if let Some(vm) = self.vms.get_mut(id) {
             vm.state = "stopped".into();
@@ -141,7 +141,7 @@ impl FakeCocoon {
                 } else {
                     hv
                 };
-                // cocoon-cli.md §6.5: the clone record carries pid 0.
+                // CLI-6.5: the clone record carries pid 0.
                 self.create(name, &hv, &image, 0)
             }
             CocoonCmd::VmInspect { vm } => match self.find(vm) {
