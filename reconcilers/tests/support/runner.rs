@@ -1,15 +1,16 @@
 //! The scenario command language: each command drives or inspects a testkit `World` and
 //! returns the lines it shows. A block is one or more commands, `----`, then their output.
 //!
-//! Setup, before the world exists: `config k=v…` (orphan_policy, cpu_class, restore_mode,
-//! node_ip, dhcp=off|DURATION, stream=off, release=off, echo=off), `pod KEY k=v…`, `vm id=…
-//! name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`.
+//! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, node_ip, dhcp=off|DURATION,
+//! stream=off, release=off, echo=off; before anything else touches the world), `pod KEY
+//! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`.
 //!
 //! Bringing the node up: `start [settle=false] [config…]` feeds the pod relist and `cocoon vm
-//! list` and settles what follows (the startup reconcile and whatever work it begins, such as
-//! creates), so the file begins from a running node. It prints nothing but a `fatal`: startup
-//! is the rule of few files, and those say `start show=…` to see its trace. `restart` is the
-//! same for a new process over the old world's VMs, pods and leases.
+//! list` and settles what follows — the startup reconcile and the work it begins, such as
+//! creates — so a file begins from a running node. It prints nothing but a `fatal`: startup is
+//! the rule of few files, and those write `start show` (its trace through the file's filter)
+//! or `start show=all`. `restart` brings a new process up the same way over the old world's
+//! VMs, pods and leases.
 //!
 //! Driving: `apply KEY`, `annotate KEY k=v k-`, `delete`, `remove`, `remove-silently`,
 //! `relist`, `relist-begin|item|end`, `vm-listed`, `vm-list-failed`, `stream KIND vm…`,
@@ -23,18 +24,19 @@
 //! [N]`, `garbage-next VERB`, `kube-fail-next KEY KIND`, `unreachable ID`, `reachable ID`,
 //! `advance DURATION`.
 //!
-//! Inspecting: `status KEY`, `annotations KEY`, `state`, `events`, `pending`, `timers`,
-//! `cocoon`, and `counters [NAME…]` (only the named counters when names are given).
+//! Inspecting: `status KEY`, `annotations KEY`, `state`, `events`, `pending`, `cocoon`,
+//! `counters [TERM…]` and `timers [TERM…]` (given terms, only the counters or the scheduled
+//! items that begin with one: `counters pod_lifecycle`, `timers "timer create-retry"`).
 //!
 //! Filtering: a block shows only the actions its rule is about. `show TERM…` sets the filter
-//! for the commands after it (`show all`, the initial one, shows everything); `show=TERM,…`
-//! on one command overrides it for that command, and a bare `show` applies the file's filter
-//! to a `start`. A term is an action kind — the first word of the rendered line: `cocoon`,
-//! `patch`, `delete-pod`, `release-lease`, `probe`, `stop-probe`, `timer`, `count`,
-//! `observe`, `log`, `event`, `register-node`, `fatal` — or a longer prefix with `#op` left
-//! out (`"cocoon vm inspect"`, `"timer recheck"`, `"count pod_lifecycle"`). Every printed
-//! action passes the filter, and under a filter an event line is printed only when one of its
-//! actions is, so a new timer or counter elsewhere changes no file that does not show it.
+//! for the commands after it (`show all`, the initial one, shows everything); `show=TERM,…` on
+//! one command overrides it for that command (a bare `show` lets `start` or `restart` use the
+//! file's filter). A term is an action kind — the first word of the rendered line: `cocoon`,
+//! `patch`, `delete-pod`, `release-lease`, `probe`, `stop-probe`, `timer`, `count`, `observe`,
+//! `log`, `event`, `register-node`, `fatal` — or a longer prefix with `#op` left out (`"cocoon
+//! vm inspect"`, `"timer recheck"`, `"count pod_lifecycle"`). Every printed action passes the
+//! filter, and under a filter an event line is printed only when one of its actions is, so a
+//! new timer or counter elsewhere changes no file that does not show it.
 
 use std::collections::BTreeMap;
 
@@ -606,11 +608,14 @@ impl Runner {
             ),
             "pending" => Out::Actions(self.world().pending().cloned().collect()),
             "timers" => {
+                let only = Show::parse(rest.iter().map(String::as_str));
                 let w = self.world();
                 let now = w.now;
                 Out::Lines(
                     w.scheduled()
-                        .map(|((due, _), s)| format!("+{}ms {}", due - now, scheduled(s)))
+                        .map(|((due, _), s)| (due - now, scheduled(s)))
+                        .filter(|(_, s)| only.shows(s))
+                        .map(|(wait, s)| format!("+{wait}ms {s}"))
                         .collect(),
                 )
             }
