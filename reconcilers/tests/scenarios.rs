@@ -1,6 +1,8 @@
 //! Golden scenario tests: every `tests/scenarios/*.txt` names the spec rules it proves and
-//! shows commands in, exact actions out. `UPDATE_GOLDEN=1` rewrites the expectations; review
-//! each rewrite against the spec before committing — a golden that encodes a bug is a defect.
+//! shows commands in, exact actions out — the actions of the kinds those rules are about (the
+//! command language and its filters: `support/runner.rs`). `UPDATE_GOLDEN=1` rewrites the
+//! expectations; review each rewrite against docs/rules.md before committing — a golden that
+//! encodes a bug is a defect.
 
 mod support;
 

@@ -1,13 +1,50 @@
 //! The scenario command language: each command drives or inspects a testkit `World` and
-//! returns the lines it shows. Commands that feed events show the exact actions out; `start`,
-//! `settle` and `run` show the whole trace (`> event`, then its actions indented).
+//! returns the lines it shows. A block is one or more commands, `----`, then their output.
+//!
+//! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, node_ip, dhcp=off|DURATION,
+//! stream=off, release=off, echo=off; before anything else touches the world), `pod KEY
+//! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`.
+//!
+//! Bringing the node up: `start [settle=false] [config…]` feeds the pod relist and `cocoon vm
+//! list` and settles what follows — the startup reconcile and the work it begins, such as
+//! creates — so a file begins from a running node. It prints nothing but a `fatal`: startup is
+//! the rule of few files, and those write `start show` (its trace through the file's filter)
+//! or `start show=all`. `restart` brings a new process up the same way over the old world's
+//! VMs, pods and leases.
+//!
+//! Driving: `apply KEY`, `annotate KEY k=v k-`, `delete`, `remove`, `remove-silently`,
+//! `relist`, `relist-begin|item|end`, `vm-listed`, `vm-list-failed`, `stream KIND vm…`,
+//! `stream-closed [clean]`, `stream-connected`, `crash ID`, `vanish ID`, `lease MAC IP`,
+//! `lease-drop MAC`, `lease-vm ID IP`, `lease-vm-drop ID`, `probe KEY ok|fail`, `timer-fire
+//! KIND KEY`, and answers to one pending effect by op id: `cocoon-ok`, `cocoon-err`,
+//! `cocoon-garbage`, `kube-err`, `lease-release-err`. Each prints the actions of the one
+//! event it fed. `exec OP…` executes pending effects against the fake world, `settle` runs
+//! until nothing is left, `run DURATION` also moves the clock; these print the trace: each
+//! event as `> event`, its actions indented below. Faults for later: `fail-next VERB TEXT
+//! [N]`, `garbage-next VERB`, `kube-fail-next KEY KIND`, `unreachable ID`, `reachable ID`,
+//! `advance DURATION`.
+//!
+//! Inspecting: `status KEY`, `annotations KEY`, `state`, `events`, `pending`, `cocoon`,
+//! `counters [TERM…]` and `timers [TERM…]` (given terms, only the counters or the scheduled
+//! items that begin with one: `counters pod_lifecycle`, `timers "timer create-retry"`).
+//!
+//! Filtering: a block shows only the actions its rule is about. `show TERM…` sets the filter
+//! for the commands after it (`show all`, the initial one, shows everything); `show=TERM,…` on
+//! one command overrides it for that command (a bare `show` lets `start` or `restart` use the
+//! file's filter). A term is an action kind — the first word of the rendered line: `cocoon`,
+//! `patch`, `delete-pod`, `release-lease`, `probe`, `stop-probe`, `timer`, `count`, `observe`,
+//! `log`, `event`, `register-node`, `fatal` — or a longer prefix with `#op` left out (`"cocoon
+//! vm inspect"`, `"timer recheck"`, `"count pod_lifecycle"`). Every printed action passes the
+//! filter, and under a filter an event line is printed only when one of its actions is, so a
+//! new timer or counter elsewhere changes no file that does not show it.
 
 use std::collections::BTreeMap;
 
 use reconcilers::action::{Action, Timer};
 use reconcilers::config::{Config, OrphanPolicy, RestoreMode};
 use reconcilers::event::{
-    CocoonOk, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome, VmEventKind,
+    CocoonOk, Envelope, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome,
+    VmEventKind,
 };
 use reconcilers::keys;
 use reconcilers::phase::{DeleteWait, Phase};
@@ -24,6 +61,8 @@ pub struct Runner {
     dhcp: Option<u64>,
     stream: bool,
     echo: bool,
+    /// The filter set by the last `show` directive.
+    show: Show,
 }
 
 fn key(s: &str) -> PodKey {
@@ -120,17 +159,77 @@ fn vm_record(a: &[(String, String)]) -> VmRecord {
     r
 }
 
-fn trace(w: &World, from: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    for (env, actions) in &w.log[from..] {
-        out.push(format!("> {}", render::event(&env.event)));
-        out.extend(actions.iter().map(|a| format!("  {}", render::action(a))));
-    }
-    out
+/// Which action lines a command prints: every one, or those that begin with one of the terms
+/// once `#op` ids are dropped. A term is a kind (`cocoon`) or a longer prefix ending at a word
+/// boundary (`"cocoon vm inspect"`, `"count pod_lifecycle"`), so a block can name exactly the
+/// actions its rule is about and stay unchanged when unrelated ones come or go.
+#[derive(Clone)]
+enum Show {
+    All,
+    Only(Vec<String>),
 }
 
-fn actions(acts: &[Action]) -> Vec<String> {
-    acts.iter().map(render::action).collect()
+impl Show {
+    /// `all`, or terms separated by blanks (directive) or commas (`show=`).
+    fn parse<'a>(terms: impl IntoIterator<Item = &'a str>) -> Show {
+        let terms: Vec<String> = terms
+            .into_iter()
+            .flat_map(|t| t.split(','))
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect();
+        if terms.is_empty() || terms.iter().any(|t| t == "all") {
+            Show::All
+        } else {
+            Show::Only(terms)
+        }
+    }
+
+    fn shows(&self, line: &str) -> bool {
+        let Show::Only(terms) = self else {
+            return true;
+        };
+        let line: Vec<&str> = line.split(' ').filter(|w| !is_op(w)).collect();
+        let line = line.join(" ");
+        terms.iter().any(|t| begins_with_word(&line, t))
+    }
+}
+
+fn is_op(word: &str) -> bool {
+    word.strip_prefix('#')
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn begins_with_word(line: &str, term: &str) -> bool {
+    line.strip_prefix(term)
+        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || "_-".contains(c)))
+}
+
+/// What a command produced, before the filter applies.
+enum Out {
+    Lines(Vec<String>),
+    Actions(Vec<Action>),
+    /// The events logged from this index on, each with its actions.
+    Trace(usize),
+}
+
+/// Each event, then its shown actions indented. Under a filter an event whose actions are all
+/// hidden is left out too, so that only the lines the block is about remain.
+fn trace(log: &[(Envelope, Vec<Action>)], show: &Show) -> Vec<String> {
+    let mut out = Vec::new();
+    for (env, actions) in log {
+        let shown: Vec<String> = actions
+            .iter()
+            .map(render::action)
+            .filter(|l| show.shows(l))
+            .collect();
+        if shown.is_empty() && matches!(show, Show::Only(_)) {
+            continue;
+        }
+        out.push(format!("> {}", render::event(&env.event)));
+        out.extend(shown.iter().map(|l| format!("  {l}")));
+    }
+    out
 }
 
 impl Runner {
@@ -142,6 +241,7 @@ impl Runner {
             dhcp: None,
             stream: true,
             echo: true,
+            show: Show::All,
         }
     }
 
@@ -237,16 +337,44 @@ impl Runner {
     pub fn run(&mut self, line: &str) -> Vec<String> {
         let toks = super::datadriven::tokenize(line);
         let (cmd, rest) = toks.split_first().expect("empty command");
+        let (shows, rest): (Vec<String>, Vec<String>) = rest
+            .iter()
+            .cloned()
+            .partition(|t| t == "show" || t.starts_with("show="));
+        let show = match shows.last() {
+            Some(t) => t
+                .strip_prefix("show=")
+                .map_or(self.show.clone(), |v| Show::parse([v])),
+            // Startup is the rule of few files; the rest only need the node up.
+            None if cmd == "start" || cmd == "restart" => Show::Only(vec!["fatal".into()]),
+            None => self.show.clone(),
+        };
+        match self.command(cmd, &rest) {
+            Out::Lines(lines) => lines,
+            Out::Actions(acts) => acts
+                .iter()
+                .map(render::action)
+                .filter(|l| show.shows(l))
+                .collect(),
+            Out::Trace(from) => trace(&self.world().log[from..], &show),
+        }
+    }
+
+    fn command(&mut self, cmd: &str, rest: &[String]) -> Out {
         let a = args(rest);
-        match cmd.as_str() {
+        match cmd {
+            "show" => {
+                self.show = Show::parse(rest.iter().map(String::as_str));
+                Out::Lines(vec![])
+            }
             "config" => {
                 self.configure(&a);
-                vec![]
+                Out::Lines(vec![])
             }
             "vm" => {
                 let r = vm_record(&a);
                 self.world().cocoon.add_vm(r);
-                vec![]
+                Out::Lines(vec![])
             }
             "snapshot" => {
                 let get = |k: &str| {
@@ -257,15 +385,15 @@ impl Runner {
                 };
                 let (n, h, i) = (get("name"), get("hypervisor"), get("image"));
                 self.world().cocoon.add_snapshot(&n, &h, &i);
-                vec![]
+                Out::Lines(vec![])
             }
             "image-missing" => {
                 self.world().cocoon.unpullable.insert(rest[0].clone());
-                vec![]
+                Out::Lines(vec![])
             }
             "pod" => {
                 self.pod(rest);
-                vec![]
+                Out::Lines(vec![])
             }
             "start" => {
                 self.configure(&a);
@@ -277,7 +405,7 @@ impl Runner {
                 if !manual {
                     w.settle();
                 }
-                trace(w, from)
+                Out::Trace(from)
             }
             "restart" => self.restart(&a),
             "apply" => {
@@ -287,7 +415,7 @@ impl Runner {
                     .get(&k)
                     .expect("apply: no such pod defined")
                     .clone();
-                actions(&self.world().apply(pod))
+                Out::Actions(self.world().apply(pod))
             }
             "annotate" => {
                 let k = key(&rest[0]);
@@ -301,50 +429,50 @@ impl Runner {
                         }
                     };
                     let full = annotation_key(&ak).unwrap_or_else(|| panic!("key {ak}"));
-                    out.extend(actions(&self.world().annotate(&k, &full, v.as_deref())));
+                    out.extend(self.world().annotate(&k, &full, v.as_deref()));
                 }
-                out
+                Out::Actions(out)
             }
-            "delete" => actions(&self.world().delete_pod(&key(&rest[0]))),
-            "remove" => actions(&self.world().remove_pod(&key(&rest[0]))),
+            "delete" => Out::Actions(self.world().delete_pod(&key(&rest[0]))),
+            "remove" => Out::Actions(self.world().remove_pod(&key(&rest[0]))),
             // Gone from the API while the watch missed it: only a relist can tell.
             "remove-silently" => {
                 self.world().api.pods.remove(&key(&rest[0]));
-                vec![]
+                Out::Lines(vec![])
             }
             "vm-listed" => {
                 let w = self.world();
                 let vms = w.cocoon.vms.values().cloned().collect();
-                actions(&w.feed(Event::VmListed { vms }))
+                Out::Actions(w.feed(Event::VmListed { vms }))
             }
             "vm-list-failed" => {
                 let error = CocoonError::classify(&rest[0]);
-                actions(&self.world().feed(Event::VmListFailed { error }))
+                Out::Actions(self.world().feed(Event::VmListFailed { error }))
             }
-            "relist-begin" => actions(&self.world().feed(Event::PodRelistBegin)),
+            "relist-begin" => Out::Actions(self.world().feed(Event::PodRelistBegin)),
             "relist-item" => {
                 let k = key(&rest[0]);
                 let pod = self.defs.get(&k).expect("relist-item: no such pod").clone();
                 let w = self.world();
                 w.api.pods.insert(k, pod.clone());
-                actions(&w.feed(Event::PodRelistItem { pod }))
+                Out::Actions(w.feed(Event::PodRelistItem { pod }))
             }
-            "relist-end" => actions(&self.world().feed(Event::PodRelistEnd)),
+            "relist-end" => Out::Actions(self.world().feed(Event::PodRelistEnd)),
             "relist" => {
                 let w = self.world();
                 let from = w.log.len();
                 w.relist();
-                trace(w, from)
+                Out::Trace(from)
             }
             "cocoon-ok" => {
                 let op = rest[0].parse().expect("op");
                 let ok = cocoon_ok(&rest[1..]);
-                actions(&self.world().cocoon_done(op, Ok(ok)))
+                Out::Actions(self.world().cocoon_done(op, Ok(ok)))
             }
             "cocoon-err" => {
                 let op = rest[0].parse().expect("op");
                 let err = CocoonError::classify(&rest[1]);
-                actions(&self.world().cocoon_done(op, Err(err)))
+                Out::Actions(self.world().cocoon_done(op, Err(err)))
             }
             "cocoon-garbage" => {
                 let op = rest[0].parse().expect("op");
@@ -352,12 +480,12 @@ impl Runner {
                     CocoonErrorKind::BadOutput,
                     "decode output: expected value at line 1 column 1",
                 );
-                actions(&self.world().cocoon_done(op, Err(err)))
+                Out::Actions(self.world().cocoon_done(op, Err(err)))
             }
             // `lease-release-err OP TEXT`: cocoon-net refused or was unreachable.
             "lease-release-err" => {
                 let op = rest[0].parse().expect("op");
-                actions(&self.world().lease_released(op, Err(rest[1].clone())))
+                Out::Actions(self.world().lease_released(op, Err(rest[1].clone())))
             }
             "kube-err" => {
                 let op = rest[0].parse().expect("op");
@@ -366,7 +494,7 @@ impl Runner {
                     kind,
                     message: format!("{kind:?}"),
                 };
-                actions(&self.world().kube_done(op, Err(err)))
+                Out::Actions(self.world().kube_done(op, Err(err)))
             }
             "exec" => {
                 let w = self.world();
@@ -374,36 +502,35 @@ impl Runner {
                 for op in rest {
                     w.exec_op(op.parse().expect("op"));
                 }
-                trace(w, from)
+                Out::Trace(from)
             }
-            "lease" => actions(&self.world().set_lease(&rest[0], &rest[1])),
-            "lease-drop" => actions(&self.world().drop_lease(&rest[0])),
+            "lease" => Out::Actions(self.world().set_lease(&rest[0], &rest[1])),
+            "lease-drop" => Out::Actions(self.world().drop_lease(&rest[0])),
             // The lease of a VM's first NIC, by VM id (its MAC is the fake cocoon's).
             "lease-vm" => {
                 let mac = self.mac_of(&rest[0]);
-                actions(&self.world().set_lease(&mac, &rest[1]))
+                Out::Actions(self.world().set_lease(&mac, &rest[1]))
             }
             "lease-vm-drop" => {
                 let mac = self.mac_of(&rest[0]);
-                actions(&self.world().drop_lease(&mac))
+                Out::Actions(self.world().drop_lease(&mac))
             }
             "probe" => {
                 let ok = rest[1] == "ok";
-                actions(
-                    &self
-                        .world()
+                Out::Actions(
+                    self.world()
                         .answer_probe(&key(&rest[0]), ok)
                         .expect("no probe scheduled for that pod"),
                 )
             }
             "advance" => {
                 self.world().advance(duration_ms(&rest[0]));
-                vec![]
+                Out::Lines(vec![])
             }
             "timer-fire" => {
                 let want = format!("{} {}", rest[0], rest[1]);
                 let pick = move |t: &Timer| render::timer(t) == want;
-                actions(&self.world().fire_timer(pick).expect("no such timer armed"))
+                Out::Actions(self.world().fire_timer(pick).expect("no such timer armed"))
             }
             "stream" => {
                 let kind = match rest[0].as_str() {
@@ -412,79 +539,89 @@ impl Runner {
                     _ => VmEventKind::Deleted,
                 };
                 let vm = vm_record(&a[1..]);
-                actions(&self.world().feed(Event::VmStream { kind, vm }))
+                Out::Actions(self.world().feed(Event::VmStream { kind, vm }))
             }
             "stream-closed" => {
                 let clean = rest.first().is_some_and(|c| c == "clean");
-                actions(
-                    &self
-                        .world()
+                Out::Actions(
+                    self.world()
                         .feed(Event::VmStreamClosed { clean, error: None }),
                 )
             }
-            "stream-connected" => actions(&self.world().feed(Event::VmStreamConnected)),
-            "crash" => actions(&self.world().crash(&rest[0])),
-            "vanish" => actions(&self.world().vanish(&rest[0])),
+            "stream-connected" => Out::Actions(self.world().feed(Event::VmStreamConnected)),
+            "crash" => Out::Actions(self.world().crash(&rest[0])),
+            "vanish" => Out::Actions(self.world().vanish(&rest[0])),
             // `fail-next VERB TEXT [N]`: the next N calls of VERB fail with TEXT.
             "fail-next" => {
                 let n: usize = rest.get(2).map_or(1, |n| n.parse().expect("count"));
                 for _ in 0..n {
                     self.world().cocoon.fail_next(&rest[0], &rest[1]);
                 }
-                vec![]
+                Out::Lines(vec![])
             }
             "garbage-next" => {
                 self.world().cocoon.garbage_next(&rest[0]);
-                vec![]
+                Out::Lines(vec![])
             }
             "kube-fail-next" => {
                 let kind = kube_kind(&rest[1]);
                 self.world().api.fail_next(&key(&rest[0]), kind);
-                vec![]
+                Out::Lines(vec![])
             }
             "unreachable" => {
                 self.world().unreachable.insert(rest[0].clone());
-                vec![]
+                Out::Lines(vec![])
             }
             "reachable" => {
                 self.world().unreachable.remove(&rest[0]);
-                vec![]
+                Out::Lines(vec![])
             }
             "settle" => {
                 let w = self.world();
                 let from = w.log.len();
                 w.settle();
-                trace(w, from)
+                Out::Trace(from)
             }
             "run" => {
                 let w = self.world();
                 let from = w.log.len();
                 w.run_for(duration_ms(&rest[0]));
-                trace(w, from)
+                Out::Trace(from)
             }
-            "status" => self.status(&key(&rest[0])),
-            "annotations" => self.annotations(&key(&rest[0])),
-            "counters" => self
-                .world()
-                .counters
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect(),
-            "events" => self
-                .world()
-                .events
-                .iter()
-                .map(|e| format!("{} {} {} {:?}", e.key, e.kind, e.reason, e.message))
-                .collect(),
-            "pending" => self.world().pending().map(render::action).collect(),
+            "status" => Out::Lines(self.status(&key(&rest[0]))),
+            "annotations" => Out::Lines(self.annotations(&key(&rest[0]))),
+            "counters" => {
+                let names = Show::parse(rest.iter().map(String::as_str));
+                Out::Lines(
+                    self.world()
+                        .counters
+                        .iter()
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .filter(|l| names.shows(l))
+                        .collect(),
+                )
+            }
+            "events" => Out::Lines(
+                self.world()
+                    .events
+                    .iter()
+                    .map(|e| format!("{} {} {} {:?}", e.key, e.kind, e.reason, e.message))
+                    .collect(),
+            ),
+            "pending" => Out::Actions(self.world().pending().cloned().collect()),
             "timers" => {
+                let only = Show::parse(rest.iter().map(String::as_str));
                 let w = self.world();
                 let now = w.now;
-                w.scheduled()
-                    .map(|((due, _), s)| format!("+{}ms {}", due - now, scheduled(s)))
-                    .collect()
+                Out::Lines(
+                    w.scheduled()
+                        .map(|((due, _), s)| (due - now, scheduled(s)))
+                        .filter(|(_, s)| only.shows(s))
+                        .map(|(wait, s)| format!("+{wait}ms {s}"))
+                        .collect(),
+                )
             }
-            "state" => self.state(),
+            "state" => Out::Lines(self.state()),
             "cocoon" => {
                 let c = &self.world().cocoon;
                 let mut out: Vec<String> = c
@@ -493,7 +630,7 @@ impl Runner {
                     .map(|v| format!("vm {} {} {}", v.id, v.name, v.state))
                     .collect();
                 out.extend(c.snapshots.keys().map(|n| format!("snapshot {n}")));
-                out
+                Out::Lines(out)
             }
             other => panic!("unknown command {other:?}"),
         }
@@ -508,7 +645,7 @@ impl Runner {
             .unwrap_or_else(|| testkit::mac_for(id))
     }
 
-    fn restart(&mut self, a: &[(String, String)]) -> Vec<String> {
+    fn restart(&mut self, a: &[(String, String)]) -> Out {
         let old = self.world.take().expect("restart before start");
         let manual = a.iter().any(|(k, v)| k == "settle" && v == "false");
         let w = self.world();
@@ -524,7 +661,7 @@ impl Runner {
         if !manual {
             w.settle();
         }
-        trace(w, from)
+        Out::Trace(from)
     }
 
     fn status(&mut self, k: &PodKey) -> Vec<String> {
