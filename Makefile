@@ -15,8 +15,9 @@ BENCH_PODS ?= 200
 build:
 	$(CARGO) build -j$(JOBS) --workspace
 
-# Everything: the unit-level suites, then the end-to-end suites on the real testbed.
-test: unit e2e
+# Everything: formatting, lints and rule citations, the unit-level suites, then the
+# end-to-end suites on the real testbed.
+test: lint unit e2e
 
 # reconcilers with its testkit (scenario files, property tests), the cocoon simulator's
 # contract tests, and this package's unit and integration tests that need no testbed.

@@ -97,7 +97,7 @@ fn every_variable_is_read() {
         Some(PathBuf::from("/secrets/sa.json"))
     );
     assert_eq!(c.orphan_policy, OrphanPolicy::Keep);
-    assert_eq!(c.leases_path, PathBuf::from("/run/leases.json"));
+    assert_eq!(c.dhcp_leases_path, PathBuf::from("/run/leases.json"));
     assert_eq!(
         c.cocoon_net_control_socket,
         Some(PathBuf::from("/run/cn.sock"))

@@ -122,7 +122,7 @@ pub struct Config {
     pub oci_registry: Option<String>,
     pub google_application_credentials: Option<PathBuf>,
     pub orphan_policy: OrphanPolicy,
-    pub leases_path: PathBuf,
+    pub dhcp_leases_path: PathBuf,
     /// `None`: lease releases are disabled.
     pub cocoon_net_control_socket: Option<PathBuf>,
     pub cocoon_bin: PathBuf,
@@ -341,7 +341,7 @@ impl Config {
                 p
             }
         };
-        let leases_path = e.path("VK_LEASES_PATH", "/var/lib/cocoon/net/leases.json");
+        let dhcp_leases_path = e.path("VK_LEASES_PATH", "/var/lib/cocoon/net/leases.json");
         let cocoon_net_control_socket = e.path_or_off(
             "VK_COCOON_NET_CONTROL_SOCKET",
             "/run/cocoon-net/control.sock",
@@ -431,7 +431,7 @@ impl Config {
             oci_registry,
             google_application_credentials,
             orphan_policy,
-            leases_path,
+            dhcp_leases_path,
             cocoon_net_control_socket,
             cocoon_bin,
             cocoon_macos_bin,
@@ -462,7 +462,7 @@ impl Config {
             orphan_policy: self.orphan_policy,
             cpu_class: self.snapshot_cpu_class.clone(),
             restore_mode: self.restore_mode,
-            release_leases: self.cocoon_net_control_socket.is_some(),
+            release_dhcp_leases: self.cocoon_net_control_socket.is_some(),
         }
     }
 }

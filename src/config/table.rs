@@ -50,7 +50,7 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             .map(path)
             .unwrap_or_else(unset),
         "VK_ORPHAN_POLICY" => format!("{:?}", c.orphan_policy).to_lowercase(),
-        "VK_LEASES_PATH" => path(&c.leases_path),
+        "VK_LEASES_PATH" => path(&c.dhcp_leases_path),
         "VK_COCOON_NET_CONTROL_SOCKET" => c
             .cocoon_net_control_socket
             .as_deref()

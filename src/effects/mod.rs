@@ -4,8 +4,8 @@
 
 pub mod cocoon;
 pub mod cocoon_json;
+pub mod dhcp_release;
 pub mod kube_writes;
-pub mod lease_release;
 pub mod node;
 pub mod probes;
 
@@ -28,7 +28,7 @@ pub struct Executor {
     pub metrics: Metrics,
     pub node_name: String,
     /// cocoon-net's control socket (D6); `None`: releases are off.
-    pub lease_socket: Option<std::path::PathBuf>,
+    pub dhcp_release_socket: Option<std::path::PathBuf>,
     cocoon_slots: Arc<Semaphore>,
     kube_slots: Arc<Semaphore>,
 }
@@ -41,7 +41,7 @@ impl Executor {
         probes: probes::Probes,
         metrics: Metrics,
         node_name: String,
-        lease_socket: Option<std::path::PathBuf>,
+        dhcp_release_socket: Option<std::path::PathBuf>,
     ) -> Self {
         Self {
             cocoon,
@@ -50,7 +50,7 @@ impl Executor {
             probes,
             metrics,
             node_name,
-            lease_socket,
+            dhcp_release_socket,
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
         }
@@ -89,10 +89,10 @@ impl Executor {
                 kube_writes::delete_pod(&c, &key, &uid, grace_seconds).await
             }),
             Action::ReleaseDhcpLease { op, mac } => {
-                let (socket, tx) = (self.lease_socket.clone(), self.tx.clone());
+                let (socket, tx) = (self.dhcp_release_socket.clone(), self.tx.clone());
                 tokio::spawn(async move {
                     let result = match socket {
-                        Some(socket) => lease_release::release(&socket, &mac).await,
+                        Some(socket) => dhcp_release::release(&socket, &mac).await,
                         None => Err("no cocoon-net control socket is configured".into()),
                     };
                     let _ = tx.send(Event::DhcpLeaseReleased { op, result });

@@ -24,8 +24,8 @@ pub struct NodeSettings {
     pub allocatable: BTreeMap<String, i128>,
 }
 
-const LEASE_RENEW: Duration = Duration::from_secs(10);
-const LEASE_SECONDS: i32 = 40;
+const NODE_LEASE_RENEW: Duration = Duration::from_secs(10);
+const NODE_LEASE_SECONDS: i32 = 40;
 const STATUS_EVERY: Duration = Duration::from_secs(60);
 const CLASS_LABEL: &str = "cocoonstack.io/snapshot-cpu-class";
 
@@ -117,7 +117,7 @@ pub async fn register(client: &Client, s: &NodeSettings) -> anyhow::Result<Strin
 /// N16: the status with fresh heartbeats every 60 s; N17: the Lease every 10 s. Errors back
 /// off and retry; they never end the task.
 pub async fn heartbeat(client: Client, s: NodeSettings, uid: String) {
-    let lease_task = tokio::spawn(lease_loop(client.clone(), s.clone(), uid));
+    let node_lease_task = tokio::spawn(node_lease_loop(client.clone(), s.clone(), uid));
     let api: Api<Node> = Api::all(client);
     let mut tick = tokio::time::interval(STATUS_EVERY);
     tick.tick().await;
@@ -133,20 +133,20 @@ pub async fn heartbeat(client: Client, s: NodeSettings, uid: String) {
         {
             tracing::warn!(error = %e, "node status heartbeat failed; next try in 60s");
         }
-        if lease_task.is_finished() {
+        if node_lease_task.is_finished() {
             return;
         }
     }
 }
 
-async fn lease_loop(client: Client, s: NodeSettings, uid: String) {
+async fn node_lease_loop(client: Client, s: NodeSettings, uid: String) {
     let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
     let mut backoff = Duration::from_millis(200);
     loop {
-        match renew(&api, &s, &uid).await {
+        match renew_node_lease(&api, &s, &uid).await {
             Ok(()) => {
                 backoff = Duration::from_millis(200);
-                tokio::time::sleep(LEASE_RENEW).await;
+                tokio::time::sleep(NODE_LEASE_RENEW).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, ?backoff, "node lease renewal failed");
@@ -157,11 +157,11 @@ async fn lease_loop(client: Client, s: NodeSettings, uid: String) {
     }
 }
 
-async fn renew(api: &Api<Lease>, s: &NodeSettings, uid: &str) -> anyhow::Result<()> {
+async fn renew_node_lease(api: &Api<Lease>, s: &NodeSettings, uid: &str) -> anyhow::Result<()> {
     for _ in 0..5 {
         let spec = LeaseSpec {
             holder_identity: Some(s.name.clone()),
-            lease_duration_seconds: Some(LEASE_SECONDS),
+            lease_duration_seconds: Some(NODE_LEASE_SECONDS),
             renew_time: Some(MicroTime(now())),
             ..LeaseSpec::default()
         };

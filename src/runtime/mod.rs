@@ -19,20 +19,20 @@ use crate::effects::probes::{Pinger, Probes};
 use crate::effects::Executor;
 use crate::journal::{Journal, JournalSettings};
 use crate::metrics::{self, Metrics};
-use crate::sources::{cocoon_stream, lease_file, pods};
+use crate::sources::{cocoon_stream, dhcp_leases, pods};
 
 pub struct Settings {
     pub core: reconcilers::Config,
     pub node: NodeSettings,
     pub cocoon: CocoonCli,
-    pub leases_path: PathBuf,
+    pub dhcp_leases_path: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
     pub journal: Option<JournalSettings>,
     pub cgroup_parent: String,
     pub root_dir: String,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
-    pub lease_socket: Option<PathBuf>,
+    pub dhcp_release_socket: Option<PathBuf>,
 }
 
 fn now_ms() -> i64 {
@@ -103,7 +103,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         probes,
         metrics.clone(),
         settings.node.name.clone(),
-        settings.lease_socket.clone(),
+        settings.dhcp_release_socket.clone(),
     );
 
     let mut tasks = vec![
@@ -112,7 +112,10 @@ pub async fn run(settings: Settings) -> Result<()> {
             settings.node.name.clone(),
             tx.clone(),
         )),
-        tokio::spawn(lease_file::run(settings.leases_path.clone(), tx.clone())),
+        tokio::spawn(dhcp_leases::run(
+            settings.dhcp_leases_path.clone(),
+            tx.clone(),
+        )),
     ];
     // B1: the VM inventory, listed concurrently with the pods.
     {

@@ -37,14 +37,14 @@ impl Settings {
                 allocatable,
             },
             cocoon: CocoonCli::new(c.cocoon_bin.display().to_string()),
-            leases_path: c.leases_path.clone(),
+            dhcp_leases_path: c.dhcp_leases_path.clone(),
             metrics_addr: Some(c.metrics_addr),
             journal: c.journal.clone(),
             cgroup_parent: c.cgroup_parent.clone(),
             tls_cert: c.tls_cert.clone(),
             tls_key: c.tls_key.clone(),
             root_dir: c.cocoon_root_dir.display().to_string(),
-            lease_socket: c.cocoon_net_control_socket.clone(),
+            dhcp_release_socket: c.cocoon_net_control_socket.clone(),
         })
     }
 }

@@ -1,7 +1,7 @@
 //! Sources turn the world into events for the loop. They translate; they never decide.
 
 pub mod cocoon_stream;
-pub mod lease_file;
+pub mod dhcp_leases;
 pub mod pod_view;
 pub mod pods;
 

@@ -411,8 +411,10 @@ fn run_cmd(spec: &VmSpec) -> CocoonCmd {
 fn clone_cmd(s: &State, spec: &VmSpec, source: CloneSource, pull: bool) -> CocoonCmd {
     let restore_mode = match (spec.backend, spec.os) {
         (Backend::Firecracker, _) => None,
-        (_, Os::Windows) => Some(RestoreMode::Copy),
-        _ => Some(s.config.restore_mode),
+        (Backend::CloudHypervisor, Os::Windows) => Some(RestoreMode::Copy),
+        (Backend::CloudHypervisor, Os::Linux | Os::Android | Os::Macos) => {
+            Some(s.config.restore_mode)
+        }
     };
     CocoonCmd::VmClone {
         name: spec.vm_name.clone(),

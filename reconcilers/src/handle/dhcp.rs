@@ -153,7 +153,7 @@ pub(crate) fn release_mac(vm: &VmRecord) -> Option<String> {
 /// returns to the pool instead of waiting out the lease. Best effort: the release is
 /// idempotent on cocoon-net's side, a failure is logged and counted, never retried.
 pub(crate) fn release(s: &mut State, mac: &str) {
-    if !s.config.release_leases {
+    if !s.config.release_dhcp_leases {
         return;
     }
     let op = s.next_op();

@@ -50,7 +50,7 @@ pub struct Config {
     /// D6: DHCP leases of destroyed VMs are released through cocoon-net's control socket
     /// (`VK_COCOON_NET_CONTROL_SOCKET` set).
     #[serde(default)]
-    pub release_leases: bool,
+    pub release_dhcp_leases: bool,
 }
 
 impl Default for Config {
@@ -61,7 +61,7 @@ impl Default for Config {
             orphan_policy: OrphanPolicy::Destroy,
             cpu_class: None,
             restore_mode: RestoreMode::Ondemand,
-            release_leases: false,
+            release_dhcp_leases: false,
         }
     }
 }

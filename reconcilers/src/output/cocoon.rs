@@ -223,7 +223,11 @@ impl CocoonCmd {
             CocoonCmd::VmList => Output::Vms,
             CocoonCmd::SnapshotInspect { .. } => Output::Snapshot,
             CocoonCmd::ReconcileStaleCreate { .. } => Output::StaleCreate,
-            _ => Output::Nothing,
+            CocoonCmd::ImagePull { .. }
+            | CocoonCmd::VmRm { .. }
+            | CocoonCmd::VmStart { .. }
+            | CocoonCmd::SnapshotRm { .. }
+            | CocoonCmd::SnapshotSave { .. } => Output::Nothing,
         }
     }
 }

@@ -43,8 +43,7 @@ use std::collections::BTreeMap;
 use reconcilers::action::{Action, Timer};
 use reconcilers::config::{Config, OrphanPolicy, RestoreMode};
 use reconcilers::event::{
-    CocoonOk, Envelope, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome,
-    VmEventKind,
+    CocoonOk, Envelope, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome, VmEventKind,
 };
 use reconcilers::keys;
 use reconcilers::phase::{DeleteWait, Phase};
@@ -283,7 +282,7 @@ impl Runner {
                     }
                 }
                 "stream" => self.stream = v != "off",
-                "release" => self.config.release_leases = v != "off",
+                "release" => self.config.release_dhcp_leases = v != "off",
                 "echo" => self.echo = v != "off",
                 "settle" => {}
                 other => panic!("unknown setting {other}"),
