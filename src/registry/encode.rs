@@ -26,6 +26,9 @@ const MIB: u64 = 1 << 20;
 const COMPRESS_MIN: u64 = MIB;
 const MAX_CHUNK_MIB: u32 = 4096;
 
+/// A finished chunk: its index, blob digest, stored size, and whether it was uploaded.
+type ChunkResult = Result<(usize, String, u64, bool), RegistryError>;
+
 /// v2 pushes hold a lot of memory and CPU; one at a time per node.
 static V2_PUSH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -124,7 +127,7 @@ impl Plan {
             )));
         }
         let permits = Arc::new(Semaphore::new(self.workers));
-        let mut tasks: JoinSet<Result<(usize, String, u64, bool), RegistryError>> = JoinSet::new();
+        let mut tasks: JoinSet<ChunkResult> = JoinSet::new();
         let mut results: Vec<Option<(String, u64)>> = vec![None; n];
         let mut remaining = h.size;
         for i in 0..n {
@@ -269,9 +272,7 @@ impl Plan {
     }
 }
 
-fn joined(
-    r: Result<Result<(usize, String, u64, bool), RegistryError>, tokio::task::JoinError>,
-) -> Result<(usize, String, u64, bool), RegistryError> {
+fn joined(r: Result<ChunkResult, tokio::task::JoinError>) -> ChunkResult {
     r.map_err(|e| RegistryError::Local(format!("chunk worker: {e}")))?
 }
 
