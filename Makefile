@@ -9,6 +9,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 ROOT_TESTS := $(foreach f,$(sort $(wildcard tests/*.rs)),$(if $(findstring e2e,$(notdir $(f))),,--test $(basename $(notdir $(f)))))
 
 .PHONY: build test unit e2e demo demo-replay bench bench-e2e lint deps
+.PHONY: bench-snapshot
 
 BENCH_PODS ?= 200
 
@@ -49,6 +50,11 @@ demo-replay:
 # latency; fails only if the node Lease misses a renewal.
 bench-e2e: deps
 	BENCH_PODS=$(BENCH_PODS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_e2e -- --ignored --nocapture
+
+# Push and pull of a 1 GiB snapshot through the loopback registry: MiB/s against cp of the same
+# bytes, RSS growth of the transferring process (figures in docs/bench-snapshot.md).
+bench-snapshot: deps
+	$(CARGO) test -j$(JOBS) --release -p vk-cocoon --test bench_snapshot_e2e -- --ignored --nocapture
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p reconcilers --all-features

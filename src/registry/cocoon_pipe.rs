@@ -265,11 +265,21 @@ pub async fn pull_into_cocoon(
     let res = reg.pull_snapshot(name, tag, &mut stdin, local_name).await;
     let outcome = match res {
         Ok(o) => o,
-        Err(e) => {
+        Err(RegistryError::Local(m)) => {
+            // The import stream broke: most likely the importer stopped reading, and its own
+            // error says why.
+            let verdict = tokio::time::timeout(Duration::from_secs(2), &mut status).await;
             guard.kill_now();
             drop(stdin);
-            // A registry-side failure may also have made the importer exit first: its error
-            // is the consequence, the pull's the cause.
+            return Err(match verdict {
+                Ok(Ok(Err(ce))) => RegistryError::Cocoon(ce),
+                _ => RegistryError::Local(m),
+            });
+        }
+        Err(e) => {
+            // Killed before its input closes: the importer never sees an end of archive.
+            guard.kill_now();
+            drop(stdin);
             return Err(e);
         }
     };

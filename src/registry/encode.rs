@@ -266,8 +266,14 @@ impl Plan {
             .await
             .map_err(|e| local("rewinding the spool file", &e))?;
         let digest = sha256_hex(hasher);
-        reg.upload_if_missing(r, &digest, stored, super::push::file_stream(file), counters)
-            .await?;
+        reg.upload_if_missing(
+            r,
+            &digest,
+            stored,
+            super::spool::file_body(file.into_std().await),
+            counters,
+        )
+        .await?;
         Ok((digest, stored))
     }
 }

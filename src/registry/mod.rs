@@ -8,11 +8,16 @@ mod blob;
 pub mod classify;
 pub mod cocoon_pipe;
 mod encode;
+#[cfg(test)]
+mod fake_registry;
 pub mod manifest;
 pub mod media;
 mod pull;
 mod push;
+#[cfg(test)]
+mod reader_tests;
 pub mod reference;
+mod spool;
 pub mod tar_stream;
 
 use std::path::PathBuf;

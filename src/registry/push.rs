@@ -4,18 +4,17 @@
 //! is added by a second, best-effort PUT of the same tag.
 
 use std::collections::BTreeMap;
-use std::io::SeekFrom;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::stream;
 use oci_client::Reference;
 use sha2::{Digest as _, Sha256};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::AsyncRead;
 
 use super::classify::{self, Format};
 use super::manifest::{ConfigBlob, Descriptor, FileMeta, Manifest};
 use super::tar_stream::{self, EntryHeader, TarReader};
-use super::{encode, media, oci_error, Registry, RegistryError, Target};
+use super::{encode, media, oci_error, spool, Registry, RegistryError, Target};
 use crate::config::SnapshotTransfer;
 
 /// The writer knobs; all zero selects the v1 format.
@@ -327,50 +326,10 @@ impl Registry {
                 .map_err(|e| local("reading the export", e))?;
             return self.push_bytes(r, Bytes::from(body), counters).await;
         }
-        let (file, digest) = self.spool(tar, size).await?;
-        self.upload_if_missing(r, &digest, size, file_stream(file), counters)
+        let (file, digest) = spool::spool_body(&self.spool_dir, tar).await?;
+        self.upload_if_missing(r, &digest, size, spool::file_body(file), counters)
             .await?;
         Ok(digest)
-    }
-
-    /// Copies the current body into an unlinked temp file in the spool directory, hashing it.
-    async fn spool<R: AsyncRead + Unpin>(
-        &self,
-        tar: &mut TarReader<R>,
-        size: u64,
-    ) -> Result<(tokio::fs::File, String), RegistryError> {
-        let std_file = tempfile::tempfile_in(&self.spool_dir).map_err(|e| {
-            local(
-                &format!("creating a spool file in {}", self.spool_dir.display()),
-                e,
-            )
-        })?;
-        let mut file = tokio::fs::File::from_std(std_file);
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; IO_CHUNK];
-        let mut total = 0u64;
-        loop {
-            let n = tar
-                .read_body(&mut buf)
-                .await
-                .map_err(|e| local("reading the export", e))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-            file.write_all(&buf[..n])
-                .await
-                .map_err(|e| local("writing the spool file", e))?;
-            total += n as u64;
-        }
-        debug_assert_eq!(total, size);
-        file.flush()
-            .await
-            .map_err(|e| local("writing the spool file", e))?;
-        file.seek(SeekFrom::Start(0))
-            .await
-            .map_err(|e| local("rewinding the spool file", e))?;
-        Ok((file, sha256_hex(h)))
     }
 
     pub(crate) async fn upload_if_missing<S>(
@@ -451,26 +410,4 @@ fn file_meta(h: &EntryHeader) -> Result<FileMeta, RegistryError> {
             .map_err(|_| RegistryError::Local(format!("{}: sparse size {size:?}", h.name)))?;
     }
     Ok(m)
-}
-
-/// The spooled file as an upload body, read a chunk at a time.
-pub(crate) fn file_stream(
-    file: tokio::fs::File,
-) -> impl futures::Stream<Item = oci_client::errors::Result<Bytes>> + Send + 'static {
-    stream::try_unfold(file, |mut f| async move {
-        let mut buf = BytesMut::zeroed(IO_CHUNK);
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = f.read(&mut buf[filled..]).await?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
-        if filled == 0 {
-            return Ok(None);
-        }
-        buf.truncate(filled);
-        Ok(Some((buf.freeze(), f)))
-    })
 }
