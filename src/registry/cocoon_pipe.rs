@@ -53,6 +53,15 @@ impl GroupGuard {
     }
 }
 
+/// Pipes of 1 MiB instead of 64 KiB: a snapshot crosses them in 16 times fewer wake-ups.
+/// Best effort; the kernel's `pipe-max-size` may refuse it.
+fn widen_pipe(fd: &impl std::os::fd::AsRawFd) {
+    // SAFETY: fcntl on a descriptor we own; failure only leaves the default size.
+    unsafe {
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20);
+    }
+}
+
 fn command(cli: &CocoonCli, argv: &[&str]) -> Command {
     let mut c = Command::new(&cli.bin);
     c.args(argv).kill_on_drop(true).process_group(0);
@@ -206,6 +215,7 @@ pub async fn push_from_cocoon(
         exited: exited.clone(),
     };
     let stdout = child.stdout.take().expect("stdout is piped");
+    widen_pipe(&stdout);
     let stderr = child.stderr.take();
     let status = watch(child, stderr, argv.join(" "), exited);
     let mut export = ExportStream {
@@ -260,6 +270,7 @@ pub async fn pull_into_cocoon(
         exited: exited.clone(),
     };
     let mut stdin = child.stdin.take().expect("stdin is piped");
+    widen_pipe(&stdin);
     let stderr = child.stderr.take();
     let mut status = watch(child, stderr, argv.join(" "), exited);
     let res = reg.pull_snapshot(name, tag, &mut stdin, local_name).await;

@@ -44,11 +44,20 @@ pub async fn spool_body<R: AsyncRead + Unpin>(
     });
     let read = async {
         loop {
+            // Full chunks only: a pipe hands over 64 KiB at a time, and a queue of small
+            // pieces would cost a buffer and a wake-up each.
             let mut buf = BytesMut::zeroed(IO_CHUNK);
-            let n = tar
-                .read_body(&mut buf)
-                .await
-                .map_err(|e| local("reading the export", e))?;
+            let mut n = 0;
+            while n < buf.len() {
+                let got = tar
+                    .read_body(&mut buf[n..])
+                    .await
+                    .map_err(|e| local("reading the export", e))?;
+                if got == 0 {
+                    break;
+                }
+                n += got;
+            }
             if n == 0 {
                 return Ok(());
             }
