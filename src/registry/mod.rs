@@ -34,7 +34,6 @@ pub use pull::PullOutcome;
 pub use push::{PushKnobs, PushOutcome};
 pub use reference::{Base, RelativeRef, Target};
 
-use crate::config::SnapshotTransfer;
 use reconcilers::vm::CocoonError;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +100,6 @@ pub struct Registry {
     http: reqwest::Client,
     auth: RegistryAuth,
     spool_dir: PathBuf,
-    pull_budget_mib: u64,
 }
 
 impl std::fmt::Debug for Registry {
@@ -151,7 +149,6 @@ impl Registry {
             http,
             auth,
             spool_dir: std::env::temp_dir(),
-            pull_budget_mib: 2048,
         })
     }
 
@@ -163,11 +160,6 @@ impl Registry {
 
     pub fn with_auth(mut self, auth: RegistryAuth) -> Self {
         self.auth = auth;
-        self
-    }
-
-    pub fn with_transfer(mut self, t: &SnapshotTransfer) -> Self {
-        self.pull_budget_mib = t.pull_budget_mib;
         self
     }
 

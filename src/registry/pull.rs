@@ -3,8 +3,10 @@
 //! Every check of the reader (artifact type, config type and size, layer types, titles,
 //! `+zstd` and chunk lists only in v2, sizes of encoded files, sparse records) runs on the
 //! manifest and config blob before the first byte goes to the sink. The body then streams
-//! blob by blob, one piece at a time: memory stays at a few network buffers whatever the
-//! snapshot size, so the pull budget is never approached.
+//! blob by blob, one piece at a time, with no prefetch and no parallel decode: memory stays at
+//! a few network buffers and one 256 KiB decode buffer whatever the snapshot or chunk size,
+//! far below any pull budget (`SNAPSHOT_PULL_BUDGET_MIB`), which therefore needs no
+//! accounting here.
 
 use bytes::Bytes;
 use oci_client::Reference;
