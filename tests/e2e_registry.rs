@@ -1,7 +1,8 @@
 //! Snapshot transfer through a real registry (distribution v3 on loopback) and the cocoon
 //! simulator: push of a saved VM's snapshot, the tag's manifest, annotations and config as
 //! the registry serves them, pull into a new local name, clone, tag delete; a tampered blob
-//! refused without a completed import; v1 and v2 pushes of one export pulling identically.
+//! refused without a completed import; v1 and v2 pushes of one export pulling identically; a
+//! cloud image's disk parts streamed into `image import` in title order.
 
 use std::time::Duration;
 
@@ -480,5 +481,104 @@ async fn v1_and_v2_pushes_of_one_export_pull_identically() -> Result<()> {
         .await
         .is_err());
     ensure!(reg.inspect("synth", "cut").await.unwrap().is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloud_image_parts_stream_into_image_import_in_title_order() -> Result<()> {
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    use vk_cocoon::registry::cocoon_pipe::pull_cloud_image_into_cocoon;
+    use vk_cocoon::registry::{Descriptor, Manifest};
+
+    let tb = Testbed::start(TestbedOptions::default().with_registry().with_sim()).await?;
+    let addr = tb.registry.as_ref().unwrap().addr.clone();
+    let reg = registry(&tb)?;
+    let cli = cli(&tb);
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let r: oci_client::Reference = format!("{addr}/snaps/ubuntu:24.04").parse()?;
+    let part0 = [&b"QFI\xfb"[..], &[1u8; 4000]].concat();
+    let part1 = vec![2u8; 3000];
+    let sums = b"checksums, not disk".to_vec();
+    let empty = b"{}".to_vec();
+    let mut layers = Vec::new();
+    // Pushed out of order: the reader sorts disk layers by title.
+    for (mt, title, body) in [
+        (
+            "application/vnd.cocoonstack.disk.qcow2.part",
+            "disk.qcow2.part.1",
+            &part1,
+        ),
+        ("text/plain", "SHA256SUMS", &sums),
+        (
+            "application/vnd.cocoonstack.disk.qcow2.part",
+            "disk.qcow2.part.0",
+            &part0,
+        ),
+    ] {
+        let digest = {
+            use sha2::Digest;
+            format!("sha256:{:x}", sha2::Sha256::digest(body))
+        };
+        client
+            .push_blob(&r, body.clone(), &digest)
+            .await
+            .context("push part")?;
+        let mut d = Descriptor {
+            media_type: mt.into(),
+            digest,
+            size: body.len() as i64,
+            ..Default::default()
+        };
+        d.annotations
+            .insert("org.opencontainers.image.title".into(), title.into());
+        layers.push(d);
+    }
+    let empty_digest = {
+        use sha2::Digest;
+        format!("sha256:{:x}", sha2::Sha256::digest(&empty))
+    };
+    client.push_blob(&r, empty.clone(), &empty_digest).await?;
+    let m = Manifest {
+        schema_version: 2,
+        media_type: OCI_MANIFEST.into(),
+        artifact_type: "application/vnd.cocoonstack.os-image.v1+json".into(),
+        config: Some(Descriptor {
+            media_type: "application/vnd.oci.empty.v1+json".into(),
+            digest: empty_digest,
+            size: 2,
+            ..Default::default()
+        }),
+        layers,
+        ..Default::default()
+    };
+    client
+        .push_manifest_raw(
+            &r,
+            m.to_bytes(),
+            reqwest::header::HeaderValue::from_static(OCI_MANIFEST),
+        )
+        .await?;
+
+    let seen = reg.inspect("ubuntu", "24.04").await.unwrap().unwrap();
+    ensure!(seen.kind == ArtifactKind::CloudImage && seen.config.is_none());
+    let n = pull_cloud_image_into_cocoon(&reg, &cli, "ubuntu", "24.04", "ubuntu:24.04")
+        .await
+        .map_err(|e| anyhow::anyhow!("cloud image pull: {e}"))?;
+    ensure!(n == (part0.len() + part1.len()) as u64);
+    let img: Value = serde_json::from_str(&tb.sim.as_ref().unwrap().run(&[
+        "image",
+        "inspect",
+        "ubuntu:24.04",
+    ])?)?;
+    ensure!(img["type"] == "cloudimg", "{img}");
+    ensure!(img["size"] == n, "{img}");
+    // A tag that does not exist is absent, not a transport error.
+    match reg.pull_cloud_image("ubuntu", "missing", Vec::new()).await {
+        Err(RegistryError::Absent(_)) => {}
+        other => anyhow::bail!("{other:?}"),
+    }
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::oneshot;
 
 use super::pull::{valid_snapshot_name, PullOutcome};
@@ -257,69 +257,120 @@ pub async fn pull_into_cocoon(
         )));
     }
     remove_snapshot(cli, local_name).await?;
-    let argv = ["snapshot", "import", "--name", local_name];
-    let mut child = command(cli, &argv)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| spawn_error(cli, e))?;
-    let exited = Arc::new(AtomicBool::new(false));
-    let mut guard = GroupGuard {
-        pid: child.id(),
-        exited: exited.clone(),
-    };
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    widen_pipe(&stdin);
-    let stderr = child.stderr.take();
-    let mut status = watch(child, stderr, argv.join(" "), exited);
-    let res = reg.pull_snapshot(name, tag, &mut stdin, local_name).await;
-    let outcome = match res {
-        Ok(o) => o,
-        Err(RegistryError::Local(m)) => {
-            // The import stream broke: most likely the importer stopped reading, and its own
-            // error says why.
-            let verdict = tokio::time::timeout(Duration::from_secs(2), &mut status).await;
-            guard.kill_now();
-            drop(stdin);
-            return Err(match verdict {
-                Ok(Ok(Err(ce))) => RegistryError::Cocoon(ce),
-                _ => RegistryError::Local(m),
-            });
-        }
-        Err(e) => {
-            // Killed before its input closes: the importer never sees an end of archive.
-            guard.kill_now();
-            drop(stdin);
-            return Err(e);
-        }
-    };
-    if let Err(e) = stdin.shutdown().await {
-        guard.kill_now();
-        return Err(RegistryError::Local(format!(
-            "closing the import stream: {e}"
+    let mut imp = Importer::spawn(cli, &["snapshot", "import", "--name", local_name])?;
+    let res = reg
+        .pull_snapshot(name, tag, &mut imp.stdin, local_name)
+        .await;
+    imp.finish(res, cli.timeout).await
+}
+
+/// Streams the cloud image `name:tag` (its disk layers, in title order) into
+/// `cocoon image import <image_name>` (CLI-6.3), with the same kill-before-close rule.
+pub async fn pull_cloud_image_into_cocoon(
+    reg: &Registry,
+    cli: &CocoonCli,
+    name: &str,
+    tag: &str,
+    image_name: &str,
+) -> Result<u64, RegistryError> {
+    if image_name.is_empty()
+        || image_name.starts_with('-')
+        || image_name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(RegistryError::Refused(format!(
+            "{image_name:?} is not an image name cocoon can import as"
         )));
     }
-    drop(stdin);
-    let verdict = match tokio::time::timeout(cli.timeout, &mut status).await {
-        Ok(Ok(v)) => v,
-        Ok(Err(_)) => Err(CocoonError::new(
-            CocoonErrorKind::Transient,
-            "the import watcher went away",
-        )),
-        Err(_) => {
-            guard.kill_now();
-            Err(CocoonError::new(
-                CocoonErrorKind::Timeout,
-                format!(
-                    "cocoon snapshot import did not finish within {:?}",
-                    cli.timeout
-                ),
-            ))
+    let mut imp = Importer::spawn(cli, &["image", "import", image_name])?;
+    let res = reg.pull_cloud_image(name, tag, &mut imp.stdin).await;
+    imp.finish(res, cli.timeout).await
+}
+
+/// A cocoon process reading an archive or image on its stdin.
+struct Importer {
+    stdin: ChildStdin,
+    status: oneshot::Receiver<Result<(), CocoonError>>,
+    guard: GroupGuard,
+    what: String,
+}
+
+impl Importer {
+    fn spawn(cli: &CocoonCli, argv: &[&str]) -> Result<Importer, RegistryError> {
+        let mut child = command(cli, argv)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| spawn_error(cli, e))?;
+        let exited = Arc::new(AtomicBool::new(false));
+        let guard = GroupGuard {
+            pid: child.id(),
+            exited: exited.clone(),
+        };
+        let stdin = child.stdin.take().expect("stdin is piped");
+        widen_pipe(&stdin);
+        let stderr = child.stderr.take();
+        let what = argv.join(" ");
+        let status = watch(child, stderr, what.clone(), exited);
+        Ok(Importer {
+            stdin,
+            status,
+            guard,
+            what,
+        })
+    }
+
+    /// After the stream was written (`res`): on success close the input and wait for exit 0;
+    /// on failure kill the importer first, so it never reads an end of input.
+    async fn finish<T>(
+        mut self,
+        res: Result<T, RegistryError>,
+        timeout: Duration,
+    ) -> Result<T, RegistryError> {
+        let value = match res {
+            Ok(v) => v,
+            Err(RegistryError::Local(m)) => {
+                // The stream broke: most likely the importer stopped reading, and its own
+                // error says why.
+                let verdict = tokio::time::timeout(Duration::from_secs(2), &mut self.status).await;
+                self.guard.kill_now();
+                return Err(match verdict {
+                    Ok(Ok(Err(ce))) => RegistryError::Cocoon(ce),
+                    _ => RegistryError::Local(m),
+                });
+            }
+            Err(e) => {
+                self.guard.kill_now();
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.stdin.shutdown().await {
+            self.guard.kill_now();
+            return Err(RegistryError::Local(format!(
+                "closing the input of cocoon {}: {e}",
+                self.what
+            )));
         }
-    };
-    verdict.map_err(RegistryError::Cocoon)?;
-    Ok(outcome)
+        drop(self.stdin);
+        let verdict = match tokio::time::timeout(timeout, &mut self.status).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(_)) => Err(CocoonError::new(
+                CocoonErrorKind::Transient,
+                format!("the watcher of cocoon {} went away", self.what),
+            )),
+            Err(_) => {
+                self.guard.kill_now();
+                Err(CocoonError::new(
+                    CocoonErrorKind::Timeout,
+                    format!("cocoon {} did not finish within {timeout:?}", self.what),
+                ))
+            }
+        };
+        verdict.map_err(RegistryError::Cocoon)?;
+        Ok(value)
+    }
 }
 
 /// `snapshot rm -- <name>`; a snapshot that is not there is already removed, a busy one is
