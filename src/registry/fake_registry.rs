@@ -13,6 +13,7 @@ pub struct Answer {
     pub status: u16,
     pub content_type: String,
     pub body: Vec<u8>,
+    pub headers: Vec<(String, String)>,
 }
 
 #[derive(Clone, Default)]
@@ -57,15 +58,26 @@ impl FakeRegistry {
                             let method = parts.next().unwrap_or("").to_string();
                             let path = parts.next().unwrap_or("").to_string();
                             let path = path.split('?').next().unwrap_or("").to_string();
-                            let answer = routes.lock().unwrap().get(&path).cloned();
+                            let answer = {
+                                let r = routes.lock().unwrap();
+                                r.get(&format!("{method} {path}"))
+                                    .or_else(|| r.get(&path))
+                                    .cloned()
+                            };
                             let a = answer.unwrap_or(Answer {
                                 status: 404,
                                 content_type: "application/json".into(),
                                 body: br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}"#
                                     .to_vec(),
+                                headers: Vec::new(),
                             });
+                            let extra: String = a
+                                .headers
+                                .iter()
+                                .map(|(k, v)| format!("{k}: {v}\r\n"))
+                                .collect();
                             let mut resp = format!(
-                                "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n\r\n",
+                                "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n{extra}\r\n",
                                 a.status,
                                 a.content_type,
                                 a.body.len()
@@ -85,13 +97,26 @@ impl FakeRegistry {
         reg
     }
 
-    pub fn set(&self, path: &str, status: u16, content_type: &str, body: Vec<u8>) {
+    /// `route` is a path, or `METHOD path` for an answer to that method only.
+    pub fn set(&self, route: &str, status: u16, content_type: &str, body: Vec<u8>) {
+        self.set_with_headers(route, status, content_type, body, Vec::new());
+    }
+
+    pub fn set_with_headers(
+        &self,
+        route: &str,
+        status: u16,
+        content_type: &str,
+        body: Vec<u8>,
+        headers: Vec<(String, String)>,
+    ) {
         self.routes.lock().unwrap().insert(
-            path.to_string(),
+            route.to_string(),
             Answer {
                 status,
                 content_type: content_type.to_string(),
                 body,
+                headers,
             },
         );
     }

@@ -1,6 +1,7 @@
 //! The pull path against a stand-in registry: a good v1 artifact streams as cocoon's archive;
 //! every contract violation is refused before a byte reaches the sink; a blob whose bytes do
-//! not match its digest ends the pull with the entry still short and no end-of-archive.
+//! not match its digest ends the pull with the entry still short and no end-of-archive. Also
+//! the answers a tag delete accepts, and its fallback to a delete by digest.
 
 use std::collections::BTreeMap;
 
@@ -297,4 +298,123 @@ async fn an_index_resolves_to_its_linux_amd64_child() {
         .unwrap();
     assert_eq!(out.snapshot_id, "SNAPID");
     assert!(sink.ends_with(&[0u8; 1024]));
+}
+
+#[tokio::test]
+async fn tag_delete_answers_and_the_digest_fallback() {
+    let reg = FakeRegistry::start().await;
+    let r = client(&reg).await;
+    let tag = format!("/v2/{REPO}/manifests/hibernate");
+    reg.set(&format!("DELETE {tag}"), 202, "text/plain", Vec::new());
+    assert_eq!(
+        r.delete_tag("vm-a", "hibernate").await.unwrap(),
+        super::Deleted::Removed
+    );
+    reg.set(
+        &format!("DELETE {tag}"),
+        404,
+        "application/json",
+        br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"x"}]}"#.to_vec(),
+    );
+    assert_eq!(
+        r.delete_tag("vm-a", "hibernate").await.unwrap(),
+        super::Deleted::WasAbsent
+    );
+    reg.set(
+        &format!("DELETE {tag}"),
+        500,
+        "text/plain",
+        b"boom".to_vec(),
+    );
+    assert!(matches!(
+        r.delete_tag("vm-a", "hibernate").await,
+        Err(RegistryError::Transport(_))
+    ));
+
+    // A registry that deletes only by digest: HEAD the tag, delete what it points at.
+    let digest = digest_of(b"the manifest");
+    reg.set(
+        &format!("DELETE {tag}"),
+        400,
+        "application/json",
+        br#"{"errors":[{"code":"UNSUPPORTED","message":"tag deletes unsupported"}]}"#.to_vec(),
+    );
+    reg.set_with_headers(
+        &format!("HEAD {tag}"),
+        200,
+        media::OCI_MANIFEST,
+        b"the manifest".to_vec(),
+        vec![("Docker-Content-Digest".into(), digest.clone())],
+    );
+    reg.set(
+        &format!("DELETE /v2/{REPO}/manifests/{digest}"),
+        202,
+        "text/plain",
+        Vec::new(),
+    );
+    assert_eq!(
+        r.delete_tag("vm-a", "hibernate").await.unwrap(),
+        super::Deleted::Removed
+    );
+    reg.set(&format!("DELETE {tag}"), 405, "text/plain", Vec::new());
+    assert_eq!(
+        r.delete_tag("vm-a", "hibernate").await.unwrap(),
+        super::Deleted::Removed
+    );
+    // The digest delete refused too: an error, never a silent success.
+    reg.set(
+        &format!("DELETE /v2/{REPO}/manifests/{digest}"),
+        405,
+        "text/plain",
+        Vec::new(),
+    );
+    assert!(r.delete_tag("vm-a", "hibernate").await.is_err());
+}
+
+#[tokio::test]
+async fn cloud_image_disks_concatenate_in_title_order() {
+    let reg = FakeRegistry::start().await;
+    let parts: [(&str, &str, &[u8]); 3] = [
+        (
+            "application/vnd.cocoonstack.disk.raw.part",
+            "disk.raw.part.1",
+            b"BBBB",
+        ),
+        ("text/plain", "SHA256SUMS", b"sums"),
+        (
+            "application/vnd.cocoonstack.disk.raw.part",
+            "disk.raw.part.0",
+            b"AAAA",
+        ),
+    ];
+    let mut layers = Vec::new();
+    for (mt, title, body) in parts {
+        layers.push(layer(mt, title, body));
+        reg.blob(REPO, &digest_of(body), body.to_vec());
+    }
+    let m = Manifest {
+        schema_version: 2,
+        media_type: media::OCI_MANIFEST.into(),
+        artifact_type: media::OS_IMAGE.into(),
+        layers,
+        ..Default::default()
+    };
+    reg.manifest(REPO, "24.04", m.to_bytes());
+    let r = client(&reg).await;
+    let mut sink = Vec::new();
+    assert_eq!(
+        r.pull_cloud_image("vm-a", "24.04", &mut sink)
+            .await
+            .unwrap(),
+        8
+    );
+    assert_eq!(sink, b"AAAABBBB");
+    // A snapshot is not a cloud image.
+    publish(&reg, &artifact(), "snap");
+    let mut sink = Vec::new();
+    assert!(matches!(
+        r.pull_cloud_image("vm-a", "snap", &mut sink).await,
+        Err(RegistryError::Refused(_))
+    ));
+    assert!(sink.is_empty());
 }
