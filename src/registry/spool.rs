@@ -1,6 +1,6 @@
 //! The temp file a v1 blob goes through: its digest must be known before the HEAD and the
-//! upload, and the export can be read only once. Hashing and writing run on a blocking thread
-//! fed through a short queue, so reading the export, hashing and writing overlap; the upload
+//! upload, and the export can be read only once. Hashing and writing run on two blocking threads
+//! fed through short queues, so reading the export, hashing and writing overlap; the upload
 //! reads the file back on another blocking thread, a few chunks ahead of the socket. The file
 //! is unlinked from the start: nothing is left behind, whatever happens to the process.
 
@@ -31,16 +31,24 @@ pub async fn spool_body<R: AsyncRead + Unpin>(
 ) -> Result<(std::fs::File, String), RegistryError> {
     let file = tempfile::tempfile_in(dir)
         .map_err(|e| local(&format!("creating a spool file in {}", dir.display()), e))?;
+    // Hashing and writing each take a core's worth of time per GiB; on separate threads
+    // they overlap instead of adding up.
+    let (hash_tx, mut hash_rx) = mpsc::channel::<Bytes>(QUEUE);
     let (tx, mut rx) = mpsc::channel::<Bytes>(QUEUE);
+    let hasher = tokio::task::spawn_blocking(move || {
+        let mut h = Sha256::new();
+        while let Some(b) = hash_rx.blocking_recv() {
+            h.update(&b);
+        }
+        sha256_hex(h)
+    });
     let writer = tokio::task::spawn_blocking(move || {
         let mut file = file;
-        let mut h = Sha256::new();
         while let Some(b) = rx.blocking_recv() {
-            h.update(&b);
             file.write_all(&b)?;
         }
         file.flush()?;
-        Ok::<_, std::io::Error>((file, sha256_hex(h)))
+        Ok::<_, std::io::Error>(file)
     });
     let read = async {
         loop {
@@ -62,7 +70,8 @@ pub async fn spool_body<R: AsyncRead + Unpin>(
                 return Ok(());
             }
             buf.truncate(n);
-            if tx.send(buf.freeze()).await.is_err() {
+            let b = buf.freeze();
+            if hash_tx.send(b.clone()).await.is_err() || tx.send(b).await.is_err() {
                 // The writer stopped; its error is reported below.
                 return Ok(());
             }
@@ -70,12 +79,14 @@ pub async fn spool_body<R: AsyncRead + Unpin>(
     };
     let read_result: Result<(), RegistryError> = read.await;
     drop(tx);
+    drop(hash_tx);
     let written = writer
         .await
         .map_err(|e| local("spool writer", e))?
         .map_err(|e| local("writing the spool file", e));
+    let digest = hasher.await.map_err(|e| local("spool hasher", e))?;
     read_result?;
-    written
+    Ok((written?, digest))
 }
 
 /// The spooled file from its start, as an upload body.
