@@ -224,11 +224,15 @@ impl Registry {
         name: &str,
         tag: &str,
         follow_index: bool,
-    ) -> Result<(Manifest, String), RegistryError> {
+    ) -> Result<Resolved, RegistryError> {
         let r = self.reference(name, &Self::target(tag)?)?;
         let (m, _, digest) = self.get_manifest(&r).await?;
         if !follow_index || classify::classify(&m) != ArtifactKind::Index {
-            return Ok((m, digest));
+            return Ok(Resolved {
+                manifest: m,
+                digest,
+                via_index: false,
+            });
         }
         let child = classify::index_child(&m)
             .ok_or_else(|| {
@@ -249,7 +253,11 @@ impl Registry {
                 "index {r} points at another index"
             )));
         }
-        Ok((cm, digest))
+        Ok(Resolved {
+            manifest: cm,
+            digest,
+            via_index: true,
+        })
     }
 
     /// What `name:tag` holds. `Ok(None)` only when the registry says the tag does not exist.
@@ -259,7 +267,7 @@ impl Registry {
         tag: &str,
     ) -> Result<Option<RemoteSnapshot>, RegistryError> {
         let (m, digest) = match self.resolve(name, tag, true).await {
-            Ok(x) => x,
+            Ok(x) => (x.manifest, x.digest),
             Err(RegistryError::Absent(_)) => return Ok(None),
             Err(e) => return Err(e),
         };
@@ -379,6 +387,14 @@ impl Registry {
             ))),
         }
     }
+}
+
+/// A tag's image manifest, after index resolution.
+struct Resolved {
+    manifest: Manifest,
+    /// Digest of what the tag points at (the index, when it is one).
+    digest: String,
+    via_index: bool,
 }
 
 enum DeleteAnswer {

@@ -17,6 +17,8 @@ use super::classify::{self, Format, PlannedEntry};
 use super::tar_stream;
 use super::{ConfigBlob, Registry, RegistryError, Target};
 
+static HEAVY_PULLS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// What a pull wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PullOutcome {
@@ -71,8 +73,21 @@ impl Registry {
                 "local snapshot name {local_name:?} is not a cocoon snapshot name"
             )));
         }
-        let (m, digest) = self.resolve(name, tag, true).await?;
+        let resolved = self.resolve(name, tag, true).await?;
+        let (m, digest) = (resolved.manifest, resolved.digest);
         let format = classify::check_snapshot_manifest(&m).map_err(RegistryError::Refused)?;
+        // v2 and index pulls are the heavy ones (decode, several blobs per file): two at a
+        // time per node, the others wait here before any byte moves.
+        let _slot = if format == Format::V2 || resolved.via_index {
+            Some(
+                HEAVY_PULLS
+                    .acquire()
+                    .await
+                    .expect("the pull slots are never closed"),
+            )
+        } else {
+            None
+        };
         let config = self.fetch_config(name, &m).await?;
         let plan = classify::plan_import(&m, &config).map_err(RegistryError::Refused)?;
         let r = self.blob_ref(name)?;
@@ -162,7 +177,7 @@ impl Registry {
         tag: &str,
         mut sink: W,
     ) -> Result<u64, RegistryError> {
-        let (m, _) = self.resolve(name, tag, false).await?;
+        let m = self.resolve(name, tag, false).await?.manifest;
         let disks = classify::cloud_disk_layers(&m).map_err(RegistryError::Refused)?;
         let r = self.blob_ref(name)?;
         let mut total = 0u64;
