@@ -4,6 +4,7 @@
 //! group is killed whenever the transfer is dropped or fails, so a cancelled wake or hibernate
 //! leaves no cocoon process behind.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::process::Stdio;
@@ -169,8 +170,6 @@ impl AsyncRead for ExportStream {
     }
 }
 
-use std::future::Future;
-
 impl ExportStream {
     /// The exporter's own verdict, waiting a moment for it: a push that failed because the
     /// stream broke reports why cocoon stopped rather than the broken tar.
@@ -283,7 +282,7 @@ pub async fn pull_cloud_image_into_cocoon(
             "{image_name:?} is not an image name cocoon can import as"
         )));
     }
-    let mut imp = Importer::spawn(cli, &["image", "import", image_name])?;
+    let mut imp = Importer::spawn(cli, &["image", "import", "--", image_name])?;
     let res = reg.pull_cloud_image(name, tag, &mut imp.stdin).await;
     imp.finish(res, cli.timeout).await
 }
