@@ -34,6 +34,7 @@ pub use pull::PullOutcome;
 pub use push::{PushKnobs, PushOutcome};
 pub use reference::{Base, RelativeRef, Target};
 
+use crate::config::SnapshotTransfer;
 use reconcilers::vm::CocoonError;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +101,8 @@ pub struct Registry {
     http: reqwest::Client,
     auth: RegistryAuth,
     spool_dir: PathBuf,
+    /// Largest zstd window a pulled frame may ask for, from the pull budget.
+    window_log_max: u32,
 }
 
 impl std::fmt::Debug for Registry {
@@ -149,12 +152,21 @@ impl Registry {
             http,
             auth,
             spool_dir: std::env::temp_dir(),
+            window_log_max: window_log_for(2048),
         })
     }
 
     /// Where v1 blobs are spooled while they are hashed (`VK_STAGING_DIR` in the daemon).
     pub fn with_spool_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spool_dir = dir.into();
+        self
+    }
+
+    /// The pull budget (`SNAPSHOT_PULL_BUDGET_MIB`). The reader is sequential — no prefetch,
+    /// no parallel decode — so the only memory a pulled artifact can make it take is a zstd
+    /// frame's window; frames that would need more than the budget are refused.
+    pub fn with_transfer(mut self, t: &SnapshotTransfer) -> Self {
+        self.window_log_max = window_log_for(t.pull_budget_mib);
         self
     }
 
@@ -397,6 +409,12 @@ struct Resolved {
     via_index: bool,
 }
 
+/// log2 of the largest window within `budget_mib`, inside zstd's own limits (1 KiB .. 2 GiB).
+fn window_log_for(budget_mib: u64) -> u32 {
+    let bytes = budget_mib.saturating_mul(1 << 20).max(1 << 10);
+    (63 - bytes.leading_zeros()).clamp(10, 31)
+}
+
 enum DeleteAnswer {
     Done(Deleted),
     Unsupported(String),
@@ -426,5 +444,16 @@ pub(crate) fn oci_error(what: &str, e: OciDistributionError) -> RegistryError {
         }
         OciDistributionError::DigestError(_) => RegistryError::Refused(msg),
         _ => RegistryError::Transport(msg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pull_budget_caps_the_zstd_window() {
+        assert_eq!(super::window_log_for(2048), 31);
+        assert_eq!(super::window_log_for(8), 23);
+        assert_eq!(super::window_log_for(1), 20);
+        assert_eq!(super::window_log_for(1 << 30), 31);
     }
 }

@@ -4,9 +4,9 @@
 //! `+zstd` and chunk lists only in v2, sizes of encoded files, sparse records) runs on the
 //! manifest and config blob before the first byte goes to the sink. The body then streams
 //! blob by blob, one piece at a time, with no prefetch and no parallel decode: memory stays at
-//! a few network buffers and one 256 KiB decode buffer whatever the snapshot or chunk size,
-//! far below any pull budget (`SNAPSHOT_PULL_BUDGET_MIB`), which therefore needs no
-//! accounting here.
+//! a few network buffers and one 256 KiB decode buffer whatever the snapshot or chunk size.
+//! The one thing an artifact could still make large is a zstd frame's window; that is capped
+//! by the pull budget (`SNAPSHOT_PULL_BUDGET_MIB`).
 
 use bytes::Bytes;
 use oci_client::Reference;
@@ -132,7 +132,7 @@ impl Registry {
         for piece in &e.pieces {
             let mut blob = VerifiedBlob::open(&self.client, r, &piece.blob).await?;
             let mut decoder = if piece.zstd {
-                Some(ZstdFrame::new()?)
+                Some(ZstdFrame::new(self.window_log_max)?)
             } else {
                 None
             };
@@ -218,8 +218,10 @@ struct ZstdFrame {
 const DECODE_OUT: usize = 256 << 10;
 
 impl ZstdFrame {
-    fn new() -> Result<Self, RegistryError> {
-        let d = zstd::stream::raw::Decoder::new()
+    fn new(window_log_max: u32) -> Result<Self, RegistryError> {
+        let mut d = zstd::stream::raw::Decoder::new()
+            .map_err(|e| RegistryError::Local(format!("zstd decoder: {e}")))?;
+        d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(window_log_max))
             .map_err(|e| RegistryError::Local(format!("zstd decoder: {e}")))?;
         Ok(Self { d, ended: false })
     }
@@ -299,7 +301,7 @@ mod tests {
     fn zstd_frames_decode_across_feeds_and_refuse_garbage() {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let z = zstd::bulk::compress(&data, 3).unwrap();
-        let mut f = ZstdFrame::new().unwrap();
+        let mut f = ZstdFrame::new(27).unwrap();
         let mut got = Vec::new();
         for part in z.chunks(1000) {
             for c in f.feed(Bytes::copy_from_slice(part)).unwrap() {
@@ -308,9 +310,25 @@ mod tests {
         }
         f.finish("d").unwrap();
         assert_eq!(got, data);
-        let mut f = ZstdFrame::new().unwrap();
+        let mut f = ZstdFrame::new(27).unwrap();
         assert!(f.feed(Bytes::from_static(b"definitely not zstd")).is_err());
-        let mut f = ZstdFrame::new().unwrap();
+        // A frame whose window is over the budget is refused, not allocated.
+        let big = {
+            let mut e = zstd::stream::raw::Encoder::new(3).unwrap();
+            use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+            e.set_parameter(zstd::zstd_safe::CParameter::WindowLog(24))
+                .unwrap();
+            let mut out = vec![0u8; 1 << 20];
+            let mut o = OutBuffer::around(&mut out[..]);
+            e.run(&mut InBuffer::around(&data), &mut o).unwrap();
+            e.finish(&mut o, true).unwrap();
+            let n = o.pos();
+            out.truncate(n);
+            out
+        };
+        let mut f = ZstdFrame::new(20).unwrap();
+        assert!(f.feed(Bytes::from(big)).is_err());
+        let mut f = ZstdFrame::new(27).unwrap();
         f.feed(Bytes::copy_from_slice(&z[..z.len() / 2])).unwrap();
         assert!(f.finish("d").is_err());
     }
