@@ -11,7 +11,7 @@ use crate::names;
 use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Retry, Running};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Mode, Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, State, Tracked, VmOwner};
+use crate::state::{CocoonOwner, ForkSave, Lifecycle, State, Tracked, VmOwner};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{delete, keys, lifecycle, outcome, probe, tracking};
 
@@ -47,7 +47,7 @@ pub fn begin(s: &mut State, key: &PodKey) {
     if let Some(e) = s.pods.get_mut(key) {
         e.phase = Phase::Creating(Creating {
             step: CreateStep::RemoveFork,
-            op,
+            op: Some(op),
             since,
             attempts,
             last_failure,
@@ -65,12 +65,25 @@ fn step(s: &mut State, key: &PodKey, next: CreateStep, cmd: CocoonCmd) {
     );
     if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
         c.step = next;
-        c.op = op;
+        c.op = Some(op);
+    }
+}
+
+/// A step that waits for another pod instead of a call of its own.
+fn wait_for_other(s: &mut State, key: &PodKey, next: CreateStep) {
+    if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        c.step = next;
+        c.op = None;
     }
 }
 
 /// The outcome of the step's call (the router checked it is this step's).
 pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    advance(s, key, result);
+    settle_fork_claim(s, key);
+}
+
+fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
     let Some(e) = s.pod(key) else { return };
     let Phase::Creating(c) = &e.phase else { return };
     let (current, cancel) = (c.step.clone(), c.cancel);
@@ -90,7 +103,8 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
-            | CreateStep::InspectNameTaken => {
+            | CreateStep::InspectNameTaken
+            | CreateStep::AwaitForkSave { .. } => {
                 if let Err(err) = &result {
                     count_clone_from_dir_failure(s, &current, &spec, err);
                 }
@@ -239,7 +253,8 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             | CreateStep::InspectSnapshot { .. }
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
-            | CreateStep::RemoveTakenFork { .. }),
+            | CreateStep::RemoveTakenFork { .. }
+            | CreateStep::AwaitForkSave { .. }),
             Ok(other),
         ) => {
             let label = step_label(&failed_step, &spec);
@@ -283,6 +298,7 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
             format!("snapshot save {}", fork())
         }
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
+        CreateStep::AwaitForkSave { name } => format!("snapshot save {name}"),
     }
 }
 
@@ -352,6 +368,23 @@ fn snapshot_found(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, snap
 }
 
 fn fork_source(s: &mut State, key: &PodKey, source: &str) {
+    let name = names::fork_snapshot(source);
+    match s.fork_saves.get_mut(&name) {
+        // Another fork of this source is saving it: clone from that save, never a second one
+        // that would replace the snapshot under the first pod's clone.
+        Some(save) if save.saver != *key => {
+            save.waiting.insert(key.clone());
+            return wait_for_other(s, key, CreateStep::AwaitForkSave { name });
+        }
+        Some(_) => {}
+        None => {
+            let save = ForkSave {
+                saver: key.clone(),
+                waiting: Default::default(),
+            };
+            s.fork_saves.insert(name, save);
+        }
+    }
     let tracked = s
         .vm_names
         .get(source)
@@ -370,6 +403,85 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
                 vm: source.to_string(),
             },
         ),
+    }
+}
+
+/// A pod that claimed a fork save and has left the steps of that save: the save is done
+/// (the pod clones from it) or abandoned. Either way the pods waiting for it move on: to
+/// clone from it, or to look for the snapshot again (and perhaps save it themselves).
+fn settle_fork_claim(s: &mut State, key: &PodKey) {
+    let saving = match s.pod(key).map(|e| &e.phase) {
+        Some(Phase::Creating(c)) => match &c.step {
+            CreateStep::InspectSnapshot { .. }
+            | CreateStep::InspectForkSource
+            | CreateStep::SaveForkSnapshot { .. }
+            | CreateStep::RemoveTakenFork { .. } => true,
+            CreateStep::Clone => false,
+            CreateStep::RemoveFork
+            | CreateStep::PullImage
+            | CreateStep::Run
+            | CreateStep::InspectAfterBoot { .. }
+            | CreateStep::InspectNameTaken
+            | CreateStep::AwaitForkSave { .. } => false,
+        },
+        Some(_) | None => false,
+    };
+    if saving {
+        return;
+    }
+    let saved = matches!(
+        s.pod(key).map(|e| &e.phase),
+        Some(Phase::Creating(Creating {
+            step: CreateStep::Clone,
+            ..
+        }))
+    );
+    release_fork_claims(s, key, saved);
+}
+
+/// Ends every fork save `key` holds; `saved`: the snapshot is there to clone from.
+pub(crate) fn release_fork_claims(s: &mut State, key: &PodKey, saved: bool) {
+    let held: Vec<String> = s
+        .fork_saves
+        .iter()
+        .filter(|(_, f)| f.saver == *key)
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in held {
+        let Some(save) = s.fork_saves.remove(&name) else {
+            continue;
+        };
+        for waiter in save.waiting {
+            let waits = matches!(
+                s.pod(&waiter).map(|e| &e.phase),
+                Some(Phase::Creating(Creating { step: CreateStep::AwaitForkSave { name: n }, op: None, .. })) if *n == name
+            );
+            if !waits {
+                continue;
+            }
+            let Some(spec) = s.pod(&waiter).and_then(|e| e.spec.clone().ok()) else {
+                continue;
+            };
+            if saved {
+                let cmd = clone_cmd(s, &spec, CloneSource::Snapshot(name.clone()), false);
+                step(s, &waiter, CreateStep::Clone, cmd);
+            } else {
+                let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
+                step(
+                    s,
+                    &waiter,
+                    CreateStep::InspectSnapshot { name: name.clone() },
+                    cmd,
+                );
+            }
+        }
+    }
+}
+
+/// A pod waiting for another pod's fork save stops waiting (it is deleted or gone).
+pub(crate) fn stop_waiting(s: &mut State, key: &PodKey) {
+    for save in s.fork_saves.values_mut() {
+        save.waiting.remove(key);
     }
 }
 

@@ -8,7 +8,7 @@ use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk};
 use crate::names;
 use crate::phase::{
-    Call, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase, Terminal, VmTask,
+    Call, Creating, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase, Terminal, VmTask,
 };
 use crate::pod::PodKey;
 use crate::state::{CocoonOwner, KubeOwner, Publish, State, Tracked};
@@ -33,6 +33,11 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
     };
     match &mut e.phase {
         Phase::Waiting | Phase::Failed(_) => without_vm(s, key, object),
+        // Waiting for another pod's fork save, with no call of its own: nothing to wait for.
+        Phase::Creating(Creating { op: None, .. }) => {
+            crate::create::stop_waiting(s, key);
+            without_vm(s, key, object)
+        }
         Phase::Creating(c) => c.cancel = Some(c.cancel.map_or(object, merged)),
         Phase::Running(r) => {
             let vm = r.vm.clone();

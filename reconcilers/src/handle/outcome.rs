@@ -50,7 +50,7 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
     s.touched.insert(key);
     let Some(e) = s.pod(key) else { return };
     match &e.phase {
-        Phase::Creating(c) if c.op == op => create::step_done(s, key, result),
+        Phase::Creating(c) if c.op == Some(op) => create::step_done(s, key, result),
         Phase::Running(Running {
             task: Some(VmTask {
                 call: Call::Out(o), ..

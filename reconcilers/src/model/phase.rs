@@ -53,8 +53,8 @@ pub enum Retry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Creating {
     pub step: CreateStep,
-    /// The step's cocoon call.
-    pub op: OpId,
+    /// The step's cocoon call; `None` while the step waits for another pod's operation.
+    pub op: Option<OpId>,
     /// When the bring-up began (boot duration).
     pub since: Millis,
     pub attempts: u32,
@@ -89,6 +89,11 @@ pub enum CreateStep {
     },
     Clone,
     InspectNameTaken,
+    /// Another pod of the same fork source is saving `name`: this one clones from it once
+    /// that save is done, instead of saving (and replacing) it again.
+    AwaitForkSave {
+        name: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

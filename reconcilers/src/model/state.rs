@@ -52,10 +52,20 @@ pub struct State {
     pub restarts: BTreeMap<String, Millis>,
     /// UIDs vk deleted itself, so a late watch echo does not resurrect the pod.
     pub tombstones: BTreeMap<String, PodKey>,
+    /// Fork snapshots being saved, by name: the pod saving it and the pods waiting to clone
+    /// from it (C9: forks of one source share one fork snapshot).
+    #[serde(default)]
+    pub fork_saves: BTreeMap<String, ForkSave>,
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
     pub(crate) touched: Touched,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkSave {
+    pub saver: PodKey,
+    pub waiting: BTreeSet<PodKey>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +137,7 @@ impl State {
             dhcp_macs: BTreeMap::new(),
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
+            fork_saves: BTreeMap::new(),
             out: Vec::new(),
             touched: Touched::default(),
         }
