@@ -19,6 +19,11 @@ pub struct Metrics {
     lease_release: IntCounterVec,
     wake_ip_wait: IntCounterVec,
     snapshot_pull: IntCounterVec,
+    snapshot_save: IntCounterVec,
+    snapshot_push: IntCounterVec,
+    save_duration: Histogram,
+    push_duration: Histogram,
+    pull_duration: Histogram,
     clone_from_dir: IntCounterVec,
     startup_resume: IntCounterVec,
     boot_duration: HistogramVec,
@@ -69,7 +74,31 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(probe.clone())).expect("unique metric");
+        let seconds = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .expect("valid metric");
+            r.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
+        let save_duration = seconds(
+            "cocoon_vk_snapshot_save_duration_seconds",
+            "Snapshot save time",
+            &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0],
+        );
+        let push_duration = seconds(
+            "cocoon_vk_snapshot_push_duration_seconds",
+            "Registry push time",
+            &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+        );
+        let pull_duration = seconds(
+            "cocoon_vk_snapshot_pull_duration_seconds",
+            "Registry pull time",
+            &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+        );
         Self {
+            save_duration,
+            push_duration,
+            pull_duration,
             pod_lifecycle: counter_vec(
                 &r,
                 "cocoon_vk_pod_lifecycle_total",
@@ -114,6 +143,18 @@ impl Metrics {
                 &r,
                 "cocoon_vk_snapshot_pull_total",
                 "Snapshot pull counts",
+                &["result"],
+            ),
+            snapshot_save: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_save_total",
+                "Snapshot save counts",
+                &["result"],
+            ),
+            snapshot_push: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_push_total",
+                "Snapshot push counts",
                 &["result"],
             ),
             clone_from_dir: counter_vec(
@@ -176,6 +217,12 @@ impl Metrics {
                 self.lease_release.with_label_values(&[result]).inc()
             }
             Counter::UnexpectedOutcome => self.unexpected_outcome.inc(),
+            Counter::SnapshotSave { result } => {
+                self.snapshot_save.with_label_values(&[result]).inc()
+            }
+            Counter::SnapshotPush { result } => {
+                self.snapshot_push.with_label_values(&[result]).inc()
+            }
         }
     }
 
@@ -185,6 +232,15 @@ impl Metrics {
                 .boot_duration
                 .with_label_values(&[mode, backend])
                 .observe(millis as f64 / 1000.0),
+            CoreHistogram::SnapshotSaveDuration => {
+                self.save_duration.observe(millis as f64 / 1000.0)
+            }
+            CoreHistogram::SnapshotPushDuration => {
+                self.push_duration.observe(millis as f64 / 1000.0)
+            }
+            CoreHistogram::SnapshotPullDuration => {
+                self.pull_duration.observe(millis as f64 / 1000.0)
+            }
         }
     }
 

@@ -147,6 +147,13 @@ impl Executor {
                 Level::Warn => tracing::warn!("{message}"),
                 Level::Error => tracing::error!("{message}"),
             },
+            Action::CallRegistry { op, call, .. } => {
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let result = registry_call(&call).await;
+                    let _ = tx.send(Event::RegistryDone { op, result });
+                });
+            }
             Action::RegisterNode | Action::Abort { .. } => {}
         }
     }
@@ -176,4 +183,15 @@ impl Executor {
             let _ = tx.send(Event::KubeDone { op, result });
         });
     }
+}
+
+/// The registry client is wired in by the snapshot transfer module; until then every call
+/// answers that no registry is configured, which the core reports on the pod.
+async fn registry_call(
+    call: &reconcilers::action::RegistryCall,
+) -> Result<reconcilers::event::RegistryOk, reconcilers::event::RegistryError> {
+    Err(reconcilers::event::RegistryError {
+        kind: reconcilers::event::RegistryErrorKind::NotConfigured,
+        message: format!("no registry client for {call:?}: OCI_REGISTRY is not set"),
+    })
 }

@@ -56,7 +56,9 @@ impl Focus {
                 timer: Timer::StaleCreate { name, .. },
             } => self.vm_name.as_deref() == Some(name.as_str()),
             Event::TimerFired { timer } => timer_key(timer) == Some(&self.key),
-            Event::CocoonDone { op, .. } | Event::KubeDone { op, .. } => self.ops.remove(op),
+            Event::CocoonDone { op, .. }
+            | Event::KubeDone { op, .. }
+            | Event::RegistryDone { op, .. } => self.ops.remove(op),
             Event::VmStream { vm, .. } => {
                 before.vm_ids.get(&vm.id) == Some(&self.key)
                     || before.vm_names.get(&vm.name) == Some(&self.key)
@@ -68,7 +70,9 @@ impl Focus {
 
     pub fn action(&mut self, a: &Action) -> bool {
         let (key, op) = match a {
-            Action::RunCocoon { op, key, .. } => (key.as_ref(), Some(*op)),
+            Action::RunCocoon { op, key, .. } | Action::CallRegistry { op, key, .. } => {
+                (key.as_ref(), Some(*op))
+            }
             Action::PatchPod { op, key, .. } | Action::DeletePod { op, key, .. } => {
                 (Some(key), Some(*op))
             }

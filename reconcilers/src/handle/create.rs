@@ -2,16 +2,16 @@
 //! is out at a time; its outcome picks the next step, a Running pod, a Failed pod, or — when
 //! a delete came meanwhile — hands the pod to the delete.
 
-use crate::action::{Action, Counter, EventType, Histogram, Level, Timer};
+use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::config::RestoreMode;
-use crate::event::{CocoonOk, SnapshotInfo};
+use crate::event::{CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo};
 use crate::names;
 use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Retry, Running};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Mode, Os, VmSpec};
-use crate::state::{CocoonOwner, ForkSave, Lifecycle, State, Tracked, VmOwner};
+use crate::state::{CocoonOwner, ForkSave, Lifecycle, RegistryOwner, State, Tracked, VmOwner};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{delete, keys, lifecycle, outcome, probe, tracking};
 
@@ -49,6 +49,7 @@ pub fn begin(s: &mut State, key: &PodKey) {
             step: CreateStep::RemoveFork,
             op: Some(op),
             since,
+            step_since: since,
             attempts,
             last_failure,
             cancel: None,
@@ -104,6 +105,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
             | CreateStep::InspectNameTaken
+            | CreateStep::PullSnapshot { .. }
             | CreateStep::AwaitForkSave { .. } => {
                 if let Err(err) = &result {
                     count_clone_from_dir_failure(s, &current, &spec, err);
@@ -189,18 +191,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             }),
         ) => match &spec.fork_from {
             Some(source) => fork_source(s, key, source),
-            None => {
-                s.emit(Action::Count {
-                    counter: Counter::SnapshotPull {
-                        result: "failed".into(),
-                    },
-                });
-                fail(
-                        s,
-                        key,
-                        format!("snapshot {name:?} is not on this node and no registry pull is available in this build"),
-                    )
-            }
+            None => pull(s, key, &spec, name),
         },
         (CreateStep::InspectForkSource, Ok(CocoonOk::Vm { vm })) => {
             save_fork(s, key, &vm.name, vm.id, false)
@@ -254,6 +245,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
+            | CreateStep::PullSnapshot { .. }
             | CreateStep::AwaitForkSave { .. }),
             Ok(other),
         ) => {
@@ -299,6 +291,7 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         }
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
         CreateStep::AwaitForkSave { name } => format!("snapshot save {name}"),
+        CreateStep::PullSnapshot { repo, tag, .. } => format!("pull {repo}:{tag}"),
     }
 }
 
@@ -333,6 +326,100 @@ fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
                     CocoonCmd::SnapshotInspect { name },
                 );
             }
+        }
+    }
+}
+
+/// C8.3: the clone base is missing here; with a registry it is pulled into the local name
+/// the image maps to, then inspected again; without one the bring-up fails.
+fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
+    if s.config.registry.is_none() {
+        s.emit(Action::Count {
+            counter: Counter::SnapshotPull {
+                result: "failed".into(),
+            },
+        });
+        let msg = format!(
+            "snapshot {name:?} is not on this node and OCI_REGISTRY is not set, so it cannot be pulled"
+        );
+        return fail(s, key, msg);
+    }
+    let (_, repo, tag) = names::image_snapshot_name(&spec.image);
+    let call = RegistryCall::Pull {
+        name: repo.clone(),
+        tag: tag.clone(),
+        local: name.clone(),
+    };
+    let op = s.call_registry(
+        RegistryOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        call,
+    );
+    let now = s.now;
+    if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        c.step = CreateStep::PullSnapshot { name, repo, tag };
+        c.op = Some(op);
+        c.step_since = now;
+    }
+}
+
+/// The outcome of the bring-up's registry call (the router checked it is this step's).
+pub(crate) fn registry_step_done(
+    s: &mut State,
+    key: &PodKey,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Creating(c) = &e.phase else { return };
+    let (step_now, since, cancel) = (c.step.clone(), c.step_since, c.cancel);
+    let CreateStep::PullSnapshot { name, repo, tag } = step_now else {
+        let what = format!("pod {key}: a registry outcome for step {step_now:?}");
+        return outcome::unexpected(s, &what);
+    };
+    if let Some(object) = cancel {
+        return delete::without_vm(s, key, object);
+    }
+    match result {
+        Ok(RegistryOk::Pulled) => {
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotPullDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            // The pulled snapshot's record (backend, base image) decides the clone.
+            let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
+            step(s, key, CreateStep::InspectSnapshot { name }, cmd);
+        }
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: pull of {repo}:{tag} answered {other:?}"),
+            );
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPull {
+                    result: "failed".into(),
+                },
+            });
+            fail(
+                s,
+                key,
+                format!("pull {repo}:{tag}: unexpected answer from the registry client"),
+            )
+        }
+        Err(err) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPull {
+                    result: "failed".into(),
+                },
+            });
+            let msg = match err.kind {
+                RegistryErrorKind::Absent => format!(
+                    "snapshot {name:?} is not on this node and {repo}:{tag} is not in the registry"
+                ),
+                RegistryErrorKind::NotConfigured
+                | RegistryErrorKind::Refused
+                | RegistryErrorKind::Failed => format!("pull {repo}:{tag}: {}", err.message),
+            };
+            fail(s, key, msg)
         }
     }
 }
@@ -422,6 +509,7 @@ fn settle_fork_claim(s: &mut State, key: &PodKey) {
             | CreateStep::Run
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::InspectNameTaken
+            | CreateStep::PullSnapshot { .. }
             | CreateStep::AwaitForkSave { .. } => false,
         },
         Some(_) | None => false,
@@ -495,7 +583,7 @@ fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String, again: bool)
 
 /// The holder of a taken snapshot name: the token after `already in use by ` (or `held by
 /// `), trailing `)` stripped (CLI-3).
-fn taken_by(message: &str) -> Option<String> {
+pub(crate) fn taken_by(message: &str) -> Option<String> {
     let lower = message.to_ascii_lowercase();
     let at = ["already in use by ", "held by "]
         .iter()

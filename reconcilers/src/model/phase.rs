@@ -57,6 +57,9 @@ pub struct Creating {
     pub op: Option<OpId>,
     /// When the bring-up began (boot duration).
     pub since: Millis,
+    /// When the step under way began, for steps whose duration is observed (a pull).
+    #[serde(default)]
+    pub step_since: Millis,
     pub attempts: u32,
     /// The previous attempt's error: still what the pod shows until this one succeeds.
     pub last_failure: Option<String>,
@@ -89,6 +92,13 @@ pub enum CreateStep {
     },
     Clone,
     InspectNameTaken,
+    /// C8.3: the clone base is not on this node: pull `<repo>:<tag>` from the registry into
+    /// the local snapshot `name`.
+    PullSnapshot {
+        name: String,
+        repo: String,
+        tag: String,
+    },
     /// Another pod of the same fork source is saving `name`: this one clones from it once
     /// that save is done, instead of saving (and replacing) it again.
     AwaitForkSave {
@@ -207,9 +217,24 @@ impl EvictReason {
 pub struct Deleting {
     pub vm: Tracked,
     pub wait: DeleteWait,
-    /// Failed `vm rm` calls in a row.
+    /// Failed attempts in a row (of the snapshot or of the removal).
     pub failures: u32,
     pub object: Object,
+    /// What runs next, and what the retry timer runs again.
+    pub stage: DeleteStage,
+    /// When the snapshot step under way began (save and push durations).
+    pub since: Millis,
+    /// Why the delete is held: the delete-time snapshot failed and the VM is kept (D4).
+    pub blocked: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeleteStage {
+    /// Save the VM and push it to `<vm>:latest` first, if the snapshot policy says so (D4).
+    Snapshot,
+    /// Remove the VM (D5).
+    Remove,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,8 +242,15 @@ pub struct Deleting {
 pub enum DeleteWait {
     /// A VM task's call was out when the delete came; its outcome starts the removal.
     Task(OpId),
+    /// `snapshot save --name <vm>`.
+    Save(OpId),
+    /// The name was taken and its holder removed: the second save, whose refusal is final.
+    SaveAgain(OpId),
+    RemoveTakenSave(OpId),
+    /// The push to `<vm>:latest`.
+    Push(OpId),
     RemoveVm(OpId),
-    /// `vm rm` failed; the delete-retry timer runs it again.
+    /// The last attempt failed; the delete-retry timer runs the stage again.
     Retry,
 }
 

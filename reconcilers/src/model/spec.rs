@@ -89,6 +89,54 @@ pub struct VmSpec {
     pub static_ip: Option<String>,
 }
 
+/// A pod's role in its CocoonSet (ANN-2.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Main,
+    SubAgent,
+    Toolbox,
+}
+
+impl VmSpec {
+    /// ANN-2.4: slot N of `vk-<namespace>-<cocoonset>-<N>` under a CocoonSet owner; slot 0 is
+    /// the main agent, any other slot a sub-agent, anything else a toolbox.
+    pub fn role(&self, pod: &PodView) -> Role {
+        let set = pod
+            .owners
+            .iter()
+            .find(|o| o.kind == "CocoonSet")
+            .map(|o| o.name.as_str())
+            .unwrap_or_default();
+        let prefix = format!("vk-{}-{set}-", pod.namespace);
+        let slot = self
+            .vm_name
+            .strip_prefix(&prefix)
+            .filter(|_| !set.is_empty());
+        match slot {
+            Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                match n.trim_start_matches('0').is_empty() {
+                    true => Role::Main,
+                    false => Role::SubAgent,
+                }
+            }
+            Some(_) | None => Role::Toolbox,
+        }
+    }
+
+    /// D4 / ANN-2.5: whether DeletePod saves and pushes this VM to `<vm>:latest`.
+    pub fn snapshot_on_delete(&self, pod: &PodView) -> bool {
+        // macOS guests are never pushed; unmanaged VMs are not vk's to save.
+        if !self.managed || self.os == Os::Macos {
+            return false;
+        }
+        match self.snapshot_policy {
+            SnapshotPolicy::Never => false,
+            SnapshotPolicy::MainOnly => self.role(pod) == Role::Main,
+            SnapshotPolicy::Always => true,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecError {
     /// The annotation key or pod field at fault.
