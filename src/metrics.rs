@@ -21,6 +21,10 @@ pub struct Metrics {
     snapshot_pull: IntCounterVec,
     snapshot_save: IntCounterVec,
     snapshot_push: IntCounterVec,
+    hibernate: IntCounterVec,
+    wake: IntCounterVec,
+    snapshot_verify: IntCounterVec,
+    hibernate_evidence: IntCounterVec,
     save_duration: Histogram,
     push_duration: Histogram,
     pull_duration: Histogram,
@@ -157,6 +161,30 @@ impl Metrics {
                 "Snapshot push counts",
                 &["result"],
             ),
+            hibernate: counter_vec(
+                &r,
+                "cocoon_vk_hibernate_total",
+                "Hibernate stage outcomes",
+                &["phase", "result"],
+            ),
+            wake: counter_vec(
+                &r,
+                "cocoon_vk_wake_total",
+                "Wake operation outcomes",
+                &["result"],
+            ),
+            snapshot_verify: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_verify_total",
+                "Wake-time verification of the local snapshot against the registry tag",
+                &["result"],
+            ),
+            hibernate_evidence: counter_vec(
+                &r,
+                "cocoon_vk_hibernate_evidence_total",
+                "Fresh boots intercepted by hibernate evidence",
+                &["verdict"],
+            ),
             clone_from_dir: counter_vec(
                 &r,
                 "cocoon_vk_clone_from_dir_total",
@@ -222,6 +250,16 @@ impl Metrics {
             }
             Counter::SnapshotPush { result } => {
                 self.snapshot_push.with_label_values(&[result]).inc()
+            }
+            Counter::Hibernate { phase, result } => {
+                self.hibernate.with_label_values(&[phase, result]).inc()
+            }
+            Counter::Wake { result } => self.wake.with_label_values(&[result]).inc(),
+            Counter::SnapshotVerify { result } => {
+                self.snapshot_verify.with_label_values(&[result]).inc()
+            }
+            Counter::HibernateEvidence { verdict } => {
+                self.hibernate_evidence.with_label_values(&[verdict]).inc()
             }
         }
     }

@@ -21,7 +21,8 @@ fn timer_key(t: &Timer) -> Option<&PodKey> {
         | Timer::IpWait { key, .. }
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
-        | Timer::EvictRetry { key, .. } => Some(key),
+        | Timer::EvictRetry { key, .. }
+        | Timer::HibernateRetry { key, .. } => Some(key),
         Timer::StaleCreate { .. } | Timer::Sweep => None,
     }
 }

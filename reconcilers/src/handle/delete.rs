@@ -55,6 +55,8 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
                 | None => with_vm(s, key, vm, object),
             }
         }
+        Phase::Hibernating(h) => h.cancel = Some(h.cancel.map_or(object, merged)),
+        Phase::Hibernated => hibernated_deleted(s, key, object),
         Phase::Evicting(ev) => match ev.delete {
             // The eviction's own delete is out; its outcome continues (W6, then this).
             Some(_) => ev.cancel = Some(ev.cancel.map_or(object, merged)),
@@ -115,6 +117,37 @@ pub(crate) fn with_new_vm(s: &mut State, key: &PodKey, vm: Tracked, object: Obje
     e.phase = Phase::Deleting(d);
     tracking::indexed(s, key);
     next_step(s, key);
+}
+
+/// D3: a hibernated pod has no VM: its local snapshots go unless kept (the keep flag is the
+/// released-seat wake's warm cache), nothing is pushed, and no Event is written.
+fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
+    let Some(e) = s.pod(key) else { return };
+    let keep = e
+        .spec
+        .as_ref()
+        .map(|sp| sp.keep_snapshot_on_delete)
+        .unwrap_or(true);
+    let name = e.vm_name().map(str::to_string);
+    if let (false, Some(name)) = (keep, name) {
+        remove_local_snapshots(s, key, &name);
+    }
+    let reason = if keep { "seat_release" } else { "no_vm" };
+    finish_counted(s, key, object, "skipped", reason)
+}
+
+pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
+    for snap in [name.to_string(), names::fork_snapshot(name)] {
+        let owner = CocoonOwner::Detached {
+            what: format!("snapshot rm {snap}"),
+            release: None,
+        };
+        s.run_cocoon(
+            owner,
+            Some(key.clone()),
+            CocoonCmd::SnapshotRm { name: snap },
+        );
+    }
 }
 
 /// The pod is being deleted and has no VM: its delete is done.
@@ -512,6 +545,8 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {}
@@ -521,6 +556,10 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
 /// The VM is handled: the pod ends Succeeded (D8), or, its object gone, the entry waits to
 /// be collected.
 fn finish(s: &mut State, key: &PodKey, object: Object, reason: &str) {
+    finish_counted(s, key, object, "ok", reason)
+}
+
+fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: &str, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     s.touched.insert(key);
     match object {
@@ -533,7 +572,7 @@ fn finish(s: &mut State, key: &PodKey, object: Object, reason: &str) {
             s.emit(Action::Count {
                 counter: Counter::PodLifecycle {
                     op: "delete".into(),
-                    result: "ok".into(),
+                    result: result.into(),
                     reason: reason.into(),
                 },
             });
@@ -580,6 +619,8 @@ pub(crate) fn object_deleted(
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {

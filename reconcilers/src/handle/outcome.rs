@@ -9,7 +9,7 @@ use crate::phase::{Call, DeleteWait, Phase, Running, VmTask};
 use crate::pod::PodKey;
 use crate::state::{CocoonOwner, KubeOwner, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
-use crate::{create, delete, dhcp, evict, publish, stale_create, sweep, vm_events};
+use crate::{create, delete, dhcp, evict, hibernate, publish, stale_create, sweep, vm_events};
 
 /// An outcome the core cannot place: logged as an error and counted.
 pub(crate) fn unexpected(s: &mut State, what: &str) {
@@ -64,10 +64,13 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
         Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(o) | DeleteWait::SaveAgain(o) | DeleteWait::RemoveTakenSave(o) if o == op) => {
             delete::save_done(s, key, result)
         }
+        Phase::Hibernating(h) if h.op == op => hibernate::step_done(s, key, result),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Evicting(_)
         | Phase::Deleting(_)
         | Phase::Terminal(_)
@@ -143,11 +146,14 @@ fn pod_registry_done(
     let Some(e) = s.pod(key) else { return };
     match &e.phase {
         Phase::Deleting(d) if d.wait == DeleteWait::Push(op) => delete::push_done(s, key, result),
+        Phase::Hibernating(h) if h.op == op => hibernate::push_done(s, key, result),
         Phase::Creating(c) if c.op == Some(op) => create::registry_step_done(s, key, result),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Evicting(_)
         | Phase::Deleting(_)
         | Phase::Terminal(_)

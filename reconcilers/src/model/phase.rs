@@ -22,6 +22,10 @@ pub enum Phase {
     Creating(Creating),
     /// The pod has its VM.
     Running(Running),
+    /// The VM is being saved, pushed to `<vm>:hibernate` and removed (U3).
+    Hibernating(Hibernating),
+    /// The VM's state is in the registry and the VM is gone; the pod waits to be woken (S1).
+    Hibernated,
     /// The VM is gone or removed; the pod object is being deleted (W6).
     Evicting(Evicting),
     /// The pod is being deleted and its VM is being removed.
@@ -38,6 +42,9 @@ pub struct Failed {
     /// Bring-up attempts so far (P3 gives up after 20).
     pub attempts: u32,
     pub retry: Retry,
+    /// What the failed bring-up was for: a failed wake is retried as a wake.
+    #[serde(default)]
+    pub purpose: Purpose,
 }
 
 /// What starts the next attempt of a failed pod.
@@ -65,6 +72,26 @@ pub struct Creating {
     pub last_failure: Option<String>,
     /// A delete came while the step was out; the step's outcome hands the pod over to it.
     pub cancel: Option<Object>,
+    /// What the bring-up is for.
+    #[serde(default)]
+    pub purpose: Purpose,
+    /// A local snapshot made for this bring-up only (a registry import), removed once the
+    /// VM is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch: Option<String>,
+}
+
+/// Why a pod is brought up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// A new VM (C3).
+    #[default]
+    Fresh,
+    /// A hibernated pod woken in place (U5).
+    Wake,
+    /// A new pod restoring a hibernated VM (C11, the restore marker).
+    Restore,
 }
 
 /// One step of a bring-up; its outcome picks the next.
@@ -98,6 +125,21 @@ pub enum CreateStep {
         name: String,
         repo: String,
         tag: String,
+    },
+    /// U6: the local `<vm>` snapshot left by the hibernate, if any.
+    InspectLocal {
+        name: String,
+    },
+    /// U6: the registry's `<vm>:hibernate`, to verify the local copy (`local_id`) against.
+    VerifyRemote {
+        name: String,
+        local_id: String,
+        local_image: String,
+    },
+    /// U6: `<vm>:hibernate` pulled into `import`.
+    PullHibernate {
+        name: String,
+        import: String,
     },
     /// Another pod of the same fork source is saving `name`: this one clones from it once
     /// that save is done, instead of saving (and replacing) it again.
@@ -158,12 +200,14 @@ pub enum IpWait {
     Clone,
     Run,
     Adopt,
+    /// A woken VM (U7): like a clone, 45 s, with the wake's metrics and Events.
+    Wake,
 }
 
 impl IpWait {
     pub fn has_deadline(self) -> bool {
         match self {
-            IpWait::Clone => true,
+            IpWait::Clone | IpWait::Wake => true,
             IpWait::Run | IpWait::Adopt => false,
         }
     }
@@ -173,6 +217,7 @@ impl IpWait {
             IpWait::Clone => "clone",
             IpWait::Run => "run",
             IpWait::Adopt => "adopt",
+            IpWait::Wake => "wake",
         }
     }
 }
@@ -189,6 +234,32 @@ pub struct Evicting {
     pub delete: Option<OpId>,
     /// A delete of the pod came while the eviction's call was out.
     pub cancel: Option<Object>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hibernating {
+    /// The pod as it ran: a failed hibernate goes back to it (U4).
+    pub running: Running,
+    pub step: HibernateStep,
+    pub op: OpId,
+    /// When the step under way began (save and push durations).
+    pub since: Millis,
+    /// Hibernates tried in a row without success, for the retry's backoff.
+    pub attempts: u32,
+    /// A delete came while the step was out; its outcome hands the pod over to it.
+    pub cancel: Option<Object>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HibernateStep {
+    Save,
+    /// The name was taken and its holder removed: the second save, whose refusal is final.
+    SaveAgain,
+    RemoveTakenSave,
+    Push,
+    /// `vm rm`: the `id` and `ip` annotations are already withdrawn.
+    Remove,
 }
 
 /// Why a pod was evicted: the container's terminated reason (S6).
@@ -302,10 +373,12 @@ impl Phase {
         match self {
             Phase::Running(r) => Some(&r.vm),
             Phase::Evicting(e) => Some(&e.running.vm),
+            Phase::Hibernating(h) => Some(&h.running.vm),
             Phase::Deleting(d) => Some(&d.vm),
             Phase::Waiting
             | Phase::Failed(_)
             | Phase::Creating(_)
+            | Phase::Hibernated
             | Phase::Terminal(_)
             | Phase::Gone(_) => None,
         }
@@ -315,10 +388,12 @@ impl Phase {
         match self {
             Phase::Running(r) => Some(&mut r.vm),
             Phase::Evicting(e) => Some(&mut e.running.vm),
+            Phase::Hibernating(h) => Some(&mut h.running.vm),
             Phase::Deleting(d) => Some(&mut d.vm),
             Phase::Waiting
             | Phase::Failed(_)
             | Phase::Creating(_)
+            | Phase::Hibernated
             | Phase::Terminal(_)
             | Phase::Gone(_) => None,
         }
@@ -331,7 +406,12 @@ impl Phase {
             Phase::Deleting(d) => d.object == Object::Gone,
             Phase::Creating(c) => c.cancel == Some(Object::Gone),
             Phase::Evicting(e) => e.cancel == Some(Object::Gone),
-            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Terminal(_) => false,
+            Phase::Hibernating(h) => h.cancel == Some(Object::Gone),
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Running(_)
+            | Phase::Hibernated
+            | Phase::Terminal(_) => false,
         }
     }
 
@@ -341,8 +421,9 @@ impl Phase {
             Phase::Deleting(_) | Phase::Gone(_) => true,
             Phase::Creating(c) => c.cancel.is_some(),
             Phase::Evicting(e) => e.cancel.is_some(),
+            Phase::Hibernating(h) => h.cancel.is_some(),
             Phase::Terminal(t) => t.object != ObjectDelete::NotAsked,
-            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) => false,
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Hibernated => false,
         }
     }
 
@@ -353,9 +434,10 @@ impl Phase {
             Phase::Gone(_) => true,
             Phase::Creating(c) => c.cancel.is_some(),
             Phase::Evicting(e) => e.delete.is_some() || e.cancel == Some(Object::Gone),
+            Phase::Hibernating(h) => h.cancel.is_some(),
             Phase::Deleting(d) => d.object == Object::Gone || d.wait != DeleteWait::Retry,
             Phase::Terminal(t) => matches!(t.object, ObjectDelete::Out(_)),
-            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) => false,
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Hibernated => false,
         }
     }
 
@@ -371,7 +453,13 @@ impl Phase {
                     ..
                 })
             ),
-            Phase::Evicting(_) | Phase::Deleting(_) | Phase::Terminal(_) | Phase::Gone(_) => false,
+            // A hibernating pod gives its VM up itself, once its state is in the registry.
+            Phase::Hibernating(_)
+            | Phase::Hibernated
+            | Phase::Evicting(_)
+            | Phase::Deleting(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => false,
         }
     }
 
@@ -382,6 +470,8 @@ impl Phase {
             Phase::Failed(_) => "failed",
             Phase::Creating(_) => "creating",
             Phase::Running(_) => "running",
+            Phase::Hibernating(_) => "hibernating",
+            Phase::Hibernated => "hibernated",
             Phase::Evicting(_) => "evicting",
             Phase::Deleting(_) => "deleting",
             Phase::Terminal(_) => "terminal",

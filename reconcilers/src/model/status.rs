@@ -185,6 +185,8 @@ impl<'a> Desired<'a> {
                 Phase::Creating(c) => c.last_failure.as_ref(),
                 Phase::Waiting
                 | Phase::Running(_)
+                | Phase::Hibernating(_)
+                | Phase::Hibernated
                 | Phase::Evicting(_)
                 | Phase::Deleting(_)
                 | Phase::Terminal(_)
@@ -223,6 +225,8 @@ impl<'a> Desired<'a> {
             | Phase::Failed(_)
             | Phase::Creating(_)
             | Phase::Running(_)
+            | Phase::Hibernating(_)
+            | Phase::Hibernated
             | Phase::Evicting(_)
             | Phase::Terminal(_)
             | Phase::Gone(_) => None,

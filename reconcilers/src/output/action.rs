@@ -24,6 +24,12 @@ pub enum Timer {
     KubeRetry { key: PodKey, uid: String },
     /// Retry a failed VM removal of a pod being deleted.
     DeleteRetry { key: PodKey, uid: String },
+    /// Try a failed hibernate again while `hibernate=true` remains (U4).
+    HibernateRetry {
+        key: PodKey,
+        uid: String,
+        attempt: u32,
+    },
     /// Retry the eviction delete (W6: 2 tries).
     EvictRetry { key: PodKey, uid: String },
     /// Compare `cocoon vm list` with the tracked VMs (R11).
@@ -104,6 +110,19 @@ pub enum Counter {
     },
     SnapshotPush {
         result: String,
+    },
+    Hibernate {
+        phase: String,
+        result: String,
+    },
+    Wake {
+        result: String,
+    },
+    SnapshotVerify {
+        result: String,
+    },
+    HibernateEvidence {
+        verdict: String,
     },
 }
 

@@ -36,6 +36,7 @@ pub fn timer(t: &Timer) -> String {
         Timer::KubeRetry { key, .. } => ("kube-retry", key),
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
+        Timer::HibernateRetry { key, .. } => ("hibernate-retry", key),
         Timer::StaleCreate { id, .. } => return format!("stale-create {id}"),
         Timer::Sweep => return "sweep".into(),
     };
@@ -62,6 +63,14 @@ pub fn counter(c: &Counter) -> String {
         Counter::UnexpectedOutcome => "unexpected_outcome".into(),
         Counter::SnapshotSave { result } => format!("snapshot_save{{result={result}}}"),
         Counter::SnapshotPush { result } => format!("snapshot_push{{result={result}}}"),
+        Counter::Hibernate { phase, result } => {
+            format!("hibernate{{phase={phase},result={result}}}")
+        }
+        Counter::Wake { result } => format!("wake{{result={result}}}"),
+        Counter::SnapshotVerify { result } => format!("snapshot_verify{{result={result}}}"),
+        Counter::HibernateEvidence { verdict } => {
+            format!("hibernate_evidence{{verdict={verdict}}}")
+        }
     }
 }
 

@@ -793,6 +793,8 @@ fn busy(phase: &Phase) -> String {
             DeleteWait::Retry => "-".into(),
         },
         Phase::Evicting(e) if e.delete.is_none() => "remove_for_evict".into(),
+        Phase::Hibernating(h) => format!("hibernate_{:?}", h.step).to_lowercase(),
+        Phase::Hibernated => "hibernated".into(),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Evicting(_)
