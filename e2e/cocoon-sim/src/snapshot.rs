@@ -1,4 +1,5 @@
-//! Snapshot verbs (CLI-6.15–CLI-6.19) and the archive envelope (CLI-9). Payload files are
+//! Snapshot verbs (CLI-6.15–CLI-6.19) and the archive envelope (CLI-9). The disk is the VM's
+//! real sparse disk file, guest filesystem included; the memory and device-state files are
 //! small stand-ins named like cocoon's; `cocoon.json` carries the source NIC MACs for
 //! Firecracker clones.
 
@@ -10,6 +11,7 @@ use std::path::Path;
 
 use crate::cli::SnapCmd;
 use crate::config::Env;
+use crate::disk;
 use crate::error::{fail, Context, Error, Result};
 use crate::faults;
 use crate::guest;
@@ -19,6 +21,7 @@ use crate::model::{
 };
 use crate::names;
 use crate::output::{self, log};
+use crate::sparse;
 use crate::store::{self, Db, Resolve, Store};
 use crate::timefmt::{now_ns, rfc3339_nano};
 use crate::{exact_args, min_args};
@@ -92,12 +95,13 @@ pub fn source_macs_in(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-pub fn write_payload(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -> Result<()> {
+/// The snapshot's files besides its disk.
+fn write_state(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -> Result<()> {
     fs::create_dir_all(dir)?;
     let files: &[&str] = if hypervisor == FC {
-        &["vmstate", "mem", "cow.raw"]
+        &["vmstate", "mem"]
     } else {
-        &["config.json", "state.json", "memory-ranges", "cow.raw"]
+        &["config.json", "state.json", "memory-ranges"]
     };
     for f in files {
         fs::write(dir.join(f), format!("cocoon-sim {f} of {source_vm}\n"))?;
@@ -222,7 +226,12 @@ fn save(env: &Env, name: String, description: String, args: &[String]) -> Result
     insert_pending(&store, &cfg, &macs, "save snapshot")?;
     fx.sleep();
     let dir = env.snapshot_dir(&id);
-    if let Err(e) = write_payload(&dir, &vm.hypervisor, &vm.id, &macs) {
+    let captured = write_state(&dir, &vm.hypervisor, &vm.id, &macs).and_then(|()| {
+        let disk = disk::flush_guestfs(&vm)?;
+        let name = disk.file_name().unwrap_or_default();
+        sparse::copy(&disk, &dir.join(name)).ctx(format!("copy disk {}", disk.display()))
+    });
+    if let Err(e) = captured {
         let _ = fs::remove_dir_all(&dir);
         let _ = store.update(|db| {
             db.snapshots.remove(&id);
@@ -550,7 +559,15 @@ pub fn seed(env: &Env, a: crate::cli::SeedArgs) -> Result<()> {
         .collect();
     let store = Store::new(&env.root);
     insert_pending(&store, &cfg, &macs, "seed snapshot")?;
-    write_payload(&env.snapshot_dir(&id), &a.hypervisor, "seed", &macs)?;
+    let dir = env.snapshot_dir(&id);
+    write_state(&dir, &a.hypervisor, "seed", &macs)?;
+    disk::create(
+        &disk::in_snapshot(&dir, &cfg.image_type),
+        env.disk_bytes,
+        env.disk_data_bytes,
+        &id,
+        None,
+    )?;
     finalize(&store, &id, None)?;
     let s = store.read(|db| lookup(db, &id).cloned())?;
     output::print_pretty(&out(&s))
