@@ -1,5 +1,6 @@
 //! `cocoon` — a simulator of the cocoon MicroVM CLI for vk-cocoon's tests. See README.md.
 
+mod archive;
 mod cgroup;
 mod cleanup;
 mod cli;

@@ -1,9 +1,9 @@
-//! Sparse files: where the data is (SEEK_DATA/SEEK_HOLE) and hole-preserving copies, so
-//! snapshot bytes never have to sit in memory.
+//! Sparse files: where the data is (SEEK_DATA/SEEK_HOLE), hole-preserving copies, and bounded
+//! streaming of data segments, so snapshot bytes never have to sit in memory.
 
 use serde::{Deserialize, Serialize};
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -54,6 +54,11 @@ pub fn data_segments(f: &File) -> io::Result<Vec<Segment>> {
         at = end;
     }
     Ok(out)
+}
+
+/// True when the segments leave part of a file of `size` bytes as holes.
+pub fn has_holes(segments: &[Segment], size: u64) -> bool {
+    segments.iter().map(|s| s.len).sum::<u64>() < size
 }
 
 /// Copies `len` bytes at `off` from `src` to the same offset in `dst`, in the kernel when it can.
@@ -125,6 +130,76 @@ pub fn unexpected_eof(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, msg.into())
 }
 
+/// Reads the listed segments of a file back to back: the body of a sparse tar entry. A file
+/// that shrinks underneath fails the read instead of yielding a short entry.
+pub struct SegmentReader {
+    file: File,
+    segments: Vec<Segment>,
+    index: usize,
+    done: u64,
+}
+
+impl SegmentReader {
+    pub fn new(file: File, segments: Vec<Segment>) -> SegmentReader {
+        SegmentReader {
+            file,
+            segments,
+            index: 0,
+            done: 0,
+        }
+    }
+}
+
+impl Read for SegmentReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while let Some(seg) = self.segments.get(self.index) {
+            if self.done == seg.len {
+                self.index += 1;
+                self.done = 0;
+                continue;
+            }
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            let n = ((seg.len - self.done) as usize).min(buf.len());
+            let got = self.file.read_at(&mut buf[..n], seg.offset + self.done)?;
+            if got == 0 {
+                return Err(unexpected_eof("file shrank while it was being read"));
+            }
+            self.done += got as u64;
+            return Ok(got);
+        }
+        Ok(0)
+    }
+}
+
+/// Copies exactly `len` bytes from `r` into `dst` at `off`. Returns how many arrived when the
+/// reader ends early, so the caller can say how short the stream was.
+pub fn copy_exact_at(
+    r: &mut impl Read,
+    dst: &File,
+    off: u64,
+    len: u64,
+    buf: &mut Vec<u8>,
+) -> io::Result<u64> {
+    if buf.is_empty() {
+        buf.resize(CHUNK, 0);
+    }
+    let mut done = 0u64;
+    while done < len {
+        let n = ((len - done) as usize).min(buf.len());
+        let got = match r.read(&mut buf[..n]) {
+            Ok(0) => return Ok(done),
+            Ok(g) => g,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        dst.write_all_at(&buf[..got], off + done)?;
+        done += got as u64;
+    }
+    Ok(done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,11 +220,16 @@ mod tests {
         f.set_len(4 << 20).unwrap();
         let segs = data_segments(&f).unwrap();
         assert_eq!(segs.first().map(|s| s.offset), Some(0));
-        assert!(segs.iter().map(|s| s.len).sum::<u64>() < 4 << 20);
+        assert!(has_holes(&segs, 4 << 20));
         let dst = tmp("dst");
         copy(&src, &dst).unwrap();
         assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
         assert_eq!(data_segments(&File::open(&dst).unwrap()).unwrap(), segs);
+        let mut body = Vec::new();
+        SegmentReader::new(File::open(&src).unwrap(), segs.clone())
+            .read_to_end(&mut body)
+            .unwrap();
+        assert_eq!(body.len() as u64, segs.iter().map(|s| s.len).sum::<u64>());
         let _ = std::fs::remove_file(src);
         let _ = std::fs::remove_file(dst);
     }
