@@ -1,0 +1,325 @@
+//! The registry transfers wired to cocoon: `snapshot export <name> -o -` streamed into a push
+//! (CLI-6.19), a pull streamed into `snapshot import --name <local>` (CLI-6.18, archive as in
+//! CLI-9). argv goes to cocoon without a shell, the child gets its own process group, and the
+//! group is killed whenever the transfer is dropped or fails, so a cancelled wake or hibernate
+//! leaves no cocoon process behind.
+
+use std::io;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use reconcilers::vm::{CocoonError, CocoonErrorKind};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::sync::oneshot;
+
+use super::pull::{valid_snapshot_name, PullOutcome};
+use super::{PushKnobs, PushOutcome, Registry, RegistryError};
+use crate::effects::cocoon::{kill_group, CocoonCli};
+
+/// cocoon's stderr is log lines plus the final error; this much is kept for the message.
+const STDERR_KEEP: usize = 64 << 10;
+/// A snapshot held by a running save or reader is retried for this long (CLI-3).
+const BUSY_RETRY_FOR: Duration = Duration::from_secs(30);
+const BUSY_RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// Kills the child's process group on drop unless the child has been seen to exit.
+struct GroupGuard {
+    pid: Option<u32>,
+    exited: Arc<AtomicBool>,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid {
+            if !self.exited.load(Ordering::SeqCst) {
+                kill_group(pid);
+            }
+        }
+    }
+}
+
+impl GroupGuard {
+    fn kill_now(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            if !self.exited.load(Ordering::SeqCst) {
+                kill_group(pid);
+            }
+        }
+    }
+}
+
+fn command(cli: &CocoonCli, argv: &[&str]) -> Command {
+    let mut c = Command::new(&cli.bin);
+    c.args(argv).kill_on_drop(true).process_group(0);
+    for (k, v) in &cli.env {
+        c.env(k, v);
+    }
+    c
+}
+
+fn spawn_error(cli: &CocoonCli, e: io::Error) -> RegistryError {
+    RegistryError::Cocoon(CocoonError::new(
+        CocoonErrorKind::Transient,
+        format!("cannot start {}: {e} (check VK_COCOON_BIN)", cli.bin),
+    ))
+}
+
+/// Waits for the child in the background, collecting its stderr; reports exit 0 as `Ok`, any
+/// other end as the classified cocoon error.
+fn watch(
+    mut child: Child,
+    stderr: Option<ChildStderr>,
+    argv: String,
+    exited: Arc<AtomicBool>,
+) -> oneshot::Receiver<Result<(), CocoonError>> {
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let mut text = Vec::new();
+        if let Some(mut e) = stderr {
+            let mut buf = [0u8; 8192];
+            loop {
+                match e.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if text.len() < STDERR_KEEP {
+                            text.extend_from_slice(&buf[..n]);
+                        }
+                    }
+                }
+            }
+        }
+        let status = child.wait().await;
+        exited.store(true, Ordering::SeqCst);
+        let res = match status {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => {
+                let text = String::from_utf8_lossy(&text);
+                let mut e = CocoonError::classify(&text);
+                if e.message.trim().is_empty() {
+                    e.message = format!("cocoon {argv} exited with {s}");
+                }
+                Err(e)
+            }
+            Err(e) => Err(CocoonError::new(
+                CocoonErrorKind::Transient,
+                format!("cocoon {argv}: {e}"),
+            )),
+        };
+        let _ = tx.send(res);
+    });
+    rx
+}
+
+/// cocoon's export stdout, which reports the exporter's failure at EOF: a tar cut short by a
+/// dying exporter, or one that looks complete from a process that then fails, both end in an
+/// error instead of a clean end of stream.
+struct ExportStream {
+    stdout: ChildStdout,
+    status: oneshot::Receiver<Result<(), CocoonError>>,
+    outcome: Option<Result<(), CocoonError>>,
+    guard: GroupGuard,
+}
+
+impl AsyncRead for ExportStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut this.stdout).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {}
+            other => return other,
+        }
+        if this.outcome.is_none() {
+            match Pin::new(&mut this.status).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => {
+                    this.outcome = Some(r.unwrap_or_else(|_| {
+                        Err(CocoonError::new(
+                            CocoonErrorKind::Transient,
+                            "the export watcher went away",
+                        ))
+                    }))
+                }
+            }
+        }
+        match this.outcome.as_ref().expect("set above") {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(io::Error::other(format!(
+                "cocoon snapshot export failed: {}",
+                e.message
+            )))),
+        }
+    }
+}
+
+use std::future::Future;
+
+impl ExportStream {
+    /// The exporter's own verdict, waiting a moment for it: a push that failed because the
+    /// stream broke reports why cocoon stopped rather than the broken tar.
+    async fn verdict(&mut self, wait: Duration) -> Option<Result<(), CocoonError>> {
+        if let Some(o) = &self.outcome {
+            return Some(o.clone());
+        }
+        match tokio::time::timeout(wait, &mut self.status).await {
+            Ok(Ok(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// Pushes the local cocoon snapshot `snapshot_name` as `name:tag`.
+#[allow(clippy::too_many_arguments)]
+pub async fn push_from_cocoon(
+    reg: &Registry,
+    cli: &CocoonCli,
+    snapshot_name: &str,
+    name: &str,
+    tag: &str,
+    base_image: Option<&str>,
+    from_node: Option<&str>,
+    knobs: &PushKnobs,
+) -> Result<PushOutcome, RegistryError> {
+    if !valid_snapshot_name(snapshot_name) {
+        return Err(RegistryError::Refused(format!(
+            "{snapshot_name:?} is not a cocoon snapshot name"
+        )));
+    }
+    let argv = ["snapshot", "export", "-o", "-", "--", snapshot_name];
+    let mut child = command(cli, &argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_error(cli, e))?;
+    let exited = Arc::new(AtomicBool::new(false));
+    let guard = GroupGuard {
+        pid: child.id(),
+        exited: exited.clone(),
+    };
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take();
+    let status = watch(child, stderr, argv.join(" "), exited);
+    let mut export = ExportStream {
+        stdout,
+        status,
+        outcome: None,
+        guard,
+    };
+    let res = reg
+        .push_snapshot(name, tag, &mut export, base_image, from_node, knobs)
+        .await;
+    match res {
+        Ok(o) => Ok(o),
+        Err(e) => {
+            let verdict = export.verdict(Duration::from_secs(2)).await;
+            export.guard.kill_now();
+            match verdict {
+                Some(Err(ce)) => Err(RegistryError::Cocoon(ce)),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+/// Replaces the local snapshot `local_name` with the registry's `name:tag`: removes any local
+/// snapshot of that name (not-found is fine), then streams the pull into `snapshot import`.
+/// On any error the importer is killed before its input is closed, so it never sees a
+/// complete archive built from bad data.
+pub async fn pull_into_cocoon(
+    reg: &Registry,
+    cli: &CocoonCli,
+    name: &str,
+    tag: &str,
+    local_name: &str,
+) -> Result<PullOutcome, RegistryError> {
+    if !valid_snapshot_name(local_name) {
+        return Err(RegistryError::Refused(format!(
+            "{local_name:?} is not a cocoon snapshot name"
+        )));
+    }
+    remove_snapshot(cli, local_name).await?;
+    let argv = ["snapshot", "import", "--name", local_name];
+    let mut child = command(cli, &argv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_error(cli, e))?;
+    let exited = Arc::new(AtomicBool::new(false));
+    let mut guard = GroupGuard {
+        pid: child.id(),
+        exited: exited.clone(),
+    };
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let stderr = child.stderr.take();
+    let mut status = watch(child, stderr, argv.join(" "), exited);
+    let res = reg.pull_snapshot(name, tag, &mut stdin, local_name).await;
+    let outcome = match res {
+        Ok(o) => o,
+        Err(e) => {
+            guard.kill_now();
+            drop(stdin);
+            // A registry-side failure may also have made the importer exit first: its error
+            // is the consequence, the pull's the cause.
+            return Err(e);
+        }
+    };
+    if let Err(e) = stdin.shutdown().await {
+        guard.kill_now();
+        return Err(RegistryError::Local(format!(
+            "closing the import stream: {e}"
+        )));
+    }
+    drop(stdin);
+    let verdict = match tokio::time::timeout(cli.timeout, &mut status).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(_)) => Err(CocoonError::new(
+            CocoonErrorKind::Transient,
+            "the import watcher went away",
+        )),
+        Err(_) => {
+            guard.kill_now();
+            Err(CocoonError::new(
+                CocoonErrorKind::Timeout,
+                format!(
+                    "cocoon snapshot import did not finish within {:?}",
+                    cli.timeout
+                ),
+            ))
+        }
+    };
+    verdict.map_err(RegistryError::Cocoon)?;
+    Ok(outcome)
+}
+
+/// `snapshot rm -- <name>`; a snapshot that is not there is already removed, a busy one is
+/// retried.
+pub async fn remove_snapshot(cli: &CocoonCli, name: &str) -> Result<(), RegistryError> {
+    let argv: Vec<String> = ["snapshot", "rm", "--", name]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let deadline = tokio::time::Instant::now() + BUSY_RETRY_FOR;
+    loop {
+        match cli.run(&argv).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind == CocoonErrorKind::SnapshotNotFound => return Ok(()),
+            Err(e)
+                if e.kind == CocoonErrorKind::SnapshotBusy
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(BUSY_RETRY_EVERY).await;
+            }
+            Err(e) => return Err(RegistryError::Cocoon(e)),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Registry → local: the snapshot import stream and the cloud-image disk stream.
+//!
+//! Every check of the reader (artifact type, config type and size, layer types, titles,
+//! `+zstd` and chunk lists only in v2, sizes of encoded files, sparse records) runs on the
+//! manifest and config blob before the first byte goes to the sink. The body then streams
+//! blob by blob, one piece at a time: memory stays at a few network buffers whatever the
+//! snapshot size, so the pull budget is never approached.
+
+use bytes::Bytes;
+use oci_client::Reference;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::blob::VerifiedBlob;
+use super::classify::{self, Format, PlannedEntry};
+use super::tar_stream;
+use super::{ConfigBlob, Registry, RegistryError, Target};
+
+/// What a pull wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PullOutcome {
+    pub digest: String,
+    pub format: Format,
+    pub snapshot_id: String,
+    pub config: ConfigBlob,
+    /// Bytes of the tar stream handed to the sink.
+    pub bytes: u64,
+}
+
+/// cocoon's snapshot names: `^[a-zA-Z0-9][a-zA-Z0-9._:/-]{0,62}$`.
+pub fn valid_snapshot_name(n: &str) -> bool {
+    let b = n.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || b"._:/-".contains(&c))
+}
+
+fn local(e: std::io::Error) -> RegistryError {
+    RegistryError::Local(format!("writing the import stream: {e}"))
+}
+
+struct Counting<'a, W> {
+    w: &'a mut W,
+    bytes: u64,
+}
+
+impl<W: AsyncWrite + Unpin> Counting<'_, W> {
+    async fn put(&mut self, b: &[u8]) -> Result<(), RegistryError> {
+        self.w.write_all(b).await.map_err(local)?;
+        self.bytes += b.len() as u64;
+        Ok(())
+    }
+}
+
+impl Registry {
+    /// Streams `name:tag` as a `cocoon snapshot import` archive named `local_name` into
+    /// `import`. On error the sink may hold a prefix of the archive, never a complete one:
+    /// the caller must discard it (kill the importer rather than close its input).
+    pub async fn pull_snapshot<W: AsyncWrite + Unpin>(
+        &self,
+        name: &str,
+        tag: &str,
+        mut import: W,
+        local_name: &str,
+    ) -> Result<PullOutcome, RegistryError> {
+        if !valid_snapshot_name(local_name) {
+            return Err(RegistryError::Refused(format!(
+                "local snapshot name {local_name:?} is not a cocoon snapshot name"
+            )));
+        }
+        let (m, digest) = self.resolve(name, tag, true).await?;
+        let format = classify::check_snapshot_manifest(&m).map_err(RegistryError::Refused)?;
+        let config = self.fetch_config(name, &m).await?;
+        let plan = classify::plan_import(&m, &config).map_err(RegistryError::Refused)?;
+        let r = self.blob_ref(name)?;
+        let mut out = Counting {
+            w: &mut import,
+            bytes: 0,
+        };
+        let envelope = config.to_envelope(local_name);
+        let mut head = Vec::new();
+        tar_stream::write_small_entry(&mut head, "snapshot.json", 0o644, &envelope)
+            .await
+            .map_err(local)?;
+        out.put(&head).await?;
+        for entry in &plan.entries {
+            self.write_entry(&r, entry, &mut out).await?;
+        }
+        out.put(&[0u8; 2 * tar_stream::BLOCK as usize]).await?;
+        out.w.flush().await.map_err(local)?;
+        Ok(PullOutcome {
+            digest,
+            format,
+            snapshot_id: config.snapshot_id.clone(),
+            bytes: out.bytes,
+            config,
+        })
+    }
+
+    async fn write_entry<W: AsyncWrite + Unpin>(
+        &self,
+        r: &Reference,
+        e: &PlannedEntry,
+        out: &mut Counting<'_, W>,
+    ) -> Result<(), RegistryError> {
+        let mut pax: Vec<(&str, String)> = Vec::new();
+        if let Some((map, size)) = &e.sparse {
+            pax.push((tar_stream::PAX_SPARSE_MAP, map.clone()));
+            pax.push((tar_stream::PAX_SPARSE_SIZE, size.to_string()));
+        }
+        let header = tar_stream::entry_header(&e.name, e.mode, e.size, &pax).map_err(local)?;
+        out.put(&header).await?;
+        let mut written = 0u64;
+        for piece in &e.pieces {
+            let mut blob = VerifiedBlob::open(&self.client, r, &piece.blob).await?;
+            let mut decoder = if piece.zstd {
+                Some(ZstdFrame::new()?)
+            } else {
+                None
+            };
+            while let Some(b) = blob.next().await? {
+                match decoder.as_mut() {
+                    None => {
+                        written += b.len() as u64;
+                        check_room(e, written)?;
+                        out.put(&b).await?;
+                    }
+                    Some(d) => {
+                        for chunk in d.feed(b)? {
+                            written += chunk.len() as u64;
+                            check_room(e, written)?;
+                            out.put(&chunk).await?;
+                        }
+                    }
+                }
+            }
+            if let Some(d) = decoder {
+                d.finish(&piece.blob.digest)?;
+            }
+        }
+        if written != e.size {
+            return Err(RegistryError::Refused(format!(
+                "{} reconstructs to {written} bytes, expected {}",
+                e.name, e.size
+            )));
+        }
+        let mut pad = Vec::new();
+        tar_stream::write_padding(&mut pad, e.size)
+            .await
+            .map_err(local)?;
+        out.put(&pad).await
+    }
+
+    /// Streams the disk layers of the cloud image `name:tag`, sorted by title, concatenated,
+    /// into `sink` (the input of `cocoon image import`). Indexes are not followed.
+    pub async fn pull_cloud_image<W: AsyncWrite + Unpin>(
+        &self,
+        name: &str,
+        tag: &str,
+        mut sink: W,
+    ) -> Result<u64, RegistryError> {
+        let (m, _) = self.resolve(name, tag, false).await?;
+        let disks = classify::cloud_disk_layers(&m).map_err(RegistryError::Refused)?;
+        let r = self.blob_ref(name)?;
+        let mut total = 0u64;
+        for d in &disks {
+            let mut blob = VerifiedBlob::open(&self.client, &r, d).await?;
+            while let Some(b) = blob.next().await? {
+                sink.write_all(&b).await.map_err(local)?;
+                total += b.len() as u64;
+            }
+        }
+        sink.flush().await.map_err(local)?;
+        Ok(total)
+    }
+
+    /// A reference into the repository `name`, for blob URLs (which ignore the tag).
+    pub(crate) fn blob_ref(&self, name: &str) -> Result<Reference, RegistryError> {
+        self.reference(name, &Target::Tag("latest".into()))
+    }
+}
+
+fn check_room(e: &PlannedEntry, written: u64) -> Result<(), RegistryError> {
+    if written > e.size {
+        return Err(RegistryError::Refused(format!(
+            "{} decodes past its files[].size of {} bytes",
+            e.name, e.size
+        )));
+    }
+    Ok(())
+}
+
+/// One self-contained zstd frame, decoded as its compressed bytes arrive.
+struct ZstdFrame {
+    d: zstd::stream::raw::Decoder<'static>,
+    /// The frame has ended; anything after it is an error.
+    ended: bool,
+}
+
+const DECODE_OUT: usize = 256 << 10;
+
+impl ZstdFrame {
+    fn new() -> Result<Self, RegistryError> {
+        let d = zstd::stream::raw::Decoder::new()
+            .map_err(|e| RegistryError::Local(format!("zstd decoder: {e}")))?;
+        Ok(Self { d, ended: false })
+    }
+
+    fn feed(&mut self, input: Bytes) -> Result<Vec<Vec<u8>>, RegistryError> {
+        use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+        let mut inb = InBuffer::around(&input);
+        let mut outs = Vec::new();
+        while inb.pos() < input.len() {
+            if self.ended {
+                return Err(RegistryError::Refused(
+                    "bytes after the end of a zstd frame".into(),
+                ));
+            }
+            let mut buf = vec![0u8; DECODE_OUT];
+            let mut outb = OutBuffer::around(&mut buf[..]);
+            let hint = self
+                .d
+                .run(&mut inb, &mut outb)
+                .map_err(|e| RegistryError::Refused(format!("zstd frame does not decode: {e}")))?;
+            let n = outb.pos();
+            if hint == 0 {
+                self.ended = true;
+            }
+            buf.truncate(n);
+            if !buf.is_empty() {
+                outs.push(buf);
+            }
+        }
+        // Output still buffered inside the decoder comes out with empty input.
+        loop {
+            let mut buf = vec![0u8; DECODE_OUT];
+            let mut empty = InBuffer::around(&[]);
+            let mut outb = OutBuffer::around(&mut buf[..]);
+            let hint = self
+                .d
+                .run(&mut empty, &mut outb)
+                .map_err(|e| RegistryError::Refused(format!("zstd frame does not decode: {e}")))?;
+            let n = outb.pos();
+            if hint == 0 {
+                self.ended = true;
+            }
+            if n == 0 {
+                break;
+            }
+            buf.truncate(n);
+            outs.push(buf);
+        }
+        Ok(outs)
+    }
+
+    fn finish(self, digest: &str) -> Result<(), RegistryError> {
+        if !self.ended {
+            return Err(RegistryError::Refused(format!(
+                "blob {digest} ends inside a zstd frame"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names() {
+        for ok in ["vm-a", "vm-a-hibernate-import", "repo:tag", "a/b.c_d"] {
+            assert!(valid_snapshot_name(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a b", &"a".repeat(64), "a;rm"] {
+            assert!(!valid_snapshot_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn zstd_frames_decode_across_feeds_and_refuse_garbage() {
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let z = zstd::bulk::compress(&data, 3).unwrap();
+        let mut f = ZstdFrame::new().unwrap();
+        let mut got = Vec::new();
+        for part in z.chunks(1000) {
+            for c in f.feed(Bytes::copy_from_slice(part)).unwrap() {
+                got.extend_from_slice(&c);
+            }
+        }
+        f.finish("d").unwrap();
+        assert_eq!(got, data);
+        let mut f = ZstdFrame::new().unwrap();
+        assert!(f.feed(Bytes::from_static(b"definitely not zstd")).is_err());
+        let mut f = ZstdFrame::new().unwrap();
+        f.feed(Bytes::copy_from_slice(&z[..z.len() / 2])).unwrap();
+        assert!(f.finish("d").is_err());
+    }
+}
