@@ -52,6 +52,8 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .env("VK_ORPHAN_POLICY", &o.orphan_policy)
         .env("VK_COCOON_NET_CONTROL_SOCKET", &sim.control_socket)
         .env("VK_JOURNAL_PATH", &o.journal)
+        .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
+        .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"))
         .env("VK_LOG_LEVEL", "info")
         .envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)

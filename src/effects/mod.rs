@@ -8,6 +8,7 @@ pub mod dhcp_release;
 pub mod kube_writes;
 pub mod node;
 pub mod probes;
+pub mod registry;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,8 @@ pub struct Executor {
     pub node_name: String,
     /// cocoon-net's control socket (D6); `None`: releases are off.
     pub dhcp_release_socket: Option<std::path::PathBuf>,
+    /// The registry (`OCI_REGISTRY`); `None`: unset.
+    pub transfers: Option<Arc<registry::Transfers>>,
     cocoon_slots: Arc<Semaphore>,
     kube_slots: Arc<Semaphore>,
 }
@@ -42,6 +45,7 @@ impl Executor {
         metrics: Metrics,
         node_name: String,
         dhcp_release_socket: Option<std::path::PathBuf>,
+        transfers: Option<Arc<registry::Transfers>>,
     ) -> Self {
         Self {
             cocoon,
@@ -51,6 +55,7 @@ impl Executor {
             metrics,
             node_name,
             dhcp_release_socket,
+            transfers,
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
         }
@@ -148,9 +153,12 @@ impl Executor {
                 Level::Error => tracing::error!("{message}"),
             },
             Action::CallRegistry { op, call, .. } => {
-                let tx = self.tx.clone();
+                let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
                 tokio::spawn(async move {
-                    let result = registry_call(&call).await;
+                    let result = match transfers {
+                        Some(t) => t.call(&call).await,
+                        None => Err(registry::not_configured(&call)),
+                    };
                     let _ = tx.send(Event::RegistryDone { op, result });
                 });
             }
@@ -183,15 +191,4 @@ impl Executor {
             let _ = tx.send(Event::KubeDone { op, result });
         });
     }
-}
-
-/// The registry client is wired in by the snapshot transfer module; until then every call
-/// answers that no registry is configured, which the core reports on the pod.
-async fn registry_call(
-    call: &reconcilers::action::RegistryCall,
-) -> Result<reconcilers::event::RegistryOk, reconcilers::event::RegistryError> {
-    Err(reconcilers::event::RegistryError {
-        kind: reconcilers::event::RegistryErrorKind::NotConfigured,
-        message: format!("no registry client for {call:?}: OCI_REGISTRY is not set"),
-    })
 }
