@@ -290,3 +290,188 @@ async fn registry_clone_delete_policy_hibernate_and_wake() -> Result<()> {
     daemon::replay_verify(&journal)?;
     Ok(())
 }
+
+fn vm_named(tb: &Testbed, c: &CocoonCli, name: &str) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for id in tb.sim.as_ref().context("sim")?.vm_ids() {
+        let v: serde_json::Value = serde_json::from_str(&sim_run(c, &["vm", "inspect", &id])?)?;
+        if v["config"]["name"] == name {
+            found.push(id);
+        }
+    }
+    Ok(found)
+}
+
+/// D4 and U4 under failure, and B9 across kill -9: a failed delete-time save keeps the VM and
+/// the pod until a retry saves and pushes it; a failed hibernate push rolls back to a running
+/// pod that hibernates on retry; a daemon killed in the middle of a hibernate, and again in
+/// the middle of the wake, finishes each after its restart with exactly one VM of the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_roll_back_and_killed_daemons_finish() -> Result<()> {
+    let tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
+    let sim_cli = cli(&tb, false);
+    let reg = registry(&tb)?;
+    let addr = tb.registry.as_ref().context("registry")?.addr.clone();
+    let opts = DaemonOptions {
+        env: vec![("OCI_REGISTRY".into(), format!("{addr}/{PREFIX}"))],
+        ..DaemonOptions::default()
+    };
+    let journal1 = tb.run_dir().join("journal-1").join("events.jsonl");
+    let mut d = daemon::start(
+        &tb,
+        &opts,
+        &journal1,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
+    let run_pod = |name: &str| {
+        pod_manifest(
+            NS,
+            name,
+            NODE,
+            managed(
+                json!({"vm.cocoonstack.io/name": format!("vk-default-{name}"),
+                "cocoonset.cocoonstack.io/mode": "run",
+                "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
+            ),
+        )
+    };
+    for name in ["held", "rollback", "killed"] {
+        create_pod(&pods, &run_pod(name)?).await?;
+    }
+    for name in ["held", "rollback", "killed"] {
+        wait_ready(&pods, name, LIMIT)
+            .await
+            .with_context(|| d.proc.log_tail(60))?;
+    }
+
+    // D4: the save fails once; the pod stays, saying why, and its VM is kept.
+    sim_run(
+        &sim_cli,
+        &[
+            "sim",
+            "fault",
+            "fail",
+            "snapshot save",
+            "--message",
+            "save snapshot: pause vm: timeout",
+        ],
+    )?;
+    pods.delete("held", &DeleteParams::default()).await?;
+    until("a held delete says why", LIMIT, || async {
+        let Some(p) = pods.get_opt("held").await? else {
+            return Ok(None);
+        };
+        let msg = p
+            .status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .unwrap_or_default();
+        Ok(msg.contains("delete held").then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
+    ensure!(
+        vm_named(&tb, &sim_cli, "vk-default-held")?.len() == 1,
+        "the VM of a held delete is gone"
+    );
+    until(
+        "the held pod goes once its retry saved it",
+        LIMIT,
+        || async { Ok(pods.get_opt("held").await?.is_none().then_some(())) },
+    )
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
+    ensure!(reg
+        .inspect("vk-default-held", "latest")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .is_some());
+
+    // U4: the push fails (its export does); the pod runs on, then hibernates on retry.
+    sim_run(
+        &sim_cli,
+        &[
+            "sim",
+            "fault",
+            "fail",
+            "snapshot export",
+            "--message",
+            "export: disk read error",
+        ],
+    )?;
+    annotate(
+        &pods,
+        "rollback",
+        "vm.cocoonstack.io/hibernate",
+        Some("true"),
+    )
+    .await?;
+    let failed = lifecycle_is(&pods, "rollback", "failed")
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+    ensure!(
+        annotation(&failed, "vm.cocoonstack.io/id").is_some(),
+        "a rolled-back hibernate lost its id"
+    );
+    ensure!(vm_named(&tb, &sim_cli, "vk-default-rollback")?.len() == 1);
+    lifecycle_is(&pods, "rollback", "hibernated")
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+
+    // B9: kill -9 while the hibernate's save is under way; the restart finishes it.
+    sim_run(
+        &sim_cli,
+        &["sim", "fault", "delay", "snapshot save", "3000"],
+    )?;
+    annotate(&pods, "killed", "vm.cocoonstack.io/hibernate", Some("true")).await?;
+    lifecycle_is(&pods, "killed", "hibernating").await?;
+    d.proc.signal(libc::SIGKILL);
+    let journal2 = tb.run_dir().join("journal-2").join("events.jsonl");
+    d = daemon::start(
+        &tb,
+        &opts,
+        &journal2,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    lifecycle_is(&pods, "killed", "hibernated")
+        .await
+        .with_context(|| d.proc.log_tail(80))?;
+    ensure!(vm_named(&tb, &sim_cli, "vk-default-killed")?.is_empty());
+    ensure!(reg
+        .inspect("vk-default-killed", "hibernate")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .is_some());
+
+    // ... and while the wake's clone is under way.
+    sim_run(&sim_cli, &["sim", "fault", "delay", "vm clone", "3000"])?;
+    annotate(&pods, "killed", "vm.cocoonstack.io/hibernate", None).await?;
+    lifecycle_is(&pods, "killed", "creating").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    d.proc.signal(libc::SIGKILL);
+    let journal3 = tb.run_dir().join("journal-3").join("events.jsonl");
+    d = daemon::start(
+        &tb,
+        &opts,
+        &journal3,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    wait_ready(&pods, "killed", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(80))?;
+    let vms = vm_named(&tb, &sim_cli, "vk-default-killed")?;
+    ensure!(
+        vms.len() == 1,
+        "VMs named vk-default-killed after the wake: {vms:?}"
+    );
+
+    drop(d);
+    for j in [&journal1, &journal2, &journal3] {
+        daemon::replay_verify(j)?;
+    }
+    Ok(())
+}

@@ -38,18 +38,24 @@ pub fn begin(s: &mut State, key: &PodKey) {
         | Phase::Gone(_) => (0, None),
     };
     lifecycle::set(s, key, Lifecycle::Creating, None);
-    let cmd = CocoonCmd::SnapshotRm {
-        name: names::fork_snapshot(&spec.vm_name),
+    let owner = || RegistryOwner::Pod { key: key.clone() };
+    // C11 (evidence): with a registry, a fresh boot first asks whether the VM has a hibernate
+    // snapshot, so a wake lost to a restart restores instead of booting over it.
+    let (step, op) = match s.config.registry.is_some() {
+        true => {
+            let call = RegistryCall::Inspect {
+                name: spec.vm_name.clone(),
+                tag: "hibernate".into(),
+            };
+            let op = s.call_registry(owner(), Some(key.clone()), call);
+            (CreateStep::CheckEvidence, op)
+        }
+        false => (CreateStep::RemoveFork, remove_fork(s, key, &spec)),
     };
-    let op = s.run_cocoon(
-        CocoonOwner::Pod { key: key.clone() },
-        Some(key.clone()),
-        cmd,
-    );
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
         e.phase = Phase::Creating(Creating {
-            step: CreateStep::RemoveFork,
+            step,
             op: Some(op),
             since,
             step_since: since,
@@ -59,6 +65,101 @@ pub fn begin(s: &mut State, key: &PodKey) {
             purpose: Purpose::Fresh,
             scratch: None,
         });
+    }
+}
+
+/// C6: a fresh bring-up never hands its predecessor's fork state to new sub-agents.
+fn remove_fork(s: &mut State, key: &PodKey, spec: &VmSpec) -> crate::action::OpId {
+    let cmd = CocoonCmd::SnapshotRm {
+        name: names::fork_snapshot(&spec.vm_name),
+    };
+    s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    )
+}
+
+/// C11: the outcome of the evidence check of a fresh bring-up.
+fn evidence(s: &mut State, key: &PodKey, spec: &VmSpec, result: Result<RegistryOk, RegistryError>) {
+    let verdict = |s: &mut State, v: &str| {
+        s.emit(Action::Count {
+            counter: Counter::HibernateEvidence { verdict: v.into() },
+        })
+    };
+    let name = spec.vm_name.clone();
+    match result {
+        Ok(RegistryOk::Inspected { snapshot: None }) => {
+            let op = remove_fork(s, key, spec);
+            set_step(s, key, CreateStep::RemoveFork, op);
+        }
+        Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
+            if spec.clone_from_dir.is_some() || spec.fork_from.is_some() {
+                verdict(s, "source_conflict");
+                let msg = format!("{name}:hibernate exists, but the pod also asks for clone-from-dir or fork-from; delete the tag or the annotation");
+                return fail_as(
+                    s,
+                    key,
+                    Some("HibernateEvidenceFailed"),
+                    msg,
+                    Retry::OnChange,
+                );
+            }
+            if let Some(base) = r.base_image.as_deref().filter(|b| *b != spec.image) {
+                let msg = format!("{name}:hibernate was taken from image {base:?}, the pod asks for {:?}; delete the tag to boot fresh", spec.image);
+                verdict(s, "image_conflict");
+                return fail_as(
+                    s,
+                    key,
+                    Some("HibernateEvidenceFailed"),
+                    msg,
+                    Retry::OnChange,
+                );
+            }
+            verdict(s, "restored");
+            if let Some(e) = s.pod(key) {
+                let uid = e.pod.uid.clone();
+                s.emit(Action::RecordEvent {
+                    key: key.clone(),
+                    uid,
+                    kind: EventType::Warning,
+                    reason: "HibernateSnapshotExists".into(),
+                    message: format!(
+                        "create: {name}:hibernate exists: restoring it instead of booting fresh"
+                    ),
+                });
+            }
+            restore(s, key, Purpose::Restore);
+        }
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: evidence check of {name} answered {other:?}"),
+            );
+            verdict(s, "unavailable");
+            fail_as(
+                s,
+                key,
+                Some("HibernateEvidenceUnavailable"),
+                format!("{name}:hibernate: unexpected answer from the registry client"),
+                Retry::Timer,
+            )
+        }
+        // Fail closed: a registry that cannot answer never gets a fresh boot.
+        Err(err) => {
+            verdict(s, "unavailable");
+            let msg = format!(
+                "cannot tell whether {name}:hibernate exists, so the VM is not booted fresh: {}",
+                err.message
+            );
+            fail_as(
+                s,
+                key,
+                Some("HibernateEvidenceUnavailable"),
+                msg,
+                Retry::Timer,
+            )
+        }
     }
 }
 
@@ -430,6 +531,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::RemoveTakenFork { .. }
             | CreateStep::InspectNameTaken
             | CreateStep::PullSnapshot { .. }
+            | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PullHibernate { .. }
@@ -573,6 +675,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
             | CreateStep::PullSnapshot { .. }
+            | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PullHibernate { .. }
@@ -622,6 +725,7 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
         CreateStep::AwaitForkSave { name } => format!("snapshot save {name}"),
         CreateStep::PullSnapshot { repo, tag, .. } => format!("pull {repo}:{tag}"),
+        CreateStep::CheckEvidence => format!("inspect {}:hibernate", spec.vm_name),
         CreateStep::InspectLocal { name } => format!("snapshot inspect {name}"),
         CreateStep::VerifyRemote { name, .. } => format!("verify {name}:hibernate"),
         CreateStep::PullHibernate { name, .. } => format!("pull {name}:hibernate"),
@@ -710,6 +814,10 @@ pub(crate) fn registry_step_done(
     {
         let Ok(spec) = e.spec.clone() else { return };
         return wake_registry(s, key, &spec, purpose, step_now, since, result);
+    }
+    if let (None, CreateStep::CheckEvidence) = (cancel, &step_now) {
+        let Ok(spec) = e.spec.clone() else { return };
+        return evidence(s, key, &spec, result);
     }
     let CreateStep::PullSnapshot { name, repo, tag } = step_now else {
         let what = format!("pod {key}: a registry outcome for step {step_now:?}");
@@ -849,6 +957,7 @@ fn settle_fork_claim(s: &mut State, key: &PodKey) {
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::InspectNameTaken
             | CreateStep::PullSnapshot { .. }
+            | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PullHibernate { .. }

@@ -4,6 +4,7 @@
 //! while `hibernate=true` remains.
 
 use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall, Timer};
+use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
 use crate::phase::{HibernateStep, Hibernating, Object, Phase, Running};
@@ -12,6 +13,10 @@ use crate::spec::Os;
 use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
 use crate::{create, delete, lifecycle, outcome, probe, tracking};
+
+/// U4: a failed hibernate is tried again 5 s doubling to 5 min while `hibernate=true` remains;
+/// each try saves and pushes the whole VM, so it is not hurried.
+const RETRY: Backoff = Backoff::doubling(5_000, 300_000);
 
 /// Whether the pod asks to hibernate and can: managed, not macOS, Running with no task out.
 /// A macOS pod asked to hibernate fails with `HibernateUnsupported` (U1).
@@ -333,7 +338,7 @@ fn roll_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
             uid,
             attempt: attempts,
         },
-        after_ms: create::RETRY.after(attempts).max(1000),
+        after_ms: RETRY.after(attempts),
     });
 }
 

@@ -91,8 +91,10 @@ fn updated(s: &mut State, key: &PodKey) {
             e.phase = Phase::Waiting;
             intake(s, key);
         }
-        // U2: `hibernate=true` with a VM hibernates it.
-        Phase::Running(_) if hibernate => {
+        // U2: `hibernate=true` with a VM hibernates it. Only a change of the pod's spec
+        // starts one here: the echo of vk's own writes must not retry a failed hibernate
+        // ahead of its backoff.
+        Phase::Running(_) if hibernate && spec_changed => {
             if crate::hibernate::wanted(s, key) {
                 crate::hibernate::begin(s, key, 0);
             }

@@ -98,6 +98,8 @@ pub enum Purpose {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
 pub enum CreateStep {
+    /// C11: does `<vm>:hibernate` exist? Then this pod restores instead of booting fresh.
+    CheckEvidence,
     RemoveFork,
     PullImage,
     Run,
