@@ -45,7 +45,6 @@ impl Executor {
         metrics: Metrics,
         node_name: String,
         dhcp_release_socket: Option<std::path::PathBuf>,
-        transfers: Option<Arc<registry::Transfers>>,
     ) -> Self {
         Self {
             cocoon,
@@ -55,10 +54,16 @@ impl Executor {
             metrics,
             node_name,
             dhcp_release_socket,
-            transfers,
+            transfers: None,
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
         }
+    }
+
+    /// Registry calls go through `transfers` (built from `OCI_REGISTRY`).
+    pub fn with_transfers(mut self, transfers: Option<Arc<registry::Transfers>>) -> Self {
+        self.transfers = transfers;
+        self
     }
 
     /// Runs one action. `RegisterNode` and `Fatal` are the loop's own business.

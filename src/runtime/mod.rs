@@ -121,8 +121,8 @@ pub async fn run(settings: Settings) -> Result<()> {
         metrics.clone(),
         settings.node.name.clone(),
         settings.dhcp_release_socket.clone(),
-        transfers,
-    );
+    )
+    .with_transfers(transfers);
 
     let mut tasks = vec![
         tokio::spawn(pods::run(
