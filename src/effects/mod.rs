@@ -4,6 +4,7 @@
 
 pub mod cocoon;
 pub mod cocoon_json;
+pub mod icmp;
 pub mod kube_writes;
 pub mod lease_release;
 pub mod node;
