@@ -4,11 +4,12 @@
 
 pub mod demux;
 pub mod socket;
+mod tune;
 
 use std::fmt;
 use std::io;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use demux::Demux;
@@ -16,14 +17,8 @@ pub use socket::Kind;
 use socket::{Received, Sender};
 
 pub const PAYLOAD: &[u8] = b"vk-cocoon";
-/// A request or reply lost on the way (or to the raw socket's small receive buffer) costs one
-/// resend, not the probe.
+/// A request or reply lost on the way costs one resend, not the probe.
 const RESEND_AFTER: Duration = Duration::from_secs(1);
-/// icmp-socket fixes the raw socket's receive buffer at its kernel minimum, a handful of
-/// packets, and every raw ICMP socket also gets the host's other ICMP traffic. Requests leave
-/// at most this often (4,000 a second) so that the replies of a burst of probes, e.g. all
-/// pods at a restart, arrive no faster than the receive thread can read them.
-const RAW_SEND_SPACING: Duration = Duration::from_micros(250);
 /// How soon the receive thread notices the pinger is gone.
 const RECV_POLL: Duration = Duration::from_millis(500);
 
@@ -31,7 +26,6 @@ pub struct Icmp {
     kind: Kind,
     identifier: u16,
     tx: Sender,
-    pacer: Pacer,
     demux: Arc<Demux>,
 }
 
@@ -59,16 +53,10 @@ impl Icmp {
         std::thread::Builder::new()
             .name("icmp-rx".into())
             .spawn(move || receive(rx, weak))?;
-        let spacing = match kind {
-            Kind::Raw => RAW_SEND_SPACING,
-            // A ping socket's default receive buffer holds hundreds of replies, and only ours.
-            Kind::Datagram => Duration::ZERO,
-        };
         Ok(Self {
             kind,
             identifier,
             tx,
-            pacer: Pacer::new(spacing),
             demux,
         })
     }
@@ -77,19 +65,12 @@ impl Icmp {
         self.kind
     }
 
-    /// Time from the call to the reply (waiting for a send slot included), resending every
-    /// second until `deadline`.
+    /// Time from the first request to the reply, resending every second until `deadline`.
     pub async fn ping(&self, ip: Ipv4Addr, deadline: Duration) -> Result<Duration, PingError> {
         let started = Instant::now();
         let give_up = started + deadline;
         let mut waiter = self.demux.register(ip);
         loop {
-            if tokio::time::timeout_at(give_up.into(), self.pacer.turn())
-                .await
-                .is_err()
-            {
-                return Err(PingError::Timeout(deadline));
-            }
             self.tx
                 .send(ip, self.identifier, waiter.sequence(), PAYLOAD)
                 .map_err(PingError::Send)?;
@@ -99,37 +80,6 @@ impl Icmp {
                 Err(_) if Instant::now() >= give_up => return Err(PingError::Timeout(deadline)),
                 Err(_) => {}
             }
-        }
-    }
-}
-
-/// Hands out send slots `spacing` apart, in the order they are asked for.
-struct Pacer {
-    spacing: Duration,
-    next: Mutex<Instant>,
-}
-
-impl Pacer {
-    fn new(spacing: Duration) -> Self {
-        Self {
-            spacing,
-            next: Mutex::new(Instant::now()),
-        }
-    }
-
-    async fn turn(&self) {
-        if self.spacing.is_zero() {
-            return;
-        }
-        let now = Instant::now();
-        let slot = {
-            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-            let slot = (*next).max(now);
-            *next = slot + self.spacing;
-            slot
-        };
-        if slot > now {
-            tokio::time::sleep_until(slot.into()).await;
         }
     }
 }

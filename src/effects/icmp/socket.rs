@@ -13,6 +13,7 @@ use icmp_socket::{IcmpSocket, IcmpSocket4, Icmpv4Message, Icmpv4Packet};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::demux::Reply;
+use super::tune::{self, Reads};
 
 /// icmp-socket parses from the IPv4 header on (that is what a raw socket delivers), and
 /// assumes one without options.
@@ -28,8 +29,7 @@ pub enum Kind {
 
 pub enum Sender {
     /// A second raw socket: icmp-socket's `send_to` takes `&mut self`, and the receive thread
-    /// sits inside `rcv_from` on the other one. Its own copies of incoming ICMP (every raw
-    /// socket gets one) overflow its receive buffer and are dropped unread.
+    /// sits inside `rcv_from` on the other one. It is never read, so it filters out all ICMP.
     Raw(Mutex<IcmpSocket4>),
     /// Sends and receives go through `&self`, so the receive thread holds a clone of the fd.
     Datagram(UdpSocket),
@@ -42,7 +42,7 @@ pub enum Receiver {
 
 pub enum Received {
     Reply(Reply),
-    /// Some other ICMP message (raw sockets see all of the host's), or one too short to parse.
+    /// Some other ICMP message, or one too short to parse.
     Other,
     /// The poll interval passed with nothing to read.
     Idle,
@@ -53,17 +53,23 @@ pub enum Received {
 pub fn open(kind: Kind, poll: Duration) -> io::Result<(Sender, Receiver)> {
     match kind {
         Kind::Raw => {
-            let mut rx = IcmpSocket4::new()?;
+            let (mut rx, rx_tuned) = tune::raw_socket(Reads::EchoReplies)?;
             rx.bind(Ipv4Addr::UNSPECIFIED)?;
             rx.set_timeout(Some(poll));
-            let mut tx = IcmpSocket4::new()?;
+            let (mut tx, tx_tuned) = tune::raw_socket(Reads::Nothing)?;
             tx.bind(Ipv4Addr::UNSPECIFIED)?;
+            if let Err(why) = rx_tuned.and(tx_tuned) {
+                tracing::warn!(%why, "raw ICMP sockets keep icmp-socket's 512-byte receive buffer: \
+                    replies will be lost (and resent) under load");
+            }
             Ok((Sender::Raw(Mutex::new(tx)), Receiver::Raw(rx)))
         }
         Kind::Datagram => {
+            let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::ICMPV4))?;
+            // Room for the replies of a burst of probes (capped by net.core.rmem_max).
+            socket.set_recv_buffer_size(512 * 1024)?;
             // A ping socket behaves like a UDP socket whose port is the echo identifier.
-            let socket: UdpSocket =
-                Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::ICMPV4))?.into();
+            let socket: UdpSocket = socket.into();
             socket.set_read_timeout(Some(poll))?;
             let rx = socket.try_clone()?;
             Ok((
