@@ -59,7 +59,8 @@ struct Tally {
     failed: usize,
 }
 
-async fn round(icmp: &Arc<Icmp>, targets: &[Ipv4Addr], pace: Pace, tally: &mut Tally) {
+/// `None`: the tasks and timers alone, without a ping: what the harness itself costs.
+async fn round(icmp: Option<&Arc<Icmp>>, targets: &[Ipv4Addr], pace: Pace, tally: &mut Tally) {
     let started = Instant::now();
     let cpu = cpu_time();
     let n = targets.len() as u32;
@@ -67,14 +68,17 @@ async fn round(icmp: &Arc<Icmp>, targets: &[Ipv4Addr], pace: Pace, tally: &mut T
         .iter()
         .zip(0u32..)
         .map(|(&ip, i)| {
-            let icmp = Arc::clone(icmp);
+            let icmp = icmp.cloned();
             let after = match pace {
                 Pace::Spread => PERIOD * i / n,
                 Pace::Burst => Duration::ZERO,
             };
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                icmp.ping(ip, DEADLINE).await
+                match icmp {
+                    Some(icmp) => icmp.ping(ip, DEADLINE).await,
+                    None => Ok(Duration::ZERO),
+                }
             })
         })
         .collect();
@@ -102,19 +106,28 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
-async fn bench(kind: Kind, pace: Pace, targets: &[Ipv4Addr], rounds: u32) {
-    let icmp = match Icmp::open(kind) {
-        Ok(icmp) => Arc::new(icmp),
-        Err(e) => {
-            println!("| {kind:?} | skipped: {e} |");
+fn label(kind: Option<Kind>) -> &'static str {
+    match kind {
+        Some(Kind::Raw) => "raw",
+        Some(Kind::Datagram) => "datagram",
+        None => "none (tasks and timers alone)",
+    }
+}
+
+async fn bench(kind: Option<Kind>, pace: Pace, targets: &[Ipv4Addr], rounds: u32) {
+    let icmp = match kind.map(Icmp::open) {
+        None => None,
+        Some(Ok(icmp)) => Some(Arc::new(icmp)),
+        Some(Err(e)) => {
+            println!("| {} | skipped: {e} |", label(kind));
             return;
         }
     };
     let mut warmup = Tally::default();
-    round(&icmp, targets, pace, &mut warmup).await;
+    round(icmp.as_ref(), targets, pace, &mut warmup).await;
     let mut t = Tally::default();
     for _ in 0..rounds {
-        round(&icmp, targets, pace, &mut t).await;
+        round(icmp.as_ref(), targets, pace, &mut t).await;
     }
     t.rtts.sort();
     let resent = t
@@ -125,7 +138,8 @@ async fn bench(kind: Kind, pace: Pace, targets: &[Ipv4Addr], rounds: u32) {
     let cpu_per_round = t.cpu / t.rounds;
     let share = t.cpu.as_secs_f64() / (f64::from(t.rounds) * PERIOD.as_secs_f64()) * 100.0;
     println!(
-        "| {kind:?} | {} | {} | {} | {} ms | {share:.1} % | {} ms | {} ms | {} ms | {resent} | {} |",
+        "| {} | {} | {} | {} | {} ms | {share:.1} % | {} ms | {} ms | {} ms | {resent} | {} |",
+        label(kind),
         match pace {
             Pace::Spread => "spread over 1 s",
             Pace::Burst => "burst",
@@ -152,7 +166,7 @@ fn main() {
     rt.block_on(async {
         println!("| socket | pace | guests | rounds | CPU per round | CPU per second of probing (one core) | p50 | p99 | max | replies after a resend | failed |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
-        for kind in [Kind::Raw, Kind::Datagram] {
+        for kind in [None, Some(Kind::Raw), Some(Kind::Datagram)] {
             for pace in [Pace::Spread, Pace::Burst] {
                 bench(kind, pace, &targets, rounds).await;
             }
