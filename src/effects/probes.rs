@@ -33,7 +33,10 @@ impl Pinger {
             Err(e) => e,
         };
         let datagram = match Icmp::open(Kind::Datagram) {
-            Ok(icmp) => return Self::opened(icmp),
+            Ok(icmp) => {
+                tracing::info!(error = %raw, "no raw ICMP socket; probing through an unprivileged one");
+                return Self::opened(icmp);
+            }
             Err(e) => e,
         };
         tracing::warn!(raw = %raw, datagram = %datagram, "no ICMP socket (CAP_NET_RAW missing and unprivileged ICMP disabled): \
