@@ -54,6 +54,12 @@ bench:
 	$(CARGO) bench -j$(JOBS) -p reconcilers --all-features
 	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench replay
 
+# 1,000 loopback guests (127.1.x.y) pinged once a second through the ICMP probe path: CPU per
+# round and reply latency (docs/bench-probes.md). The raw rows need root or CAP_NET_RAW.
+.PHONY: bench-probes
+bench-probes:
+	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench probes
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets --all-features -- -D warnings

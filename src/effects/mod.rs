@@ -5,6 +5,7 @@
 pub mod cocoon;
 pub mod cocoon_json;
 pub mod dhcp_release;
+pub mod icmp;
 pub mod kube_writes;
 pub mod node;
 pub mod probes;
