@@ -1382,7 +1382,20 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
         Phase::Creating(c) => {
             let wake_reason = match c.step {
                 CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => "WakeCloneFailed",
-                _ => "WakePullFailed",
+                CreateStep::CheckEvidence
+                | CreateStep::RemoveFork
+                | CreateStep::PullImage
+                | CreateStep::Run
+                | CreateStep::InspectSnapshot { .. }
+                | CreateStep::InspectForkSource
+                | CreateStep::SaveForkSnapshot { .. }
+                | CreateStep::RemoveTakenFork { .. }
+                | CreateStep::InspectNameTaken
+                | CreateStep::PullSnapshot { .. }
+                | CreateStep::InspectLocal { .. }
+                | CreateStep::VerifyRemote { .. }
+                | CreateStep::PullHibernate { .. }
+                | CreateStep::AwaitForkSave { .. } => "WakePullFailed",
             };
             match c.purpose {
                 Purpose::Fresh => (c.purpose, reason.unwrap_or("CreateBringUpFailed")),

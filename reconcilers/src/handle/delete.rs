@@ -290,9 +290,10 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 message,
             }),
         ) => {
-            let why = match kind {
-                VmNotFound => "is gone",
-                _ => "is not running",
+            let why = if kind == VmNotFound {
+                "is gone"
+            } else {
+                "is not running"
             };
             s.emit(Action::Log {
                 level: Level::Info,
