@@ -142,7 +142,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
         // the operator sees lifecycle `failed` naming the key; retrying cannot help, so the
         // pod waits for a change instead.
         Err(err) if err.key == crate::keys::VM_NAME => {
-            let reason = if err.message.starts_with("missing") {
+            let reason = if err.missing {
                 "missing_vmname"
             } else {
                 "invalid_vmname"

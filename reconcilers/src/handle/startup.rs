@@ -38,7 +38,7 @@ pub fn try_start(s: &mut State) {
     }
     s.startup = Startup::Done;
     // B3: records still `creating` are settled first and never enter the adoption index.
-    let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.state == "creating");
+    let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.is_creating());
     for vm in &stale {
         crate::stale_create::begin(s, vm);
     }
@@ -132,7 +132,7 @@ fn resume_hibernate(s: &mut State, key: &PodKey) {
 /// A VM no pod claims (B8). A `creating` placeholder goes through stale-create (B3) instead:
 /// it may belong to a create that is still running.
 pub(crate) fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
-    if vm.state == "creating" {
+    if vm.is_creating() {
         crate::stale_create::begin(s, vm);
         return;
     }

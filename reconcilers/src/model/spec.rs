@@ -142,6 +142,9 @@ pub struct SpecError {
     /// The annotation key or pod field at fault.
     pub key: String,
     pub message: String,
+    /// The key is absent (rather than present with a bad value).
+    #[serde(default)]
+    pub missing: bool,
 }
 
 impl fmt::Display for SpecError {
@@ -150,8 +153,16 @@ impl fmt::Display for SpecError {
     }
 }
 
+fn missing(key: &str, message: impl Into<String>) -> SpecError {
+    SpecError {
+        missing: true,
+        ..err(key, message)
+    }
+}
+
 fn err(key: &str, message: impl Into<String>) -> SpecError {
     SpecError {
+        missing: false,
         key: key.to_string(),
         message: message.into(),
     }
@@ -163,7 +174,7 @@ fn text<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
 
 pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
     let vm_name = text(pod, keys::VM_NAME)
-        .ok_or_else(|| err(keys::VM_NAME, "missing: the pod must name its VM"))?;
+        .ok_or_else(|| missing(keys::VM_NAME, "missing: the pod must name its VM"))?;
     if !names::valid_vm_name(vm_name) {
         return Err(err(
             keys::VM_NAME,
@@ -275,7 +286,7 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         && fork_from.is_none()
         && os != Os::Macos
     {
-        return Err(err(
+        return Err(missing(
             keys::IMAGE,
             "missing: a managed VM needs an image to run or clone",
         ));
@@ -285,13 +296,13 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         (None, None)
     } else {
         let id = text(pod, keys::VM_ID).ok_or_else(|| {
-            err(
+            missing(
                 keys::VM_ID,
                 "missing: an unmanaged pod must carry its VM id",
             )
         })?;
         let ip = text(pod, keys::VM_IP).ok_or_else(|| {
-            err(
+            missing(
                 keys::VM_IP,
                 "missing: an unmanaged pod must carry its VM ip",
             )
