@@ -33,7 +33,7 @@ unit:
 e2e: deps
 	$(CARGO) test -j$(JOBS) -p vk-cocoon-e2e -- --test-threads=1
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_daemon --test e2e_rbac -- --test-threads=1
-	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_registry -- --test-threads=1
+	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_registry --test e2e_stateful -- --test-threads=1
 
 # The main job: a live testbed, the daemon, three sample pods going Ready (Ctrl-C ends it;
 # DEMO_ONCE=1 exits once every pod is Ready).
@@ -59,6 +59,12 @@ bench-snapshot: deps
 bench:
 	$(CARGO) bench -j$(JOBS) -p reconcilers --all-features
 	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench replay
+
+# 1,000 loopback guests (127.1.x.y) pinged once a second through the ICMP probe path: CPU per
+# round and reply latency (docs/bench-probes.md). The raw rows need root or CAP_NET_RAW.
+.PHONY: bench-probes
+bench-probes:
+	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench probes
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,5 +1,6 @@
 # e2e testbed targets, included by the top-level Makefile.
-#   make deps            build kube-apiserver, kubectl, etcd, registry (cached in ~/.cache/vk-cocoon)
+#   make deps            install the harness's Debian packages and build kube-apiserver, kubectl,
+#                        etcd, registry (cached in ~/.cache/vk-cocoon)
 #   make testbed-up      start the testbed in the background and print its exports:
 #                          eval "$$(make -s testbed-up)"
 #   make testbed-status  list testbed runs and their processes
@@ -13,8 +14,10 @@ TESTBED_BIN := $(E2E_TARGET_DIR)/debug/testbed
 # A prerequisite-only rule, so the top-level Makefile may still give `deps` its own recipe.
 deps: testbed-deps
 
+# The Debian packages the harness runs (iproute2, ping, prometheus) and the Go-built control
+# plane: a fresh machine gets them here, a warm one skips both in under a second.
 testbed-deps:
-	@bash e2e/scripts/build-deps.sh >&2
+	@bash e2e/scripts/ci-setup.sh >&2
 
 testbed-build:
 	@cargo build -j2 -p vk-cocoon-e2e -p cocoon-sim --bins >&2

@@ -19,6 +19,15 @@ pub struct Metrics {
     lease_release: IntCounterVec,
     wake_ip_wait: IntCounterVec,
     snapshot_pull: IntCounterVec,
+    snapshot_save: IntCounterVec,
+    snapshot_push: IntCounterVec,
+    hibernate: IntCounterVec,
+    wake: IntCounterVec,
+    snapshot_verify: IntCounterVec,
+    hibernate_evidence: IntCounterVec,
+    save_duration: Histogram,
+    push_duration: Histogram,
+    pull_duration: Histogram,
     clone_from_dir: IntCounterVec,
     startup_resume: IntCounterVec,
     boot_duration: HistogramVec,
@@ -69,7 +78,31 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(probe.clone())).expect("unique metric");
+        let seconds = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .expect("valid metric");
+            r.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
+        let save_duration = seconds(
+            "cocoon_vk_snapshot_save_duration_seconds",
+            "Snapshot save time",
+            &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0],
+        );
+        let push_duration = seconds(
+            "cocoon_vk_snapshot_push_duration_seconds",
+            "Registry push time",
+            &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+        );
+        let pull_duration = seconds(
+            "cocoon_vk_snapshot_pull_duration_seconds",
+            "Registry pull time",
+            &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+        );
         Self {
+            save_duration,
+            push_duration,
+            pull_duration,
             pod_lifecycle: counter_vec(
                 &r,
                 "cocoon_vk_pod_lifecycle_total",
@@ -115,6 +148,42 @@ impl Metrics {
                 "cocoon_vk_snapshot_pull_total",
                 "Snapshot pull counts",
                 &["result"],
+            ),
+            snapshot_save: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_save_total",
+                "Snapshot save counts",
+                &["result"],
+            ),
+            snapshot_push: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_push_total",
+                "Snapshot push counts",
+                &["result"],
+            ),
+            hibernate: counter_vec(
+                &r,
+                "cocoon_vk_hibernate_total",
+                "Hibernate stage outcomes",
+                &["phase", "result"],
+            ),
+            wake: counter_vec(
+                &r,
+                "cocoon_vk_wake_total",
+                "Wake operation outcomes",
+                &["result"],
+            ),
+            snapshot_verify: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_verify_total",
+                "Wake-time verification of the local snapshot against the registry tag",
+                &["result"],
+            ),
+            hibernate_evidence: counter_vec(
+                &r,
+                "cocoon_vk_hibernate_evidence_total",
+                "Fresh boots intercepted by hibernate evidence",
+                &["verdict"],
             ),
             clone_from_dir: counter_vec(
                 &r,
@@ -176,6 +245,22 @@ impl Metrics {
                 self.lease_release.with_label_values(&[result]).inc()
             }
             Counter::UnexpectedOutcome => self.unexpected_outcome.inc(),
+            Counter::SnapshotSave { result } => {
+                self.snapshot_save.with_label_values(&[result]).inc()
+            }
+            Counter::SnapshotPush { result } => {
+                self.snapshot_push.with_label_values(&[result]).inc()
+            }
+            Counter::Hibernate { phase, result } => {
+                self.hibernate.with_label_values(&[phase, result]).inc()
+            }
+            Counter::Wake { result } => self.wake.with_label_values(&[result]).inc(),
+            Counter::SnapshotVerify { result } => {
+                self.snapshot_verify.with_label_values(&[result]).inc()
+            }
+            Counter::HibernateEvidence { verdict } => {
+                self.hibernate_evidence.with_label_values(&[verdict]).inc()
+            }
         }
     }
 
@@ -185,6 +270,15 @@ impl Metrics {
                 .boot_duration
                 .with_label_values(&[mode, backend])
                 .observe(millis as f64 / 1000.0),
+            CoreHistogram::SnapshotSaveDuration => {
+                self.save_duration.observe(millis as f64 / 1000.0)
+            }
+            CoreHistogram::SnapshotPushDuration => {
+                self.push_duration.observe(millis as f64 / 1000.0)
+            }
+            CoreHistogram::SnapshotPullDuration => {
+                self.pull_duration.observe(millis as f64 / 1000.0)
+            }
         }
     }
 

@@ -432,3 +432,100 @@ async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
     daemon::replay_verify(&j_destroy)?;
     Ok(())
 }
+
+/// Closes net.ipv4.ping_group_range (no group may open unprivileged ICMP sockets) for as long
+/// as it lives, then puts the old value back.
+struct PingGroupRangeClosed {
+    saved: Option<String>,
+}
+
+impl PingGroupRangeClosed {
+    const PATH: &'static str = "/proc/sys/net/ipv4/ping_group_range";
+
+    fn new() -> Result<Self> {
+        let saved = std::fs::read_to_string(Self::PATH)?;
+        let bounds: Vec<u64> = saved
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        if matches!(bounds[..], [lo, hi] if lo > hi) {
+            return Ok(Self { saved: None });
+        }
+        std::fs::write(Self::PATH, "1 0").context("closing ping_group_range")?;
+        Ok(Self { saved: Some(saved) })
+    }
+}
+
+impl Drop for PingGroupRangeClosed {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.saved {
+            if let Err(e) = std::fs::write(Self::PATH, saved.trim()) {
+                eprintln!("could not restore {} to {saved:?}: {e}", Self::PATH);
+            }
+        }
+    }
+}
+
+/// R9 end to end: a daemon without CAP_NET_RAW, on a host where unprivileged ICMP is closed,
+/// opens no ICMP socket; its ICMP probes pass on a resolved IP, so pods still go Ready, and
+/// /metrics says the probes are degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn icmp_probes_degrade_without_net_raw() -> Result<()> {
+    let Some(setpriv) = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        eprintln!(
+            "skipped: setpriv (util-linux) is not installed, so CAP_NET_RAW cannot be dropped"
+        );
+        return Ok(());
+    };
+    let _closed = PingGroupRangeClosed::new()?;
+    let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
+    let journal = tb.run_dir().join("journal-degraded").join("events.jsonl");
+    let opts = DaemonOptions {
+        launcher: [
+            setpriv,
+            "--inh-caps=-net_raw",
+            "--bounding-set=-net_raw",
+            "--",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..DaemonOptions::default()
+    };
+    let metrics_port = e2e::ports::free_port()?;
+    let mut d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
+    wait_node(&tb).await.with_context(|| d.proc.log_tail(40))?;
+
+    let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
+    create_pod(
+        &pods,
+        &pod_manifest(
+            NS,
+            "degraded-a",
+            NODE,
+            json!({"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/name": "vk-default-degraded-a",
+                   "cocoonset.cocoonstack.io/mode": "run", "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
+        )?,
+    )
+    .await?;
+    let p = wait_ready(&pods, "degraded-a", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
+    ensure!(pod_ip(&p).is_some(), "a degraded probe still needs an IP");
+    ensure!(
+        daemon::metric(metrics_port, "cocoon_vk_probe_icmp_degraded").await? == 1.0,
+        "cocoon_vk_probe_icmp_degraded must be 1 without any ICMP socket"
+    );
+    let log = std::fs::read_to_string(d.proc.log_path())?;
+    ensure!(
+        log.matches("no ICMP socket").count() == 1,
+        "the degraded mode is announced once:\n{}",
+        d.proc.log_tail(40)
+    );
+
+    d.proc.stop();
+    daemon::replay_verify(&journal)?;
+    Ok(())
+}

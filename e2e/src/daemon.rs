@@ -18,6 +18,9 @@ pub struct DaemonOptions {
     pub kubelet_port: u16,
     /// Extra environment, e.g. simulator timing for a benchmark.
     pub env: Vec<(String, String)>,
+    /// A program and its arguments that start the daemon instead of running it directly, e.g.
+    /// `setpriv` to take a capability away from it.
+    pub launcher: Vec<String>,
 }
 
 impl DaemonOptions {
@@ -30,6 +33,7 @@ impl DaemonOptions {
             metrics_port: crate::ports::free_port()?,
             kubelet_port: crate::ports::free_port()?,
             env: Vec::new(),
+            launcher: Vec::new(),
         })
     }
 }
@@ -37,7 +41,14 @@ impl DaemonOptions {
 /// Spawns `vk-cocoon run` as part of the testbed's run (torn down with it).
 pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
     let sim = tb.sim.as_ref().context("testbed without the simulator")?;
-    let mut cmd = Command::new(&o.bin);
+    let mut cmd = match o.launcher.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&o.bin);
+            c
+        }
+        None => Command::new(&o.bin),
+    };
     cmd.arg("run")
         .envs(sim.env())
         .env("KUBECONFIG", tb.kubeconfig()?)
@@ -52,6 +63,8 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .env("VK_ORPHAN_POLICY", &o.orphan_policy)
         .env("VK_COCOON_NET_CONTROL_SOCKET", &sim.control_socket)
         .env("VK_JOURNAL_PATH", &o.journal)
+        .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
+        .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"))
         .env("VK_LOG_LEVEL", "info")
         .envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)

@@ -458,6 +458,7 @@ impl Config {
     pub fn to_core(&self) -> reconcilers::Config {
         reconcilers::Config {
             node_name: self.node_name.clone(),
+            registry: self.oci_registry.clone(),
             node_ip: self.node_ip.to_string(),
             orphan_policy: self.orphan_policy,
             cpu_class: self.snapshot_cpu_class.clone(),

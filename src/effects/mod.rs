@@ -5,9 +5,11 @@
 pub mod cocoon;
 pub mod cocoon_json;
 pub mod dhcp_release;
+pub mod icmp;
 pub mod kube_writes;
 pub mod node;
 pub mod probes;
+pub mod registry;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +31,8 @@ pub struct Executor {
     pub node_name: String,
     /// cocoon-net's control socket (D6); `None`: releases are off.
     pub dhcp_release_socket: Option<std::path::PathBuf>,
+    /// The registry (`OCI_REGISTRY`); `None`: unset.
+    pub transfers: Option<Arc<registry::Transfers>>,
     cocoon_slots: Arc<Semaphore>,
     kube_slots: Arc<Semaphore>,
 }
@@ -51,9 +55,16 @@ impl Executor {
             metrics,
             node_name,
             dhcp_release_socket,
+            transfers: None,
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
         }
+    }
+
+    /// Registry calls go through `transfers` (built from `OCI_REGISTRY`).
+    pub fn with_transfers(mut self, transfers: Option<Arc<registry::Transfers>>) -> Self {
+        self.transfers = transfers;
+        self
     }
 
     /// Runs one action. `RegisterNode` and `Fatal` are the loop's own business.
@@ -147,6 +158,16 @@ impl Executor {
                 Level::Warn => tracing::warn!("{message}"),
                 Level::Error => tracing::error!("{message}"),
             },
+            Action::CallRegistry { op, call, .. } => {
+                let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
+                tokio::spawn(async move {
+                    let result = match transfers {
+                        Some(t) => t.call(&call).await,
+                        None => Err(registry::not_configured(&call)),
+                    };
+                    let _ = tx.send(Event::RegistryDone { op, result });
+                });
+            }
             Action::RegisterNode | Action::Abort { .. } => {}
         }
     }

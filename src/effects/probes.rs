@@ -1,48 +1,52 @@
 //! Running the probes the core schedules (R5, R8–R10). One shared ICMP socket serves every
-//! guest (surge-ping demultiplexes replies by id, sequence and address on its own receive
-//! task); raw first, then an unprivileged datagram socket, else the degraded mode of R9.
+//! guest (see `effects::icmp`); raw first, then an unprivileged datagram socket, else the
+//! degraded mode of R9.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reconcilers::action::{ProbeCheck, ProbeTarget};
 use reconcilers::pod::PodKey;
 use reconcilers::Event;
-use surge_ping::{PingIdentifier, PingSequence, ICMP};
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
+use crate::effects::icmp::{Icmp, Kind};
 use crate::metrics::Metrics;
 use crate::sources::EventTx;
 
 const PROBE_DEADLINE: Duration = Duration::from_secs(3);
-const PAYLOAD: &[u8] = b"vk-cocoon";
 
 #[derive(Clone)]
 pub enum Pinger {
-    Icmp(surge_ping::Client),
+    Icmp(Arc<Icmp>),
     /// No ICMP socket could be opened: an IP that resolved counts as reachable (R9).
     Degraded,
 }
 
 impl Pinger {
     pub fn open() -> Self {
-        let config = surge_ping::Config::builder()
-            .kind(ICMP::V4)
-            .sock_type_hint(socket2::Type::RAW)
-            .build();
-        match surge_ping::Client::new(&config) {
-            Ok(c) => {
-                tracing::info!(kind = ?c.get_socket().get_type(), "ICMP probe socket open");
-                Pinger::Icmp(c)
+        let raw = match Icmp::open(Kind::Raw) {
+            Ok(icmp) => return Self::opened(icmp),
+            Err(e) => e,
+        };
+        let datagram = match Icmp::open(Kind::Datagram) {
+            Ok(icmp) => {
+                tracing::info!(error = %raw, "no raw ICMP socket; probing through an unprivileged one");
+                return Self::opened(icmp);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "no ICMP socket (CAP_NET_RAW missing and unprivileged ICMP disabled): \
-                    ICMP probes degrade to 'an IP resolved = ready'; TCP and SSH probes stay real");
-                Pinger::Degraded
-            }
-        }
+            Err(e) => e,
+        };
+        tracing::warn!(raw = %raw, datagram = %datagram, "no ICMP socket (CAP_NET_RAW missing and unprivileged ICMP disabled): \
+            ICMP probes degrade to 'an IP resolved = ready'; TCP and SSH probes stay real");
+        Pinger::Degraded
+    }
+
+    fn opened(icmp: Icmp) -> Self {
+        tracing::info!(kind = ?icmp.kind(), "ICMP probe socket open");
+        Pinger::Icmp(Arc::new(icmp))
     }
 
     pub fn degraded(&self) -> bool {
@@ -56,18 +60,15 @@ pub struct Probes {
     tasks: HashMap<PodKey, JoinHandle<()>>,
     tx: EventTx,
     metrics: Metrics,
-    ident: u16,
 }
 
 impl Probes {
     pub fn new(pinger: Pinger, tx: EventTx, metrics: Metrics) -> Self {
-        let ident = (std::process::id() & 0xffff) as u16;
         Self {
             pinger,
             tasks: HashMap::new(),
             tx,
             metrics,
-            ident,
         }
     }
 
@@ -75,13 +76,11 @@ impl Probes {
         let pinger = self.pinger.clone();
         let tx = self.tx.clone();
         let metrics = self.metrics.clone();
-        let ident = self.ident;
         let task_key = key.clone();
         let handle = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             let started = Instant::now();
-            let result =
-                tokio::time::timeout(PROBE_DEADLINE, check(&pinger, &target, ident, probe)).await;
+            let result = tokio::time::timeout(PROBE_DEADLINE, check(&pinger, &target)).await;
             metrics
                 .probe_duration
                 .observe(started.elapsed().as_secs_f64());
@@ -115,7 +114,7 @@ impl Probes {
     }
 }
 
-async fn check(pinger: &Pinger, target: &ProbeTarget, ident: u16, seq: u64) -> Result<(), String> {
+async fn check(pinger: &Pinger, target: &ProbeTarget) -> Result<(), String> {
     let ip: IpAddr = match &target.ip {
         None => return Err("waiting for dhcp lease".into()),
         Some(ip) => ip
@@ -143,14 +142,14 @@ async fn check(pinger: &Pinger, target: &ProbeTarget, ident: u16, seq: u64) -> R
         }
         ProbeCheck::Icmp => match pinger {
             Pinger::Degraded => Ok(()),
-            Pinger::Icmp(client) => {
-                let mut p = client.pinger(ip, PingIdentifier(ident)).await;
-                p.timeout(PROBE_DEADLINE);
-                p.ping(PingSequence((seq & 0xffff) as u16), PAYLOAD)
+            Pinger::Icmp(icmp) => match ip {
+                IpAddr::V4(v4) => icmp
+                    .ping(v4, PROBE_DEADLINE)
                     .await
                     .map(drop)
-                    .map_err(|e| format!("ping {ip}: {e}"))
-            }
+                    .map_err(|e| format!("ping {ip}: {e}")),
+                IpAddr::V6(_) => Err(format!("ping {ip}: ICMP probes are IPv4 only")),
+            },
         },
     }
 }

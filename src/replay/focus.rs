@@ -21,7 +21,8 @@ fn timer_key(t: &Timer) -> Option<&PodKey> {
         | Timer::IpWait { key, .. }
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
-        | Timer::EvictRetry { key, .. } => Some(key),
+        | Timer::EvictRetry { key, .. }
+        | Timer::HibernateRetry { key, .. } => Some(key),
         Timer::StaleCreate { .. } | Timer::Sweep => None,
     }
 }
@@ -56,7 +57,9 @@ impl Focus {
                 timer: Timer::StaleCreate { name, .. },
             } => self.vm_name.as_deref() == Some(name.as_str()),
             Event::TimerFired { timer } => timer_key(timer) == Some(&self.key),
-            Event::CocoonDone { op, .. } | Event::KubeDone { op, .. } => self.ops.remove(op),
+            Event::CocoonDone { op, .. }
+            | Event::KubeDone { op, .. }
+            | Event::RegistryDone { op, .. } => self.ops.remove(op),
             Event::VmStream { vm, .. } => {
                 before.vm_ids.get(&vm.id) == Some(&self.key)
                     || before.vm_names.get(&vm.name) == Some(&self.key)
@@ -68,7 +71,9 @@ impl Focus {
 
     pub fn action(&mut self, a: &Action) -> bool {
         let (key, op) = match a {
-            Action::RunCocoon { op, key, .. } => (key.as_ref(), Some(*op)),
+            Action::RunCocoon { op, key, .. } | Action::CallRegistry { op, key, .. } => {
+                (key.as_ref(), Some(*op))
+            }
             Action::PatchPod { op, key, .. } | Action::DeletePod { op, key, .. } => {
                 (Some(key), Some(*op))
             }

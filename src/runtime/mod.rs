@@ -33,6 +33,10 @@ pub struct Settings {
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
     pub dhcp_release_socket: Option<PathBuf>,
+    /// `OCI_REGISTRY`.
+    pub registry: Option<String>,
+    pub staging_dir: PathBuf,
+    pub snapshot: crate::config::SnapshotTransfer,
 }
 
 fn now_ms() -> i64 {
@@ -96,6 +100,19 @@ pub async fn run(settings: Settings) -> Result<()> {
         .probe_degraded
         .set(if pinger.degraded() { 1.0 } else { 0.0 });
     let probes = Probes::new(pinger, tx.clone(), metrics.clone());
+    let transfers = match &settings.registry {
+        Some(base) => Some(std::sync::Arc::new(
+            crate::effects::registry::Transfers::new(
+                base,
+                &settings.staging_dir,
+                &settings.snapshot,
+                settings.cocoon.clone(),
+                settings.node.name.clone(),
+            )
+            .with_context(|| format!("OCI_REGISTRY={base:?}"))?,
+        )),
+        None => None,
+    };
     let mut exec = Executor::new(
         settings.cocoon.clone(),
         client.clone(),
@@ -104,7 +121,8 @@ pub async fn run(settings: Settings) -> Result<()> {
         metrics.clone(),
         settings.node.name.clone(),
         settings.dhcp_release_socket.clone(),
-    );
+    )
+    .with_transfers(transfers);
 
     let mut tasks = vec![
         tokio::spawn(pods::run(

@@ -45,6 +45,9 @@ impl Settings {
             tls_key: c.tls_key.clone(),
             root_dir: c.cocoon_root_dir.display().to_string(),
             dhcp_release_socket: c.cocoon_net_control_socket.clone(),
+            registry: c.oci_registry.clone(),
+            staging_dir: c.staging_dir.clone(),
+            snapshot: c.snapshot.clone(),
         })
     }
 }

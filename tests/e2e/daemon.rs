@@ -22,6 +22,8 @@ pub struct DaemonOptions {
     pub orphan_policy: &'static str,
     /// Extra environment, e.g. simulator timing for a benchmark.
     pub env: Vec<(String, String)>,
+    /// Starts the daemon through this program and arguments (see e2e::daemon::DaemonOptions).
+    pub launcher: Vec<String>,
 }
 
 impl Default for DaemonOptions {
@@ -30,6 +32,7 @@ impl Default for DaemonOptions {
             node: "node-a".into(),
             orphan_policy: "destroy",
             env: Vec::new(),
+            launcher: Vec::new(),
         }
     }
 }
@@ -48,6 +51,7 @@ pub fn start(
     o.metrics_port = metrics_port;
     o.kubelet_port = kubelet_port;
     o.env = opts.env.clone();
+    o.launcher = opts.launcher.clone();
     Ok(Daemon {
         proc: e2e::daemon::start(tb, &o)?,
     })

@@ -32,6 +32,8 @@ pub struct Env {
     pub guest_ports: Vec<u16>,
     pub ipam_dir: PathBuf,
     pub exec: ExecMode,
+    pub disk_bytes: u64,
+    pub disk_data_bytes: u64,
 }
 
 #[derive(Default, Clone, Debug)]
@@ -43,6 +45,17 @@ pub struct DirFlags {
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// A byte count as cocoon spells sizes (`1073741824`, `64M`, `1GiB`).
+fn bytes(name: &str, default: u64) -> Result<u64> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => match crate::names::ram_in_bytes(&v) {
+            Ok(n) if n >= 0 => Ok(n as u64),
+            _ => fail(format!("{name}={v:?}: not a byte size")),
+        },
+    }
 }
 
 fn ms(name: &str, default: u64) -> Result<u64> {
@@ -132,7 +145,16 @@ impl Env {
         let ipam_dir = var("COCOON_SIM_IPAM_DIR")
             .map(|p| absolute(p.into()))
             .unwrap_or_else(default_ipam_dir);
+        let disk_bytes = bytes("COCOON_SIM_DISK_BYTES", 8 << 20)?;
+        if disk_bytes < crate::disk::GUESTFS_REGION {
+            return fail(format!(
+                "COCOON_SIM_DISK_BYTES={disk_bytes}: below the {} bytes the guest filesystem needs",
+                crate::disk::GUESTFS_REGION
+            ));
+        }
         Ok(Env {
+            disk_bytes,
+            disk_data_bytes: bytes("COCOON_SIM_DISK_DATA_BYTES", 0)?,
             run_dir,
             log_dir,
             leases,

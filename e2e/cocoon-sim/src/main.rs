@@ -1,9 +1,11 @@
 //! `cocoon` — a simulator of the cocoon MicroVM CLI for vk-cocoon's tests. See README.md.
 
+mod archive;
 mod cgroup;
 mod cleanup;
 mod cli;
 mod config;
+mod disk;
 mod error;
 mod events;
 mod faults;
@@ -20,6 +22,7 @@ mod netns;
 mod output;
 mod sim;
 mod snapshot;
+mod sparse;
 mod store;
 mod timefmt;
 mod vm;

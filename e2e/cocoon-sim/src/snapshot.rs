@@ -1,15 +1,18 @@
-//! Snapshot verbs (CLI-6.15–CLI-6.19) and the archive envelope (CLI-9). Payload files are
+//! Snapshot verbs (CLI-6.15–CLI-6.19) and the archive envelope (CLI-9). The disk is the VM's
+//! real sparse disk file, guest filesystem included; the memory and device-state files are
 //! small stand-ins named like cocoon's; `cocoon.json` carries the source NIC MACs for
 //! Firecracker clones.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 
+use crate::archive;
 use crate::cli::SnapCmd;
 use crate::config::Env;
+use crate::disk;
 use crate::error::{fail, Context, Error, Result};
 use crate::faults;
 use crate::guest;
@@ -19,6 +22,7 @@ use crate::model::{
 };
 use crate::names;
 use crate::output::{self, log};
+use crate::sparse;
 use crate::store::{self, Db, Resolve, Store};
 use crate::timefmt::{now_ns, rfc3339_nano};
 use crate::{exact_args, min_args};
@@ -92,12 +96,13 @@ pub fn source_macs_in(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-pub fn write_payload(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -> Result<()> {
+/// The snapshot's files besides its disk.
+fn write_state(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -> Result<()> {
     fs::create_dir_all(dir)?;
     let files: &[&str] = if hypervisor == FC {
-        &["vmstate", "mem", "cow.raw"]
+        &["vmstate", "mem"]
     } else {
-        &["config.json", "state.json", "memory-ranges", "cow.raw"]
+        &["config.json", "state.json", "memory-ranges"]
     };
     for f in files {
         fs::write(dir.join(f), format!("cocoon-sim {f} of {source_vm}\n"))?;
@@ -222,7 +227,12 @@ fn save(env: &Env, name: String, description: String, args: &[String]) -> Result
     insert_pending(&store, &cfg, &macs, "save snapshot")?;
     fx.sleep();
     let dir = env.snapshot_dir(&id);
-    if let Err(e) = write_payload(&dir, &vm.hypervisor, &vm.id, &macs) {
+    let captured = write_state(&dir, &vm.hypervisor, &vm.id, &macs).and_then(|()| {
+        let disk = disk::flush_guestfs(&vm)?;
+        let name = disk.file_name().unwrap_or_default();
+        sparse::copy(&disk, &dir.join(name)).ctx(format!("copy disk {}", disk.display()))
+    });
+    if let Err(e) = captured {
         let _ = fs::remove_dir_all(&dir);
         let _ = store.update(|db| {
             db.snapshots.remove(&id);
@@ -321,35 +331,6 @@ fn rm(env: &Env, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn data_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut v = Vec::new();
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_file()).unwrap_or(false) {
-                if let Some(n) = e.file_name().to_str() {
-                    v.push((n.to_string(), fs::read(e.path())?));
-                }
-            }
-        }
-    }
-    v.sort();
-    Ok(v)
-}
-
-fn append(
-    b: &mut tar::Builder<Box<dyn Write>>,
-    name: &str,
-    data: &[u8],
-    mtime: u64,
-) -> std::io::Result<()> {
-    let mut h = tar::Header::new_ustar();
-    h.set_size(data.len() as u64);
-    h.set_mode(0o644);
-    h.set_mtime(mtime);
-    h.set_entry_type(tar::EntryType::Regular);
-    b.append_data(&mut h, name, data)
-}
-
 fn export(env: &Env, output_path: Option<&str>, gzip: bool, args: &[String]) -> Result<()> {
     exact_args(args, 1)?;
     let fx = faults::on_verb(env, "snapshot export").map_err(|e| e.wrap("export"))?;
@@ -362,7 +343,8 @@ fn export(env: &Env, output_path: Option<&str>, gzip: bool, args: &[String]) -> 
         version: 1,
     };
     let json = output::pretty(&envelope)?;
-    let files = data_files(&env.snapshot_dir(&snap.config.id))?;
+    let dir = env.snapshot_dir(&snap.config.id);
+    let files = archive::data_files(&dir).map_err(|e| e.wrap("export"))?;
     let path = match output_path {
         Some(p) if !p.is_empty() => p.to_string(),
         _ => {
@@ -379,110 +361,75 @@ fn export(env: &Env, output_path: Option<&str>, gzip: bool, args: &[String]) -> 
     } else {
         Box::new(fs::File::create(&path).ctx("create output file")?)
     };
+    let mut sink = std::io::BufWriter::with_capacity(crate::sparse::CHUNK, sink);
     if fx.garbage {
-        let mut s = sink;
-        s.write_all(faults::GARBAGE.as_bytes())?;
+        sink.write_all(faults::GARBAGE.as_bytes())?;
+        sink.flush()?;
         return Ok(());
     }
-    let sink: Box<dyn Write> = if gzip {
-        Box::new(flate2::write::GzEncoder::new(
-            sink,
-            flate2::Compression::fast(),
-        ))
-    } else {
-        sink
-    };
     let mtime = (now_ns() / 1_000_000_000) as u64;
-    let mut b = tar::Builder::new(sink);
-    let res = (|| {
-        append(&mut b, "snapshot.json", json.as_bytes(), mtime)?;
-        for (name, data) in &files {
-            append(&mut b, name, data, mtime)?;
-        }
-        b.into_inner()?.flush()
-    })();
+    let res = if gzip {
+        let gz = flate2::write::GzEncoder::new(sink, flate2::Compression::fast());
+        archive::write(gz, json.as_bytes(), &dir, &files, mtime)
+            .and_then(|gz| gz.finish())
+            .and_then(|mut s| s.flush())
+    } else {
+        archive::write(sink, json.as_bytes(), &dir, &files, mtime).and_then(|mut s| s.flush())
+    };
     res.map_err(|e| Error::from(e).wrap("write archive"))
 }
 
-fn unwrap_gzip(raw: Vec<u8>) -> Result<Vec<u8>> {
-    if raw.len() >= 2 && raw[0] == 0x1f && raw[1] == 0x8b {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .ctx("decompress")?;
-        return Ok(out);
+fn parse_envelope(meta: &[u8]) -> Result<SnapshotEnvelope> {
+    let envelope: SnapshotEnvelope = serde_json::from_slice(meta).ctx("parse snapshot.json")?;
+    if envelope.version != 1 {
+        return fail(format!(
+            "unsupported snapshot archive version {}",
+            envelope.version
+        ));
     }
-    Ok(raw)
+    Ok(envelope)
 }
 
-fn read_archive(bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>> {
-    let mut files = BTreeMap::new();
-    let mut ar = tar::Archive::new(bytes);
-    for entry in ar.entries().ctx("extract archive")? {
-        let mut e = entry.ctx("extract archive")?;
-        if !e.header().entry_type().is_file() {
-            continue;
-        }
-        let path = e.path().ctx("extract archive")?.into_owned();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(String::from) else {
-            continue;
-        };
-        let mut data = Vec::new();
-        e.read_to_end(&mut data).ctx("extract archive")?;
-        files.insert(name, data);
-    }
-    Ok(files)
-}
-
+/// Streams the archive into a staging dir next to the store; only a complete, valid archive
+/// is renamed into place and gets a record, so a failed import leaves nothing behind.
 fn import(env: &Env, name: String, description: String, args: &[String]) -> Result<()> {
     if args.len() > 1 {
         return fail(format!("accepts at most 1 arg(s), received {}", args.len()));
     }
     let fx = faults::on_verb(env, "snapshot import").map_err(|e| e.wrap("import"))?;
-    let mut raw = Vec::new();
-    match args.first() {
-        Some(p) => {
-            fs::File::open(p)
-                .ctx("open archive")?
-                .read_to_end(&mut raw)?;
-        }
-        None => {
-            std::io::stdin().lock().read_to_end(&mut raw)?;
-        }
-    }
-    let res = (|| {
-        if raw.len() < 2 {
-            return fail("peek archive header: EOF");
-        }
-        let mut files = read_archive(&unwrap_gzip(raw)?)?;
-        let Some(meta) = files.remove("snapshot.json") else {
-            return fail("invalid snapshot archive: snapshot.json not found");
-        };
-        let envelope: SnapshotEnvelope =
-            serde_json::from_slice(&meta).ctx("parse snapshot.json")?;
-        if envelope.version != 1 {
-            return fail(format!(
-                "unsupported snapshot archive version {}",
-                envelope.version
-            ));
-        }
-        Ok((envelope.config, files))
+    let id = ids::new_id();
+    let dir = env.snapshot_dir(&id);
+    let staging = dir.with_extension("partial");
+    let received = (|| {
+        let src = archive::open(archive::source(args.first())?)?;
+        fs::create_dir_all(&staging)?;
+        let meta = archive::read(src, &staging, |m| parse_envelope(m).map(|_| ()))?;
+        parse_envelope(&meta)
     })();
-    let (mut cfg, files) = res.map_err(|e| e.wrap("import"))?;
-    cfg.id = ids::new_id();
+    let envelope = match received {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&staging);
+            return Err(e.wrap("import"));
+        }
+    };
+    let mut cfg = envelope.config;
+    cfg.id = id;
     if !name.is_empty() {
         cfg.name = name;
     }
     if !description.is_empty() {
         cfg.description = description;
     }
-    check_name(&cfg.name).map_err(|e| e.wrap("import"))?;
-    let dir = env.snapshot_dir(&cfg.id);
-    fs::create_dir_all(&dir)?;
-    for (n, data) in &files {
-        fs::write(dir.join(n), data)?;
+    if let Err(e) = check_name(&cfg.name) {
+        let _ = fs::remove_dir_all(&staging);
+        return Err(e.wrap("import"));
     }
     fx.sleep();
+    if let Err(e) = fs::rename(&staging, &dir) {
+        let _ = fs::remove_dir_all(&staging);
+        return Err(Error::from(e).wrap("import: commit"));
+    }
     let macs = source_macs_in(&dir);
     let store = Store::new(&env.root);
     if let Err(e) = insert_pending(&store, &cfg, &macs, "import") {
@@ -550,7 +497,15 @@ pub fn seed(env: &Env, a: crate::cli::SeedArgs) -> Result<()> {
         .collect();
     let store = Store::new(&env.root);
     insert_pending(&store, &cfg, &macs, "seed snapshot")?;
-    write_payload(&env.snapshot_dir(&id), &a.hypervisor, "seed", &macs)?;
+    let dir = env.snapshot_dir(&id);
+    write_state(&dir, &a.hypervisor, "seed", &macs)?;
+    disk::create(
+        &disk::in_snapshot(&dir, &cfg.image_type),
+        env.disk_bytes,
+        env.disk_data_bytes,
+        &id,
+        None,
+    )?;
     finalize(&store, &id, None)?;
     let s = store.read(|db| lookup(db, &id).cloned())?;
     output::print_pretty(&out(&s))

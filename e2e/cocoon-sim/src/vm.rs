@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::cli::{CloneArgs, RunArgs, VmCmd};
 use crate::config::Env;
+use crate::disk;
 use crate::error::{fail, Context, Error, Result};
 use crate::faults::{self, Effects, GARBAGE};
 use crate::guest;
@@ -97,26 +98,18 @@ pub fn nic(id: &str, index: i64, cpu: i64, fc: bool, queue_size: i64, bridge: &s
     }
 }
 
-/// Run/log dirs as cocoon lays them out, with a sparse COW file so disk-usage readers work.
-fn make_dirs(vm: &StoredVm) -> Result<()> {
+/// Run/log dirs as cocoon lays them out, and the writable disk: copied from the snapshot for
+/// a clone, created fresh when missing otherwise.
+fn make_dirs(env: &Env, vm: &StoredVm, disk_src: Option<&Path>) -> Result<()> {
     fs::create_dir_all(&vm.sim.run_dir)?;
     fs::create_dir_all(&vm.sim.log_dir)?;
-    if let Some(cow) = vm.storage_configs.iter().find(|d| d.role == "cow") {
-        if !Path::new(&cow.path).exists() {
-            let f = fs::File::create(&cow.path)?;
-            std::io::Write::write_all(&mut &f, &[0x5a; 4096])?;
-            f.set_len(vm.config.storage.max(4096) as u64)?;
-        }
+    match disk_src {
+        Some(src) => disk::restore(src, vm),
+        None => disk::ensure(env, vm),
     }
-    Ok(())
 }
 
-fn disks(env: &Env, vm_id: &str, run_dir: &str, cfg: &VmConfig) -> Vec<Disk> {
-    let cow_name = if cfg.image_type == "cloudimg" {
-        "overlay.qcow2"
-    } else {
-        "cow.raw"
-    };
+fn disks(env: &Env, run_dir: &str, cfg: &VmConfig) -> Vec<Disk> {
     let mut v = Vec::new();
     if !cfg.image_digest.is_empty() {
         let hex = cfg.image_digest.trim_start_matches("sha256:");
@@ -128,12 +121,11 @@ fn disks(env: &Env, vm_id: &str, run_dir: &str, cfg: &VmConfig) -> Vec<Disk> {
         });
     }
     v.push(Disk {
-        path: format!("{run_dir}/{cow_name}"),
+        path: format!("{run_dir}/{}", disk::file_name(&cfg.image_type)),
         ro: false,
         serial: "cocoon-cow".into(),
         role: "cow".into(),
     });
-    let _ = vm_id;
     v
 }
 
@@ -150,7 +142,7 @@ fn blank_vm(env: &Env, id: &str, hypervisor: &str, config: VmConfig, nics: Vec<N
         id: id.to_string(),
         hypervisor: hypervisor.to_string(),
         state: "creating".into(),
-        storage_configs: disks(env, id, &run_dir, &config),
+        storage_configs: disks(env, &run_dir, &config),
         config,
         network_configs: nics,
         first_booted: false,
@@ -218,8 +210,18 @@ fn save_vm(store: &Store, vm: &StoredVm) -> Result<()> {
 
 /// Network, cgroup, guest: the part of create shared by run and clone. On failure the record
 /// is marked `error` (cocoon's MarkError) and keeps its name.
-fn bring_up(env: &Env, store: &Store, vm: &mut StoredVm, fx: &Effects, verb: &str) -> Result<()> {
-    make_dirs(vm)?;
+fn bring_up(
+    env: &Env,
+    store: &Store,
+    vm: &mut StoredVm,
+    fx: &Effects,
+    verb: &str,
+    disk_src: Option<&Path>,
+) -> Result<()> {
+    if let Err(e) = make_dirs(env, vm, disk_src) {
+        rollback(env, store, vm);
+        return Err(e.wrap(verb));
+    }
     fx.sleep();
     if let Err(e) = vmnet::attach(env, vm) {
         rollback(env, store, vm);
@@ -303,7 +305,7 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
     let mut vm = blank_vm(env, &id, hypervisor, config, nics);
     let _owner = reserve(env, &store, &mut vm, "create VM")?;
     vm.transition("created", "create", now_ns());
-    bring_up(env, &store, &mut vm, &fx, &format!("start VM {id}"))?;
+    bring_up(env, &store, &mut vm, &fx, &format!("start VM {id}"), None)?;
     vm.first_booted = true;
     vm.transition("running", "boot", now_ns());
     save_vm(&store, &vm)?;
@@ -341,22 +343,31 @@ fn read_from_dir(dir: &str) -> Result<(SnapshotConfig, Vec<String>)> {
 
 fn clone(env: &Env, a: CloneArgs) -> Result<()> {
     let store = Store::new(&env.root);
-    let (snap, source_macs) = match (&a.from_dir, a.args.len()) {
+    let (snap, source_macs, src_dir) = match (&a.from_dir, a.args.len()) {
         (Some(_), n) if n > 0 => {
             return fail("--from-dir and positional SNAPSHOT are mutually exclusive")
         }
-        (Some(dir), _) => read_from_dir(dir)?,
+        (Some(dir), _) => {
+            let (cfg, macs) = read_from_dir(dir)?;
+            (cfg, macs, Path::new(dir).to_path_buf())
+        }
         (None, _) => {
             exact_args(&a.args, 1)?;
             let r = a.args[0].clone();
-            store
+            let (cfg, macs) = store
                 .read(|db| {
                     crate::snapshot::lookup(db, &r)
                         .map(|s| (s.config.clone(), s.source_macs.clone()))
                 })
-                .map_err(|e| e.wrap(format!("inspect snapshot {r}")))?
+                .map_err(|e| e.wrap(format!("inspect snapshot {r}")))?;
+            let dir = env.snapshot_dir(&cfg.id);
+            (cfg, macs, dir)
         }
     };
+    let disk_src = disk::in_snapshot(&src_dir, &snap.image_type);
+    if let Err(e) = fs::metadata(&disk_src) {
+        return Err(Error::from(e).wrap(format!("clone VM: snapshot disk {}", disk_src.display())));
+    }
     let fx = faults::on_verb(env, "vm clone")?;
     let fc = snap.hypervisor == FC;
     if fc {
@@ -470,7 +481,14 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         vm.sim.guest_mac = source_macs.first().cloned().unwrap_or_default();
     }
     let _owner = reserve(env, &store, &mut vm, "clone VM")?;
-    bring_up(env, &store, &mut vm, &fx, "clone VM: launch")?;
+    bring_up(
+        env,
+        &store,
+        &mut vm,
+        &fx,
+        "clone VM: launch",
+        Some(&disk_src),
+    )?;
     vm.first_booted = true;
     vm.transition("running", "clone", now_ns());
     save_vm(&store, &vm)?;
@@ -615,7 +633,7 @@ pub fn start_one(env: &Env, store: &Store, id: &str) -> Result<bool> {
         return fail(format!("vm {id} is creating, cannot start"));
     }
     fs::create_dir_all(env.vm_state_dir(id))?;
-    make_dirs(&vm)?;
+    make_dirs(env, &vm, None)?;
     vmnet::recover(env, &mut vm)?;
     vmnet::attach_cgroup(env, &mut vm);
     vm.sim.pid = guest::spawn(env, &vm)?;

@@ -118,7 +118,11 @@ fn builtin(vm: &StoredVm, argv: &[String], interactive: bool) -> i32 {
     }
 }
 
+/// The guest's filesystem is its working directory, so relative paths land where snapshots
+/// capture them.
 fn host_exec(vm: &StoredVm, argv: &[String], vars: &[String], interactive: bool) -> i32 {
+    let guestfs = crate::disk::guestfs_dir(vm);
+    let _ = fs::create_dir_all(&guestfs);
     let mut cmd = if vm.sim.netns.is_empty() {
         let mut c = Command::new(&argv[0]);
         c.args(&argv[1..]);
@@ -133,8 +137,10 @@ fn host_exec(vm: &StoredVm, argv: &[String], vars: &[String], interactive: bool)
             cmd.env(k, v);
         }
     }
-    cmd.env("COCOON_SIM_VM_ID", &vm.id)
+    cmd.current_dir(&guestfs)
+        .env("COCOON_SIM_VM_ID", &vm.id)
         .env("COCOON_SIM_VM_IP", &vm.sim.ip)
+        .env("COCOON_SIM_GUESTFS", &guestfs)
         .stdin(if interactive {
             Stdio::inherit()
         } else {

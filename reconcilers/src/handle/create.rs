@@ -2,16 +2,17 @@
 //! is out at a time; its outcome picks the next step, a Running pod, a Failed pod, or — when
 //! a delete came meanwhile — hands the pod to the delete.
 
-use crate::action::{Action, Counter, EventType, Histogram, Level, Timer};
+use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::config::RestoreMode;
-use crate::event::{CocoonOk, SnapshotInfo};
+use crate::event::{CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo};
 use crate::names;
-use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Retry, Running};
+use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Purpose, Retry, Running};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Mode, Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, State, Tracked, VmOwner};
+use crate::state::{CocoonOwner, ForkSave, Lifecycle, RegistryOwner, State, Tracked, VmOwner};
+use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{delete, keys, lifecycle, outcome, probe, tracking};
 
@@ -30,14 +31,164 @@ pub fn begin(s: &mut State, key: &PodKey) {
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => (0, None),
     };
     lifecycle::set(s, key, Lifecycle::Creating, None);
+    let owner = || RegistryOwner::Pod { key: key.clone() };
+    // C11 (evidence): with a registry, a fresh boot first asks whether the VM has a hibernate
+    // snapshot, so a wake lost to a restart restores instead of booting over it.
+    let (step, op) = match s.config.registry.is_some() {
+        true => {
+            let call = RegistryCall::Inspect {
+                name: spec.vm_name.clone(),
+                tag: "hibernate".into(),
+            };
+            let op = s.call_registry(owner(), Some(key.clone()), call);
+            (CreateStep::CheckEvidence, op)
+        }
+        false => (CreateStep::RemoveFork, remove_fork(s, key, &spec)),
+    };
+    let since = s.now;
+    if let Some(e) = s.pods.get_mut(key) {
+        e.phase = Phase::Creating(Creating {
+            step,
+            op: Some(op),
+            since,
+            step_since: since,
+            attempts,
+            last_failure,
+            cancel: None,
+            purpose: Purpose::Fresh,
+            scratch: None,
+        });
+    }
+}
+
+/// C6: a fresh bring-up never hands its predecessor's fork state to new sub-agents.
+fn remove_fork(s: &mut State, key: &PodKey, spec: &VmSpec) -> crate::action::OpId {
     let cmd = CocoonCmd::SnapshotRm {
         name: names::fork_snapshot(&spec.vm_name),
     };
+    s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    )
+}
+
+/// C11: the outcome of the evidence check of a fresh bring-up.
+fn evidence(s: &mut State, key: &PodKey, spec: &VmSpec, result: Result<RegistryOk, RegistryError>) {
+    let verdict = |s: &mut State, v: &str| {
+        s.emit(Action::Count {
+            counter: Counter::HibernateEvidence { verdict: v.into() },
+        })
+    };
+    let name = spec.vm_name.clone();
+    match result {
+        Ok(RegistryOk::Inspected { snapshot: None }) => {
+            let op = remove_fork(s, key, spec);
+            set_step(s, key, CreateStep::RemoveFork, op);
+        }
+        Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
+            if spec.clone_from_dir.is_some() || spec.fork_from.is_some() {
+                verdict(s, "source_conflict");
+                let msg = format!("{name}:hibernate exists, but the pod also asks for clone-from-dir or fork-from; delete the tag or the annotation");
+                return fail_as(
+                    s,
+                    key,
+                    Some("HibernateEvidenceFailed"),
+                    msg,
+                    Retry::OnChange,
+                );
+            }
+            if let Some(base) = r.base_image.as_deref().filter(|b| *b != spec.image) {
+                let msg = format!("{name}:hibernate was taken from image {base:?}, the pod asks for {:?}; delete the tag to boot fresh", spec.image);
+                verdict(s, "image_conflict");
+                return fail_as(
+                    s,
+                    key,
+                    Some("HibernateEvidenceFailed"),
+                    msg,
+                    Retry::OnChange,
+                );
+            }
+            verdict(s, "restored");
+            if let Some(e) = s.pod(key) {
+                let uid = e.pod.uid.clone();
+                s.emit(Action::RecordEvent {
+                    key: key.clone(),
+                    uid,
+                    kind: EventType::Warning,
+                    reason: "HibernateSnapshotExists".into(),
+                    message: format!(
+                        "create: {name}:hibernate exists: restoring it instead of booting fresh"
+                    ),
+                });
+            }
+            restore(s, key, Purpose::Restore);
+        }
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: evidence check of {name} answered {other:?}"),
+            );
+            verdict(s, "unavailable");
+            fail_as(
+                s,
+                key,
+                Some("HibernateEvidenceUnavailable"),
+                format!("{name}:hibernate: unexpected answer from the registry client"),
+                Retry::Timer,
+            )
+        }
+        // Fail closed: a registry that cannot answer never gets a fresh boot.
+        Err(err) => {
+            verdict(s, "unavailable");
+            let msg = format!(
+                "cannot tell whether {name}:hibernate exists, so the VM is not booted fresh: {}",
+                err.message
+            );
+            fail_as(
+                s,
+                key,
+                Some("HibernateEvidenceUnavailable"),
+                msg,
+                Retry::Timer,
+            )
+        }
+    }
+}
+
+/// U5 (and C11 with the restore marker): lifecycle `creating`, stale `id`/`ip` withdrawn,
+/// then the source is resolved (U6): the local `<vm>` snapshot verified against the
+/// registry's `<vm>:hibernate`, else a pull of that tag; then a clone as for a fresh pod.
+pub fn wake(s: &mut State, key: &PodKey) {
+    restore(s, key, Purpose::Wake)
+}
+
+pub(crate) fn restore(s: &mut State, key: &PodKey, purpose: Purpose) {
+    let Some(e) = s.pod(key) else { return };
+    let Some(name) = e.vm_name().map(str::to_string) else {
+        return;
+    };
+    let (attempts, last_failure) = match &e.phase {
+        Phase::Failed(f) => (f.attempts, Some(f.message.clone())),
+        Phase::Waiting
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => (0, None),
+    };
+    lifecycle::set(s, key, Lifecycle::Creating, None);
+    let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
     let op = s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
         Some(key.clone()),
@@ -46,14 +197,282 @@ pub fn begin(s: &mut State, key: &PodKey) {
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
         e.phase = Phase::Creating(Creating {
-            step: CreateStep::RemoveFork,
-            op,
+            step: CreateStep::InspectLocal { name },
+            op: Some(op),
             since,
+            step_since: since,
             attempts,
             last_failure,
             cancel: None,
+            purpose,
+            scratch: None,
         });
     }
+}
+
+/// U6: the outcome of a wake's source steps.
+fn wake_source(
+    s: &mut State,
+    key: &PodKey,
+    spec: &VmSpec,
+    step_now: CreateStep,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let registry = s.config.registry.is_some();
+    match (step_now, result) {
+        (CreateStep::InspectLocal { name }, Ok(CocoonOk::Snapshot { snapshot })) if registry => {
+            let call = RegistryCall::Inspect {
+                name: name.clone(),
+                tag: "hibernate".into(),
+            };
+            let op = s.call_registry(
+                RegistryOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                call,
+            );
+            set_step(
+                s,
+                key,
+                CreateStep::VerifyRemote {
+                    name,
+                    local_id: snapshot.id,
+                    local_image: snapshot.image,
+                },
+                op,
+            );
+        }
+        // No registry: the local copy is all there is, and counts as verified.
+        (CreateStep::InspectLocal { name }, Ok(CocoonOk::Snapshot { snapshot })) => {
+            verified(s, "ok");
+            clone_local(s, key, spec, name, !snapshot.image.is_empty());
+        }
+        // A restore checks the tag's identity before pulling it (C11); a wake pulls at once.
+        (
+            CreateStep::InspectLocal { name },
+            Err(CocoonError {
+                kind: CocoonErrorKind::SnapshotNotFound,
+                ..
+            }),
+        ) => {
+            let restore = matches!(s.pod(key).map(|e| &e.phase), Some(Phase::Creating(c)) if c.purpose == Purpose::Restore);
+            if restore && registry {
+                let call = RegistryCall::Inspect {
+                    name: name.clone(),
+                    tag: "hibernate".into(),
+                };
+                let op = s.call_registry(
+                    RegistryOwner::Pod { key: key.clone() },
+                    Some(key.clone()),
+                    call,
+                );
+                let next = CreateStep::VerifyRemote {
+                    name,
+                    local_id: String::new(),
+                    local_image: String::new(),
+                };
+                return set_step(s, key, next, op);
+            }
+            pull_hibernate(s, key, name)
+        }
+        (CreateStep::InspectLocal { name }, Err(err)) => wake_failed(
+            s,
+            key,
+            "WakePullFailed",
+            format!("snapshot inspect {name}: {}", err.message),
+        ),
+        (CreateStep::PullHibernate { import, .. }, Ok(CocoonOk::Snapshot { snapshot })) => {
+            if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+                c.scratch = Some(import.clone());
+            }
+            let cmd = clone_cmd(
+                s,
+                spec,
+                CloneSource::Snapshot(import),
+                !snapshot.image.is_empty(),
+            );
+            step(s, key, CreateStep::Clone, cmd);
+        }
+        (CreateStep::PullHibernate { import, .. }, Err(err)) => wake_failed(
+            s,
+            key,
+            "WakePullFailed",
+            format!("snapshot inspect {import}: {}", err.message),
+        ),
+        (other, Ok(answer)) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: wake step {other:?} answered {answer:?}"),
+            );
+            wake_failed(
+                s,
+                key,
+                "WakePullFailed",
+                "wake: unexpected answer from cocoon".into(),
+            )
+        }
+        (other, Err(err)) => wake_failed(
+            s,
+            key,
+            "WakePullFailed",
+            format!("{other:?}: {}", err.message),
+        ),
+    }
+}
+
+/// The outcome of a wake's registry calls: the verification of the local copy, or the pull.
+fn wake_registry(
+    s: &mut State,
+    key: &PodKey,
+    spec: &VmSpec,
+    purpose: Purpose,
+    step_now: CreateStep,
+    since: Millis,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    match (step_now, result) {
+        (
+            CreateStep::VerifyRemote {
+                name,
+                local_id,
+                local_image,
+            },
+            Ok(RegistryOk::Inspected { snapshot }),
+        ) => {
+            if let (Purpose::Restore, Some(base)) = (
+                purpose,
+                snapshot.as_ref().and_then(|r| r.base_image.as_deref()),
+            ) {
+                if base != spec.image {
+                    return image_conflict(s, key, &name, base, &spec.image);
+                }
+            }
+            match snapshot {
+                // No local copy: only the identity was checked; the tag is pulled.
+                _ if local_id.is_empty() => pull_hibernate(s, key, name),
+                Some(r) if r.snapshot_id == local_id => {
+                    verified(s, "ok");
+                    clone_local(s, key, spec, name, !local_image.is_empty())
+                }
+                // Stale: the tag is gone or holds another save; the local copies go.
+                Some(_) | None => {
+                    verified(s, "stale");
+                    crate::delete::remove_local_snapshots(s, key, &name);
+                    pull_hibernate(s, key, name)
+                }
+            }
+        }
+        (CreateStep::VerifyRemote { name, .. }, Err(err)) => {
+            // An unverified local copy is never used.
+            verified(s, "error");
+            wake_failed(
+                s,
+                key,
+                "WakePullFailed",
+                format!("verify {name}:hibernate: {}", err.message),
+            )
+        }
+        (CreateStep::PullHibernate { name, import }, Ok(RegistryOk::Pulled)) => {
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotPullDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            let cmd = CocoonCmd::SnapshotInspect {
+                name: import.clone(),
+            };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            set_step(s, key, CreateStep::PullHibernate { name, import }, op);
+        }
+        (CreateStep::PullHibernate { name, .. }, Err(err)) => wake_failed(
+            s,
+            key,
+            "WakePullFailed",
+            format!("pull {name}:hibernate: {}", err.message),
+        ),
+        (other, Ok(answer)) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: wake step {other:?} answered {answer:?}"),
+            );
+            wake_failed(
+                s,
+                key,
+                "WakePullFailed",
+                "wake: unexpected answer from the registry client".into(),
+            )
+        }
+        (other, Err(err)) => wake_failed(
+            s,
+            key,
+            "WakePullFailed",
+            format!("{other:?}: {}", err.message),
+        ),
+    }
+}
+
+fn set_step(s: &mut State, key: &PodKey, next: CreateStep, op: crate::action::OpId) {
+    let now = s.now;
+    if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        c.step = next;
+        c.op = Some(op);
+        c.step_since = now;
+    }
+}
+
+fn verified(s: &mut State, result: &str) {
+    s.emit(Action::Count {
+        counter: Counter::SnapshotVerify {
+            result: result.into(),
+        },
+    });
+}
+
+fn clone_local(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, pull: bool) {
+    let cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
+    step(s, key, CreateStep::Clone, cmd);
+}
+
+fn pull_hibernate(s: &mut State, key: &PodKey, name: String) {
+    if s.config.registry.is_none() {
+        let msg = format!("wake {name}: no local snapshot and OCI_REGISTRY is not set");
+        return wake_failed(s, key, "WakePullFailed", msg);
+    }
+    let import = format!("{name}-hibernate-import");
+    let call = RegistryCall::Pull {
+        name: name.clone(),
+        tag: "hibernate".into(),
+        local: import.clone(),
+    };
+    let op = s.call_registry(
+        RegistryOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        call,
+    );
+    set_step(s, key, CreateStep::PullHibernate { name, import }, op);
+}
+
+/// C11: the hibernated VM ran another image than the pod asks for: refuse rather than
+/// restore the wrong machine or boot a fresh one over its state.
+fn image_conflict(s: &mut State, key: &PodKey, name: &str, base: &str, image: &str) {
+    s.emit(Action::Count {
+        counter: Counter::HibernateEvidence {
+            verdict: "image_conflict".into(),
+        },
+    });
+    let msg = format!("restore {name}: {name}:hibernate was taken from image {base:?}, the pod asks for {image:?}; delete the tag to boot fresh");
+    wake_failed(s, key, "HibernateEvidenceFailed", msg)
+}
+
+fn wake_failed(s: &mut State, key: &PodKey, reason: &str, msg: String) {
+    s.emit(Action::Count {
+        counter: Counter::Wake {
+            result: "failed".into(),
+        },
+    });
+    fail_as(s, key, Some(reason), msg, Retry::Timer)
 }
 
 /// The next step of the bring-up under way.
@@ -65,20 +484,40 @@ fn step(s: &mut State, key: &PodKey, next: CreateStep, cmd: CocoonCmd) {
     );
     if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
         c.step = next;
-        c.op = op;
+        c.op = Some(op);
+    }
+}
+
+/// A step that waits for another pod instead of a call of its own.
+fn wait_for_other(s: &mut State, key: &PodKey, next: CreateStep) {
+    if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        c.step = next;
+        c.op = None;
     }
 }
 
 /// The outcome of the step's call (the router checked it is this step's).
 pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    advance(s, key, result);
+    settle_fork_claim(s, key);
+}
+
+fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
     let Some(e) = s.pod(key) else { return };
     let Phase::Creating(c) = &e.phase else { return };
     let (current, cancel) = (c.step.clone(), c.cancel);
+    let purpose = c.purpose;
     let spec = match &e.spec {
         Ok(spec) => spec.clone(),
         // The pod changed into something undecodable while the step was out.
         Err(err) => return fail_permanently(s, key, err.to_string()),
     };
+    if let (None, CreateStep::InspectLocal { .. } | CreateStep::PullHibernate { .. }) =
+        (cancel, &current)
+    {
+        return wake_source(s, key, &spec, current, result);
+    }
+    let _ = purpose;
     use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNameTaken};
     // A delete is waiting: only a step that may have made a VM matters, so it is removed.
     if let Some(object) = cancel {
@@ -90,7 +529,13 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
-            | CreateStep::InspectNameTaken => {
+            | CreateStep::InspectNameTaken
+            | CreateStep::PullSnapshot { .. }
+            | CreateStep::CheckEvidence
+            | CreateStep::InspectLocal { .. }
+            | CreateStep::VerifyRemote { .. }
+            | CreateStep::PullHibernate { .. }
+            | CreateStep::AwaitForkSave { .. } => {
                 if let Err(err) = &result {
                     count_clone_from_dir_failure(s, &current, &spec, err);
                 }
@@ -175,18 +620,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             }),
         ) => match &spec.fork_from {
             Some(source) => fork_source(s, key, source),
-            None => {
-                s.emit(Action::Count {
-                    counter: Counter::SnapshotPull {
-                        result: "failed".into(),
-                    },
-                });
-                fail(
-                        s,
-                        key,
-                        format!("snapshot {name:?} is not on this node and no registry pull is available in this build"),
-                    )
-            }
+            None => pull(s, key, &spec, name),
         },
         (CreateStep::InspectForkSource, Ok(CocoonOk::Vm { vm })) => {
             save_fork(s, key, &vm.name, vm.id, false)
@@ -239,7 +673,13 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             | CreateStep::InspectSnapshot { .. }
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
-            | CreateStep::RemoveTakenFork { .. }),
+            | CreateStep::RemoveTakenFork { .. }
+            | CreateStep::PullSnapshot { .. }
+            | CreateStep::CheckEvidence
+            | CreateStep::InspectLocal { .. }
+            | CreateStep::VerifyRemote { .. }
+            | CreateStep::PullHibernate { .. }
+            | CreateStep::AwaitForkSave { .. }),
             Ok(other),
         ) => {
             let label = step_label(&failed_step, &spec);
@@ -283,6 +723,12 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
             format!("snapshot save {}", fork())
         }
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
+        CreateStep::AwaitForkSave { name } => format!("snapshot save {name}"),
+        CreateStep::PullSnapshot { repo, tag, .. } => format!("pull {repo}:{tag}"),
+        CreateStep::CheckEvidence => format!("inspect {}:hibernate", spec.vm_name),
+        CreateStep::InspectLocal { name } => format!("snapshot inspect {name}"),
+        CreateStep::VerifyRemote { name, .. } => format!("verify {name}:hibernate"),
+        CreateStep::PullHibernate { name, .. } => format!("pull {name}:hibernate"),
     }
 }
 
@@ -321,6 +767,110 @@ fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
     }
 }
 
+/// C8.3: the clone base is missing here; with a registry it is pulled into the local name
+/// the image maps to, then inspected again; without one the bring-up fails.
+fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
+    if s.config.registry.is_none() {
+        s.emit(Action::Count {
+            counter: Counter::SnapshotPull {
+                result: "failed".into(),
+            },
+        });
+        let msg = format!(
+            "snapshot {name:?} is not on this node and OCI_REGISTRY is not set, so it cannot be pulled"
+        );
+        return fail(s, key, msg);
+    }
+    let (_, repo, tag) = names::image_snapshot_name(&spec.image);
+    let call = RegistryCall::Pull {
+        name: repo.clone(),
+        tag: tag.clone(),
+        local: name.clone(),
+    };
+    let op = s.call_registry(
+        RegistryOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        call,
+    );
+    let now = s.now;
+    if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        c.step = CreateStep::PullSnapshot { name, repo, tag };
+        c.op = Some(op);
+        c.step_since = now;
+    }
+}
+
+/// The outcome of the bring-up's registry call (the router checked it is this step's).
+pub(crate) fn registry_step_done(
+    s: &mut State,
+    key: &PodKey,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Creating(c) = &e.phase else { return };
+    let (step_now, since, cancel, purpose) = (c.step.clone(), c.step_since, c.cancel, c.purpose);
+    if let (None, CreateStep::VerifyRemote { .. } | CreateStep::PullHibernate { .. }) =
+        (cancel, &step_now)
+    {
+        let Ok(spec) = e.spec.clone() else { return };
+        return wake_registry(s, key, &spec, purpose, step_now, since, result);
+    }
+    if let (None, CreateStep::CheckEvidence) = (cancel, &step_now) {
+        let Ok(spec) = e.spec.clone() else { return };
+        return evidence(s, key, &spec, result);
+    }
+    let CreateStep::PullSnapshot { name, repo, tag } = step_now else {
+        let what = format!("pod {key}: a registry outcome for step {step_now:?}");
+        return outcome::unexpected(s, &what);
+    };
+    if let Some(object) = cancel {
+        return delete::without_vm(s, key, object);
+    }
+    match result {
+        Ok(RegistryOk::Pulled) => {
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotPullDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            // The pulled snapshot's record (backend, base image) decides the clone.
+            let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
+            step(s, key, CreateStep::InspectSnapshot { name }, cmd);
+        }
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: pull of {repo}:{tag} answered {other:?}"),
+            );
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPull {
+                    result: "failed".into(),
+                },
+            });
+            fail(
+                s,
+                key,
+                format!("pull {repo}:{tag}: unexpected answer from the registry client"),
+            )
+        }
+        Err(err) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPull {
+                    result: "failed".into(),
+                },
+            });
+            let msg = match err.kind {
+                RegistryErrorKind::Absent => format!(
+                    "snapshot {name:?} is not on this node and {repo}:{tag} is not in the registry"
+                ),
+                RegistryErrorKind::NotConfigured
+                | RegistryErrorKind::Refused
+                | RegistryErrorKind::Failed => format!("pull {repo}:{tag}: {}", err.message),
+            };
+            fail(s, key, msg)
+        }
+    }
+}
+
 fn snapshot_found(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, snap: SnapshotInfo) {
     let backend_set = s
         .pod(key)
@@ -352,6 +902,23 @@ fn snapshot_found(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, snap
 }
 
 fn fork_source(s: &mut State, key: &PodKey, source: &str) {
+    let name = names::fork_snapshot(source);
+    match s.fork_saves.get_mut(&name) {
+        // Another fork of this source is saving it: clone from that save, never a second one
+        // that would replace the snapshot under the first pod's clone.
+        Some(save) if save.saver != *key => {
+            save.waiting.insert(key.clone());
+            return wait_for_other(s, key, CreateStep::AwaitForkSave { name });
+        }
+        Some(_) => {}
+        None => {
+            let save = ForkSave {
+                saver: key.clone(),
+                waiting: Default::default(),
+            };
+            s.fork_saves.insert(name, save);
+        }
+    }
     let tracked = s
         .vm_names
         .get(source)
@@ -373,6 +940,90 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
     }
 }
 
+/// A pod that claimed a fork save and has left the steps of that save: the save is done
+/// (the pod clones from it) or abandoned. Either way the pods waiting for it move on: to
+/// clone from it, or to look for the snapshot again (and perhaps save it themselves).
+fn settle_fork_claim(s: &mut State, key: &PodKey) {
+    let saving = match s.pod(key).map(|e| &e.phase) {
+        Some(Phase::Creating(c)) => match &c.step {
+            CreateStep::InspectSnapshot { .. }
+            | CreateStep::InspectForkSource
+            | CreateStep::SaveForkSnapshot { .. }
+            | CreateStep::RemoveTakenFork { .. } => true,
+            CreateStep::Clone => false,
+            CreateStep::RemoveFork
+            | CreateStep::PullImage
+            | CreateStep::Run
+            | CreateStep::InspectAfterBoot { .. }
+            | CreateStep::InspectNameTaken
+            | CreateStep::PullSnapshot { .. }
+            | CreateStep::CheckEvidence
+            | CreateStep::InspectLocal { .. }
+            | CreateStep::VerifyRemote { .. }
+            | CreateStep::PullHibernate { .. }
+            | CreateStep::AwaitForkSave { .. } => false,
+        },
+        Some(_) | None => false,
+    };
+    if saving {
+        return;
+    }
+    let saved = matches!(
+        s.pod(key).map(|e| &e.phase),
+        Some(Phase::Creating(Creating {
+            step: CreateStep::Clone,
+            ..
+        }))
+    );
+    release_fork_claims(s, key, saved);
+}
+
+/// Ends every fork save `key` holds; `saved`: the snapshot is there to clone from.
+pub(crate) fn release_fork_claims(s: &mut State, key: &PodKey, saved: bool) {
+    let held: Vec<String> = s
+        .fork_saves
+        .iter()
+        .filter(|(_, f)| f.saver == *key)
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in held {
+        let Some(save) = s.fork_saves.remove(&name) else {
+            continue;
+        };
+        for waiter in save.waiting {
+            let waits = matches!(
+                s.pod(&waiter).map(|e| &e.phase),
+                Some(Phase::Creating(Creating { step: CreateStep::AwaitForkSave { name: n }, op: None, .. })) if *n == name
+            );
+            if !waits {
+                continue;
+            }
+            let Some(spec) = s.pod(&waiter).and_then(|e| e.spec.clone().ok()) else {
+                continue;
+            };
+            if saved {
+                let cmd = clone_cmd(s, &spec, CloneSource::Snapshot(name.clone()), false);
+                step(s, &waiter, CreateStep::Clone, cmd);
+            } else {
+                let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
+                step(
+                    s,
+                    &waiter,
+                    CreateStep::InspectSnapshot { name: name.clone() },
+                    cmd,
+                );
+            }
+        }
+    }
+}
+
+/// A pod waiting for another pod's fork save stops waiting (it is deleted or gone).
+pub(crate) fn stop_waiting(s: &mut State, key: &PodKey) {
+    for save in s.fork_saves.values_mut() {
+        save.waiting.remove(key);
+    }
+}
+
 fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String, again: bool) {
     let cmd = CocoonCmd::SnapshotSave {
         name: names::fork_snapshot(source),
@@ -383,7 +1034,7 @@ fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String, again: bool)
 
 /// The holder of a taken snapshot name: the token after `already in use by ` (or `held by
 /// `), trailing `)` stripped (CLI-3).
-fn taken_by(message: &str) -> Option<String> {
+pub(crate) fn taken_by(message: &str) -> Option<String> {
     let lower = message.to_ascii_lowercase();
     let at = ["already in use by ", "held by "]
         .iter()
@@ -434,9 +1085,12 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     let Some(e) = s.pod(key) else { return };
     let Phase::Creating(c) = &e.phase else { return };
     let Ok(spec) = &e.spec else { return };
-    let (since, cancel) = (c.since, c.cancel);
-    let clone_path =
-        spec.mode != Mode::Run || spec.clone_from_dir.is_some() || spec.fork_from.is_some();
+    let (since, cancel, purpose, scratch) = (c.since, c.cancel, c.purpose, c.scratch.clone());
+    let woken = purpose != Purpose::Fresh;
+    let clone_path = woken
+        || spec.mode != Mode::Run
+        || spec.clone_from_dir.is_some()
+        || spec.fork_from.is_some();
     let backend = spec.backend.as_str().to_string();
     let from_dir = spec.clone_from_dir.is_some();
     s.emit(Action::Observe {
@@ -461,6 +1115,18 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     if let Some(e) = s.pods.get_mut(key) {
         e.started_at = Some(now);
     }
+    // A registry import served this clone only (U6).
+    if let Some(import) = scratch {
+        let owner = CocoonOwner::Detached {
+            what: format!("snapshot rm {import}"),
+            release: None,
+        };
+        s.run_cocoon(
+            owner,
+            Some(key.clone()),
+            CocoonCmd::SnapshotRm { name: import },
+        );
+    }
     if let Some(object) = cancel {
         return delete::with_new_vm(s, key, tracked, object);
     }
@@ -468,20 +1134,17 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     probe::start(s, key);
     s.emit(Action::Count {
         counter: Counter::PodLifecycle {
-            op: "create".into(),
+            op: if woken { "wake" } else { "create" }.into(),
             result: "ok".into(),
             reason: String::new(),
         },
     });
-    ready_wait(
-        s,
-        key,
-        if clone_path {
-            IpWait::Clone
-        } else {
-            IpWait::Run
-        },
-    );
+    let wait = match (woken, clone_path) {
+        (true, _) => IpWait::Wake,
+        (false, true) => IpWait::Clone,
+        (false, false) => IpWait::Run,
+    };
+    ready_wait(s, key, wait);
 }
 
 /// The pod holds this VM now: Running with no task, indexed, its IP resolved.
@@ -529,6 +1192,23 @@ pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
             },
         });
     }
+    if wait == IpWait::Wake {
+        s.emit(Action::Count {
+            counter: Counter::Wake {
+                result: "ok".into(),
+            },
+        });
+        if let Some(e) = s.pod(key) {
+            let uid = e.pod.uid.clone();
+            s.emit(Action::RecordEvent {
+                key: key.clone(),
+                uid,
+                kind: EventType::Normal,
+                reason: "Woken".into(),
+                message: "wake: the VM is back from its hibernate snapshot".into(),
+            });
+        }
+    }
     lifecycle::set(s, key, Lifecycle::Ready, None);
 }
 
@@ -553,7 +1233,18 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
             result: "timeout".into(),
         },
     });
-    warn_event(s, key, "PostCloneIPWaitTimeout", &format!("create: {msg}"));
+    let (reason, op) = match wait {
+        IpWait::Wake => ("WakeIPWaitTimeout", "wake"),
+        IpWait::Clone | IpWait::Run | IpWait::Adopt => ("PostCloneIPWaitTimeout", "create"),
+    };
+    if wait == IpWait::Wake {
+        s.emit(Action::Count {
+            counter: Counter::Wake {
+                result: "failed".into(),
+            },
+        });
+    }
+    warn_event(s, key, reason, &format!("{op}: {msg}"));
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
 }
 
@@ -680,7 +1371,47 @@ pub fn fail_permanently(s: &mut State, key: &PodKey, msg: String) {
 }
 
 fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: Retry) {
+    fail_as(s, key, None, msg, retry)
+}
+
+/// A failed bring-up; `reason` overrides the Warning's reason, which is otherwise
+/// `CreateBringUpFailed` for a fresh pod and `WakeCloneFailed` / `WakePullFailed` for a wake.
+fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry: Retry) {
     let Some(e) = s.pod(key) else { return };
+    let (purpose, reason) = match &e.phase {
+        Phase::Creating(c) => {
+            let wake_reason = match c.step {
+                CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => "WakeCloneFailed",
+                CreateStep::CheckEvidence
+                | CreateStep::RemoveFork
+                | CreateStep::PullImage
+                | CreateStep::Run
+                | CreateStep::InspectSnapshot { .. }
+                | CreateStep::InspectForkSource
+                | CreateStep::SaveForkSnapshot { .. }
+                | CreateStep::RemoveTakenFork { .. }
+                | CreateStep::InspectNameTaken
+                | CreateStep::PullSnapshot { .. }
+                | CreateStep::InspectLocal { .. }
+                | CreateStep::VerifyRemote { .. }
+                | CreateStep::PullHibernate { .. }
+                | CreateStep::AwaitForkSave { .. } => "WakePullFailed",
+            };
+            match c.purpose {
+                Purpose::Fresh => (c.purpose, reason.unwrap_or("CreateBringUpFailed")),
+                Purpose::Wake | Purpose::Restore => (c.purpose, reason.unwrap_or(wake_reason)),
+            }
+        }
+        Phase::Failed(f) => (f.purpose, reason.unwrap_or("CreateBringUpFailed")),
+        Phase::Waiting
+        | Phase::Running(_)
+        | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => (Purpose::Fresh, reason.unwrap_or("CreateBringUpFailed")),
+    };
     let attempts = match &e.phase {
         Phase::Creating(Creating {
             cancel: Some(object),
@@ -691,17 +1422,23 @@ fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: Retry) {
         Phase::Waiting
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => 0,
     } + 1;
     let uid = e.pod.uid.clone();
     s.touched.insert(key);
-    warn_event(s, key, "CreateBringUpFailed", &format!("create: {msg}"));
+    let op = match purpose {
+        Purpose::Fresh => "create",
+        Purpose::Wake | Purpose::Restore => "wake",
+    };
+    warn_event(s, key, reason, &format!("{op}: {msg}"));
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
     s.emit(Action::Count {
         counter: Counter::PodLifecycle {
-            op: "create".into(),
+            op: op.into(),
             result: "failed".into(),
             reason: match retry {
                 Retry::Timer => "bring_up",
@@ -737,6 +1474,7 @@ fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: Retry) {
             message: msg,
             attempts,
             retry,
+            purpose,
         });
     }
 }
@@ -747,11 +1485,18 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
         return;
     };
     match e.phase {
+        // A failed wake wakes again: a fresh boot would lose the hibernated state.
+        Phase::Failed(Failed {
+            purpose: purpose @ (Purpose::Wake | Purpose::Restore),
+            ..
+        }) => restore(s, key, purpose),
         Phase::Failed(_) => crate::intake::intake(s, key),
         Phase::Waiting
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {}

@@ -2,16 +2,18 @@
 //! status, then delete the pod object with grace 0 bound to its UID. A pod whose object is
 //! already gone only needs its VM removed.
 
-use crate::action::{Action, Counter, Level};
+use crate::action::{Action, Counter, Histogram, Level, RegistryCall};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
-use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk};
+use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryOk};
 use crate::names;
 use crate::phase::{
-    Call, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase, Terminal, VmTask,
+    Call, Creating, DeleteStage, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase,
+    Terminal, VmTask,
 };
 use crate::pod::PodKey;
-use crate::state::{CocoonOwner, KubeOwner, Publish, State, Tracked};
+use crate::state::{CocoonOwner, KubeOwner, Publish, RegistryOwner, State, Tracked};
+use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind};
 use crate::{outcome, probe, tracking};
 
@@ -23,6 +25,7 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
     if s.pod(key).is_none() {
         return;
     }
+    let now = s.now;
     s.touched.insert(key);
     probe::stop(s, key);
     let Some(e) = s.pods.get_mut(key) else { return };
@@ -33,6 +36,11 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
     };
     match &mut e.phase {
         Phase::Waiting | Phase::Failed(_) => without_vm(s, key, object),
+        // Waiting for another pod's fork save, with no call of its own: nothing to wait for.
+        Phase::Creating(Creating { op: None, .. }) => {
+            crate::create::stop_waiting(s, key);
+            without_vm(s, key, object)
+        }
         Phase::Creating(c) => c.cancel = Some(c.cancel.map_or(object, merged)),
         Phase::Running(r) => {
             let vm = r.vm.clone();
@@ -40,20 +48,15 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
                 Some(VmTask {
                     call: Call::Out(op),
                     ..
-                }) => {
-                    e.phase = Phase::Deleting(Deleting {
-                        vm,
-                        wait: DeleteWait::Task(op),
-                        failures: 0,
-                        object,
-                    })
-                }
+                }) => e.phase = Phase::Deleting(deleting(vm, DeleteWait::Task(op), object, now)),
                 Some(VmTask {
                     call: Call::Timer, ..
                 })
                 | None => with_vm(s, key, vm, object),
             }
         }
+        Phase::Hibernating(h) => h.cancel = Some(h.cancel.map_or(object, merged)),
+        Phase::Hibernated => hibernated_deleted(s, key, object),
         Phase::Evicting(ev) => match ev.delete {
             // The eviction's own delete is out; its outcome continues (W6, then this).
             Some(_) => ev.cancel = Some(ev.cancel.map_or(object, merged)),
@@ -65,7 +68,7 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
         Phase::Deleting(d) => {
             d.object = merged(d.object);
             if d.wait == DeleteWait::Retry {
-                remove_vm(s, key);
+                next_step(s, key);
             }
         }
         Phase::Terminal(t) => match (object, t.object) {
@@ -82,30 +85,69 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
     }
 }
 
-/// The pod is being deleted and holds `vm`: remove it (or, unmanaged, just let it go).
-pub(crate) fn with_vm(s: &mut State, key: &PodKey, vm: Tracked, object: Object) {
-    let Some(e) = s.pods.get_mut(key) else { return };
-    e.phase = Phase::Deleting(Deleting {
+fn deleting(vm: Tracked, wait: DeleteWait, object: Object, now: Millis) -> Deleting {
+    Deleting {
         vm,
-        wait: DeleteWait::Retry,
+        wait,
         failures: 0,
         object,
-    });
-    remove_vm(s, key);
+        stage: DeleteStage::Snapshot,
+        since: now,
+        blocked: None,
+    }
+}
+
+/// The pod is being deleted and holds `vm`: snapshot it if the policy says so, then remove
+/// it (or, unmanaged, just let it go).
+pub(crate) fn with_vm(s: &mut State, key: &PodKey, vm: Tracked, object: Object) {
+    let now = s.now;
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.phase = Phase::Deleting(deleting(vm, DeleteWait::Retry, object, now));
+    next_step(s, key);
 }
 
 /// A bring-up finished with a VM after its pod's delete came: index the VM like any other,
-/// then remove it, so it is never leaked.
+/// then remove it, so it is never leaked. It holds nothing worth a snapshot, and pushing it
+/// would replace the pod's last real one.
 pub(crate) fn with_new_vm(s: &mut State, key: &PodKey, vm: Tracked, object: Object) {
+    let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
-    e.phase = Phase::Deleting(Deleting {
-        vm,
-        wait: DeleteWait::Retry,
-        failures: 0,
-        object,
-    });
+    let mut d = deleting(vm, DeleteWait::Retry, object, now);
+    d.stage = DeleteStage::Remove;
+    e.phase = Phase::Deleting(d);
     tracking::indexed(s, key);
-    remove_vm(s, key);
+    next_step(s, key);
+}
+
+/// D3: a hibernated pod has no VM: its local snapshots go unless kept (the keep flag is the
+/// released-seat wake's warm cache), nothing is pushed, and no Event is written.
+fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
+    let Some(e) = s.pod(key) else { return };
+    let keep = e
+        .spec
+        .as_ref()
+        .map(|sp| sp.keep_snapshot_on_delete)
+        .unwrap_or(true);
+    let name = e.vm_name().map(str::to_string);
+    if let (false, Some(name)) = (keep, name) {
+        remove_local_snapshots(s, key, &name);
+    }
+    let reason = if keep { "seat_release" } else { "no_vm" };
+    finish_counted(s, key, object, "skipped", reason)
+}
+
+pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
+    for snap in [name.to_string(), names::fork_snapshot(name)] {
+        let owner = CocoonOwner::Detached {
+            what: format!("snapshot rm {snap}"),
+            release: None,
+        };
+        s.run_cocoon(
+            owner,
+            Some(key.clone()),
+            CocoonCmd::SnapshotRm { name: snap },
+        );
+    }
 }
 
 /// The pod is being deleted and has no VM: its delete is done.
@@ -113,32 +155,309 @@ pub(crate) fn without_vm(s: &mut State, key: &PodKey, object: Object) {
     finish(s, key, object, "")
 }
 
-/// D5: `vm rm --force` of a managed VM; an unmanaged one is only forgotten (D1).
-fn remove_vm(s: &mut State, key: &PodKey) {
+/// D4: whether this pod's VM is saved and pushed to `<vm>:latest` before it is removed.
+fn snapshot_wanted(s: &mut State, key: &PodKey) -> bool {
+    let Some(e) = s.pod(key) else { return false };
+    let Ok(spec) = &e.spec else { return false };
+    if !spec.snapshot_on_delete(&e.pod) {
+        return false;
+    }
+    if s.config.registry.is_none() {
+        let vm = spec.vm_name.clone();
+        s.emit(Action::Log {
+            level: Level::Warn,
+            message: format!(
+                "pod {key}: OCI_REGISTRY is not set, so VM {vm} is removed without the delete-time snapshot its policy asks for"
+            ),
+        });
+        return false;
+    }
+    true
+}
+
+/// Runs the stage the delete is at: the snapshot (save, then push), or the removal (D5);
+/// an unmanaged VM is only forgotten (D1).
+fn next_step(s: &mut State, key: &PodKey) {
     let Some(Phase::Deleting(d)) = s.pod(key).map(|e| &e.phase) else {
         return;
     };
-    let (vm, object) = (d.vm.clone(), d.object);
+    let (vm, object, stage) = (d.vm.clone(), d.object, d.stage);
     if !vm.managed() {
         tracking::unindex(s, key, &vm);
         return finish(s, key, object, "unmanaged");
     }
-    let cmd = CocoonCmd::VmRm {
-        id: vm.record.id.clone(),
+    let stage = match stage {
+        DeleteStage::Snapshot if snapshot_wanted(s, key) => DeleteStage::Snapshot,
+        DeleteStage::Snapshot | DeleteStage::Remove => DeleteStage::Remove,
+    };
+    match stage {
+        DeleteStage::Snapshot => save(s, key, false),
+        DeleteStage::Remove => {
+            let cmd = CocoonCmd::VmRm {
+                id: vm.record.id.clone(),
+            };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            set_wait(s, key, DeleteWait::RemoveVm(op), Some(DeleteStage::Remove));
+        }
+    }
+}
+
+fn set_wait(s: &mut State, key: &PodKey, wait: DeleteWait, stage: Option<DeleteStage>) {
+    let now = s.now;
+    if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        d.wait = wait;
+        if let Some(stage) = stage {
+            if d.stage != stage || matches!(wait, DeleteWait::Save(_)) {
+                d.since = now;
+            }
+            d.stage = stage;
+        }
+    }
+}
+
+fn save(s: &mut State, key: &PodKey, again: bool) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Deleting(d) = &e.phase else { return };
+    let Some(name) = e.vm_name().map(str::to_string) else {
+        return;
+    };
+    let cmd = CocoonCmd::SnapshotSave {
+        name,
+        vm: d.vm.record.id.clone(),
     };
     let op = s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
         Some(key.clone()),
         cmd,
     );
-    if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
-        d.wait = DeleteWait::RemoveVm(op);
+    let wait = match again {
+        false => DeleteWait::Save(op),
+        true => DeleteWait::SaveAgain(op),
+    };
+    set_wait(s, key, wait, Some(DeleteStage::Snapshot));
+}
+
+/// The outcome of the delete-time `snapshot save` (or of removing a holder of its name).
+pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Deleting(d) = &e.phase else { return };
+    let (wait, since) = (d.wait, d.since);
+    let Some(name) = e.vm_name().map(str::to_string) else {
+        return;
+    };
+    let image = e
+        .spec
+        .as_ref()
+        .map(|sp| sp.image.clone())
+        .unwrap_or_default();
+    use CocoonErrorKind::{NotRunning, SnapshotNameTaken, SnapshotNotFound, VmNotFound};
+    match (wait, result) {
+        (DeleteWait::Save(_) | DeleteWait::SaveAgain(_), Ok(CocoonOk::Done)) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: "ok".into(),
+                },
+            });
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotSaveDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            let call = RegistryCall::Push {
+                snapshot: name.clone(),
+                name,
+                tag: "latest".into(),
+                base_image: image,
+            };
+            let op = s.call_registry(
+                RegistryOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                call,
+            );
+            set_wait(s, key, DeleteWait::Push(op), None);
+            if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+                d.since = s.now;
+            }
+        }
+        // D4: a VM that is already gone or not running is removed without a snapshot.
+        (
+            DeleteWait::Save(_) | DeleteWait::SaveAgain(_),
+            Err(CocoonError {
+                kind: kind @ (VmNotFound | NotRunning),
+                message,
+            }),
+        ) => {
+            let why = if kind == VmNotFound {
+                "is gone"
+            } else {
+                "is not running"
+            };
+            s.emit(Action::Log {
+                level: Level::Info,
+                message: format!("pod {key}: VM {why}, removed without a snapshot: {message}"),
+            });
+            set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
+            next_step(s, key);
+        }
+        // F1: `snapshot save` refuses a taken name: remove the holder, then save once more.
+        (
+            DeleteWait::Save(_),
+            Err(CocoonError {
+                kind: SnapshotNameTaken,
+                message,
+            }),
+        ) => {
+            let holder = crate::create::taken_by(&message).unwrap_or(name);
+            let cmd = CocoonCmd::SnapshotRm { name: holder };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            set_wait(s, key, DeleteWait::RemoveTakenSave(op), None);
+        }
+        (
+            DeleteWait::RemoveTakenSave(_),
+            Ok(CocoonOk::Done)
+            | Err(CocoonError {
+                kind: SnapshotNotFound,
+                ..
+            }),
+        ) => save(s, key, true),
+        (
+            DeleteWait::Save(_) | DeleteWait::SaveAgain(_) | DeleteWait::RemoveTakenSave(_),
+            Err(err),
+        ) => snapshot_failed(
+            s,
+            key,
+            Counter::SnapshotSave {
+                result: "failed".into(),
+            },
+            format!("snapshot save {name}: {}", err.message),
+        ),
+        (
+            DeleteWait::Save(_) | DeleteWait::SaveAgain(_) | DeleteWait::RemoveTakenSave(_),
+            Ok(other),
+        ) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: snapshot save {name} answered {other:?}"),
+            );
+            snapshot_failed(
+                s,
+                key,
+                Counter::SnapshotSave {
+                    result: "failed".into(),
+                },
+                format!("snapshot save {name}: unexpected answer from cocoon"),
+            )
+        }
+        (
+            DeleteWait::Task(_) | DeleteWait::Push(_) | DeleteWait::RemoveVm(_) | DeleteWait::Retry,
+            _,
+        ) => {}
     }
 }
 
-/// The VM task that was out when the delete came is done: the removal can start.
+/// The outcome of the push to `<vm>:latest`.
+pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Deleting(d) = &e.phase else { return };
+    let since = d.since;
+    let name = e.vm_name().unwrap_or_default().to_string();
+    match result {
+        Ok(RegistryOk::Pushed { .. }) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPush {
+                    result: "ok".into(),
+                },
+            });
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotPushDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+                d.blocked = None;
+                d.failures = 0;
+            }
+            set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
+            next_step(s, key);
+        }
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: push of {name}:latest answered {other:?}"),
+            );
+            let why = format!("push {name}:latest: unexpected answer from the registry client");
+            snapshot_failed(
+                s,
+                key,
+                Counter::SnapshotPush {
+                    result: "failed".into(),
+                },
+                why,
+            )
+        }
+        Err(err) => {
+            let why = format!("push {name}:latest: {}", err.message);
+            snapshot_failed(
+                s,
+                key,
+                Counter::SnapshotPush {
+                    result: "failed".into(),
+                },
+                why,
+            )
+        }
+    }
+}
+
+/// D4: a failed delete-time save or push keeps the VM; the delete is retried from the save,
+/// and the pod says why it is held.
+fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Deleting(d) = &mut e.phase else {
+        return;
+    };
+    d.failures += 1;
+    d.wait = DeleteWait::Retry;
+    d.stage = DeleteStage::Snapshot;
+    let after_ms = RETRY.after(d.failures);
+    let message = format!(
+        "delete held: {why}; the VM is kept and the snapshot retried in {}s",
+        after_ms / 1000
+    );
+    d.blocked = Some(message.clone());
+    let uid = e.pod.uid.clone();
+    s.touched.insert(key);
+    s.emit(Action::Count { counter });
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "delete".into(),
+            result: "failed".into(),
+            reason: "snapshot".into(),
+        },
+    });
+    s.emit(Action::Log {
+        level: Level::Warn,
+        message: format!("pod {key}: {message}"),
+    });
+    s.emit(Action::ArmTimer {
+        timer: crate::action::Timer::DeleteRetry {
+            key: key.clone(),
+            uid,
+        },
+        after_ms,
+    });
+}
+
+/// The VM task that was out when the delete came is done: the delete's own steps start.
 pub(crate) fn task_done(s: &mut State, key: &PodKey) {
-    remove_vm(s, key)
+    set_wait(s, key, DeleteWait::Retry, None);
+    next_step(s, key)
 }
 
 pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
@@ -192,6 +511,7 @@ fn removal_failed(s: &mut State, key: &PodKey, why: String) {
     };
     d.failures += 1;
     d.wait = DeleteWait::Retry;
+    d.stage = DeleteStage::Remove;
     let after_ms = RETRY.after(d.failures);
     let uid = e.pod.uid.clone();
     s.emit(Action::Log {
@@ -220,12 +540,14 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
         return;
     };
     match &e.phase {
-        Phase::Deleting(d) if d.wait == DeleteWait::Retry => remove_vm(s, key),
+        Phase::Deleting(d) if d.wait == DeleteWait::Retry => next_step(s, key),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {}
@@ -235,6 +557,10 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
 /// The VM is handled: the pod ends Succeeded (D8), or, its object gone, the entry waits to
 /// be collected.
 fn finish(s: &mut State, key: &PodKey, object: Object, reason: &str) {
+    finish_counted(s, key, object, "ok", reason)
+}
+
+fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: &str, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     s.touched.insert(key);
     match object {
@@ -247,7 +573,7 @@ fn finish(s: &mut State, key: &PodKey, object: Object, reason: &str) {
             s.emit(Action::Count {
                 counter: Counter::PodLifecycle {
                     op: "delete".into(),
-                    result: "ok".into(),
+                    result: result.into(),
                     reason: reason.into(),
                 },
             });
@@ -294,6 +620,8 @@ pub(crate) fn object_deleted(
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {

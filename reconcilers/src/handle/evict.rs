@@ -27,6 +27,8 @@ pub fn begin(s: &mut State, key: &PodKey, reason: EvictReason, message: &str) {
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => return,
@@ -68,6 +70,8 @@ pub(crate) fn done(s: &mut State, key: &PodKey, op: OpId, result: Result<KubeOk,
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {
@@ -146,6 +150,8 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {}

@@ -2,7 +2,7 @@
 //! of what a new pod needs, and collecting an entry once nothing is left to do for it.
 
 use crate::action::{Action, Counter, Level};
-use crate::phase::{Failed, Gone, Object, Phase, Retry};
+use crate::phase::{Failed, Gone, Object, Phase, Purpose, Retry};
 use crate::pod::{PodKey, PodView};
 use crate::spec::Os;
 use crate::state::{PodEntry, Startup, State};
@@ -73,16 +73,40 @@ fn updated(s: &mut State, key: &PodKey) {
     let spec_changed = before != e.spec;
     lifecycle::follow_generation(s, key);
     let Some(e) = s.pods.get_mut(key) else { return };
+    let hibernate = e.spec.as_ref().is_ok_and(|sp| sp.hibernate);
     match e.phase {
+        // A failed wake that changed: hibernate again, or wake anew; never a fresh boot.
+        Phase::Failed(Failed {
+            purpose: purpose @ (Purpose::Wake | Purpose::Restore),
+            ..
+        }) if spec_changed => match hibernate {
+            true => {
+                e.phase = Phase::Hibernated;
+                s.touched.insert(key);
+            }
+            false => create::restore(s, key, purpose),
+        },
         // A failed pod that changed gets a fresh start, its attempts counted anew.
         Phase::Failed(_) if spec_changed => {
             e.phase = Phase::Waiting;
             intake(s, key);
         }
+        // U2: `hibernate=true` with a VM hibernates it. Only a change of the pod's spec
+        // starts one here: the echo of vk's own writes must not retry a failed hibernate
+        // ahead of its backoff.
+        Phase::Running(_) if hibernate && spec_changed => {
+            if crate::hibernate::wanted(s, key) {
+                crate::hibernate::begin(s, key, 0);
+            }
+        }
+        // U2: no `hibernate` and no VM wakes it.
+        Phase::Hibernated if !hibernate => create::wake(s, key),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Evicting(_)
         | Phase::Deleting(_)
         | Phase::Terminal(_)
@@ -97,6 +121,8 @@ pub fn intake(s: &mut State, key: &PodKey) {
         Phase::Waiting | Phase::Failed(_) => {}
         Phase::Creating(_)
         | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Evicting(_)
         | Phase::Deleting(_)
         | Phase::Terminal(_)
@@ -116,7 +142,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
         // the operator sees lifecycle `failed` naming the key; retrying cannot help, so the
         // pod waits for a change instead.
         Err(err) if err.key == crate::keys::VM_NAME => {
-            let reason = if err.message.starts_with("missing") {
+            let reason = if err.missing {
                 "missing_vmname"
             } else {
                 "invalid_vmname"
@@ -155,7 +181,14 @@ pub fn intake(s: &mut State, key: &PodKey) {
         return;
     }
     if spec.hibernate {
-        // A hibernated pod without a VM stays Pending until the hibernate key is withdrawn.
+        // B6: a hibernated pod without a VM is Pending until the hibernate key is withdrawn,
+        // which wakes it (U5). A hibernate that got as far as removing the VM is complete.
+        let Some(e) = s.pods.get_mut(key) else { return };
+        e.phase = Phase::Hibernated;
+        s.touched.insert(key);
+        if e.intent.state == Some(crate::state::Lifecycle::Hibernating) {
+            lifecycle::set(s, key, crate::state::Lifecycle::Hibernated, None);
+        }
         return;
     }
     if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
@@ -166,11 +199,8 @@ pub fn intake(s: &mut State, key: &PodKey) {
         return;
     }
     if spec.restore_from_hibernate {
-        create::fail(
-            s,
-            key,
-            "restore from hibernate is not supported by this build yet".into(),
-        );
+        // C11 (marker): restore the hibernated VM; never boot fresh over its state.
+        create::restore(s, key, crate::phase::Purpose::Restore);
         return;
     }
     create::begin(s, key);
@@ -185,6 +215,8 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
         | Phase::Creating(_)
         | Phase::Running(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => 0,
@@ -193,6 +225,7 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
         message: message.clone(),
         attempts,
         retry: Retry::OnChange,
+        purpose: Purpose::Fresh,
     });
     s.touched.insert(key);
     s.emit(Action::Count {

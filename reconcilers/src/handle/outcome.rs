@@ -4,12 +4,12 @@
 //! the next event or timer can still move it.
 
 use crate::action::{Action, Counter, Level, OpId};
-use crate::event::{CocoonOk, KubeError, KubeOk};
+use crate::event::{CocoonOk, KubeError, KubeOk, RegistryError, RegistryOk};
 use crate::phase::{Call, DeleteWait, Phase, Running, VmTask};
 use crate::pod::PodKey;
-use crate::state::{CocoonOwner, KubeOwner, State};
+use crate::state::{CocoonOwner, KubeOwner, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
-use crate::{create, delete, dhcp, evict, publish, stale_create, sweep, vm_events};
+use crate::{create, delete, dhcp, evict, hibernate, publish, stale_create, sweep, vm_events};
 
 /// An outcome the core cannot place: logged as an error and counted.
 pub(crate) fn unexpected(s: &mut State, what: &str) {
@@ -50,7 +50,7 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
     s.touched.insert(key);
     let Some(e) = s.pod(key) else { return };
     match &e.phase {
-        Phase::Creating(c) if c.op == op => create::step_done(s, key, result),
+        Phase::Creating(c) if c.op == Some(op) => create::step_done(s, key, result),
         Phase::Running(Running {
             task: Some(VmTask {
                 call: Call::Out(o), ..
@@ -61,10 +61,16 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
         Phase::Deleting(d) if d.wait == DeleteWait::RemoveVm(op) => {
             delete::vm_removed(s, key, result)
         }
+        Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(o) | DeleteWait::SaveAgain(o) | DeleteWait::RemoveTakenSave(o) if o == op) => {
+            delete::save_done(s, key, result)
+        }
+        Phase::Hibernating(h) if h.op == op => hibernate::step_done(s, key, result),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Evicting(_)
         | Phase::Deleting(_)
         | Phase::Terminal(_)
@@ -104,6 +110,60 @@ fn detached(
     };
     if let (true, Some(mac)) = (gone, release) {
         dhcp::release(s, &mac);
+    }
+}
+
+pub fn registry_done(s: &mut State, op: OpId, result: Result<RegistryOk, RegistryError>) {
+    let Some(owner) = s.registry_ops.remove(&op) else {
+        return unexpected(s, &format!("registry operation #{op} is not out"));
+    };
+    match *owner {
+        RegistryOwner::Pod { key } => pod_registry_done(s, &key, op, result),
+        RegistryOwner::Detached { what } => {
+            if let Err(err) = result {
+                s.emit(Action::Log {
+                    level: Level::Warn,
+                    message: format!("{what} failed: {}", err.message),
+                });
+            }
+        }
+    }
+}
+
+fn pod_registry_done(
+    s: &mut State,
+    key: &PodKey,
+    op: OpId,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    if s.pod(key).is_none() {
+        return unexpected(
+            s,
+            &format!("registry operation #{op} of pod {key}, which is gone"),
+        );
+    }
+    s.touched.insert(key);
+    let Some(e) = s.pod(key) else { return };
+    match &e.phase {
+        Phase::Deleting(d) if d.wait == DeleteWait::Push(op) => delete::push_done(s, key, result),
+        Phase::Hibernating(h) if h.op == op => hibernate::push_done(s, key, result),
+        Phase::Creating(c) if c.op == Some(op) => create::registry_step_done(s, key, result),
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => {
+            let phase = e.phase.name();
+            unexpected(
+                s,
+                &format!("registry operation #{op} of pod {key} in phase {phase}"),
+            )
+        }
     }
 }
 

@@ -48,6 +48,7 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         Event::TimerFired { timer } => timers::fired(state, timer),
         Event::CocoonDone { op, result } => outcome::cocoon_done(state, op, result),
         Event::KubeDone { op, result } => outcome::kube_done(state, op, result),
+        Event::RegistryDone { op, result } => outcome::registry_done(state, op, result),
         Event::DhcpLeaseReleased { op, result } => dhcp::released(state, op, result),
         Event::NodeRegistered => {}
     }

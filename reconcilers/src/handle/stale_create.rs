@@ -159,7 +159,7 @@ fn answered(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
 
 fn inspected(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
     match result {
-        Ok(CocoonOk::Vm { vm }) if vm.state == "creating" => w.call(s, Call::Reconcile),
+        Ok(CocoonOk::Vm { vm }) if vm.is_creating() => w.call(s, Call::Reconcile),
         Ok(CocoonOk::Vm { vm }) if vm.is_running() && wanted(s, &vm.name) => {
             w.say(
                 s,

@@ -38,7 +38,7 @@ pub fn try_start(s: &mut State) {
     }
     s.startup = Startup::Done;
     // B3: records still `creating` are settled first and never enter the adoption index.
-    let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.state == "creating");
+    let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.is_creating());
     for vm in &stale {
         crate::stale_create::begin(s, vm);
     }
@@ -79,12 +79,14 @@ pub fn try_start(s: &mut State) {
         if let Some(vm) = by_id {
             claimed.insert(vm.id.clone());
             create::resume(s, key, vm.clone());
+            resume_hibernate(s, key);
         } else if let Some(vm) = by_name() {
             claimed.insert(vm.id.clone());
             s.emit(Action::Count {
                 counter: Counter::ReconcileAdoptByName,
             });
             create::resume(s, key, vm.clone());
+            resume_hibernate(s, key);
         } else {
             if let Some(id) = id {
                 s.emit(Action::Log {
@@ -104,10 +106,33 @@ pub fn try_start(s: &mut State) {
     crate::sweep::arm(s);
 }
 
+/// B9: a pod still asked to hibernate that has its VM re-runs the hibernate.
+fn resume_hibernate(s: &mut State, key: &PodKey) {
+    if !crate::hibernate::wanted(s, key) {
+        return;
+    }
+    let Some(uid) = s.pod(key).map(|e| e.pod.uid.clone()) else {
+        return;
+    };
+    s.emit(Action::Count {
+        counter: Counter::StartupResume {
+            op: "hibernate".into(),
+        },
+    });
+    s.emit(Action::RecordEvent {
+        key: key.clone(),
+        uid,
+        kind: crate::action::EventType::Normal,
+        reason: "ResumedAfterRestart".into(),
+        message: "reconcile: resuming the hibernate".into(),
+    });
+    crate::hibernate::begin(s, key, 0);
+}
+
 /// A VM no pod claims (B8). A `creating` placeholder goes through stale-create (B3) instead:
 /// it may belong to a create that is still running.
 pub(crate) fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
-    if vm.state == "creating" {
+    if vm.is_creating() {
         crate::stale_create::begin(s, vm);
         return;
     }

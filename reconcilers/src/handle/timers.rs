@@ -2,7 +2,7 @@
 
 use crate::action::Timer;
 use crate::state::State;
-use crate::{create, delete, evict, publish, stale_create, sweep, vm_events};
+use crate::{create, delete, evict, hibernate, publish, stale_create, sweep, vm_events};
 
 pub fn fired(s: &mut State, timer: Timer) {
     match timer {
@@ -12,6 +12,7 @@ pub fn fired(s: &mut State, timer: Timer) {
         Timer::KubeRetry { key, uid } => publish::retry(s, &key, &uid),
         Timer::DeleteRetry { key, uid } => delete::retry(s, &key, &uid),
         Timer::EvictRetry { key, uid } => evict::retry(s, &key, &uid),
+        Timer::HibernateRetry { key, uid, attempt } => hibernate::retry(s, &key, &uid, attempt),
         Timer::StaleCreate { id, name, attempt } => stale_create::fired(s, &id, &name, attempt),
         Timer::Sweep => sweep::start(s, true),
     }

@@ -50,6 +50,8 @@ pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => {}
@@ -65,6 +67,8 @@ pub(crate) fn hintable(e: &PodEntry) -> bool {
         | Phase::Failed(_)
         | Phase::Creating(_)
         | Phase::Evicting(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
         | Phase::Deleting(_)
         | Phase::Terminal(_)
         | Phase::Gone(_) => false,
@@ -139,6 +143,10 @@ pub(crate) fn task_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     let id = r.vm.record.id.clone();
     let deferred = done.hint_deferred;
     step_done(s, key, done.step, id, result, deferred);
+    // U2: a hibernate asked for while the task was out starts once it is done.
+    if crate::hibernate::wanted(s, key) {
+        return crate::hibernate::begin(s, key, 0);
+    }
     // A hint that waited for this task: carried to the next task, or taken up now.
     if deferred {
         match s.pods.get_mut(key).map(|e| &mut e.phase) {
@@ -155,6 +163,8 @@ pub(crate) fn task_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 | Phase::Failed(_)
                 | Phase::Creating(_)
                 | Phase::Evicting(_)
+                | Phase::Hibernating(_)
+                | Phase::Hibernated
                 | Phase::Deleting(_)
                 | Phase::Terminal(_)
                 | Phase::Gone(_),

@@ -86,6 +86,52 @@ pub struct SnapshotInfo {
     pub image: String,
 }
 
+/// What a registry tag holds, as far as decisions go.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSnapshot {
+    /// cocoon's snapshot id at export: the identity a local copy is verified against.
+    pub snapshot_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_node: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hypervisor: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RegistryOk {
+    /// `None`: the tag is absent (a 404, never a transport error).
+    Inspected {
+        snapshot: Option<RemoteSnapshot>,
+    },
+    Pushed {
+        digest: String,
+    },
+    Pulled,
+    Deleted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegistryErrorKind {
+    /// The tag does not exist (a pull or push of a missing source).
+    Absent,
+    /// `OCI_REGISTRY` is not set.
+    NotConfigured,
+    /// The artifact breaks the snapshot contract; nothing was imported.
+    Refused,
+    /// The registry or cocoon could not be reached or failed mid-stream.
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryError {
+    pub kind: RegistryErrorKind,
+    pub message: String,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KubeErrorKind {
@@ -169,6 +215,10 @@ pub enum Event {
     KubeDone {
         op: OpId,
         result: Result<KubeOk, KubeError>,
+    },
+    RegistryDone {
+        op: OpId,
+        result: Result<RegistryOk, RegistryError>,
     },
     /// The outcome of `Action::ReleaseDhcpLease` (`Err`: why it failed).
     DhcpLeaseReleased {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::keys;
+use crate::phase::{HibernateStep, Phase, Purpose};
 use crate::pod::PodKey;
 use crate::state::{PodEntry, State};
 
@@ -29,8 +30,9 @@ pub fn desired(s: &State, key: &PodKey) -> BTreeMap<String, Option<String>> {
 /// every event that touches it and almost always already holds, so that comparison
 /// allocates nothing; only a patch that goes out is built as a map.
 struct Wanted<'a> {
-    vm_id: Option<&'a str>,
-    vm_ip: Option<&'a str>,
+    /// `None`: no opinion; `Some(None)`: the key must go; `Some(Some(v))`: it must be `v`.
+    vm_id: Option<Option<&'a str>>,
+    vm_ip: Option<Option<&'a str>>,
     /// State, generation and message (`None` when empty: L2 writes it as null).
     lifecycle: Option<(&'static str, &'a str, Option<&'a str>)>,
 }
@@ -38,6 +40,20 @@ struct Wanted<'a> {
 impl<'a> Wanted<'a> {
     fn of(e: &'a PodEntry, generation: &'a mut Decimal) -> Self {
         let vm = e.vm().filter(|v| v.managed());
+        // U3 step 5, U5 step 2: while a VM is handed to the registry and until its successor
+        // runs, the pod must not name one (the operator's wake gate reads `id`).
+        let withdrawn = match &e.phase {
+            Phase::Hibernating(h) => h.step == HibernateStep::Remove,
+            Phase::Hibernated => true,
+            Phase::Creating(c) => c.purpose != Purpose::Fresh,
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Running(_)
+            | Phase::Evicting(_)
+            | Phase::Deleting(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => false,
+        };
         let lifecycle = e.intent.state.map(|state| {
             (
                 state.as_str(),
@@ -46,8 +62,14 @@ impl<'a> Wanted<'a> {
             )
         });
         Wanted {
-            vm_id: vm.map(|v| v.record.id.as_str()),
-            vm_ip: vm.and_then(|v| v.ip.as_deref()),
+            vm_id: match withdrawn {
+                true => Some(None),
+                false => vm.map(|v| Some(v.record.id.as_str())),
+            },
+            vm_ip: match withdrawn {
+                true => Some(None),
+                false => vm.and_then(|v| v.ip.as_deref()).map(Some),
+            },
             lifecycle,
         }
     }
@@ -55,8 +77,8 @@ impl<'a> Wanted<'a> {
     /// Every wanted key with its value (`None`: the key must be absent).
     fn entries(&self) -> impl Iterator<Item = (&'static str, Option<&'a str>)> + '_ {
         let vm = [
-            self.vm_id.map(|id| (keys::VM_ID, Some(id))),
-            self.vm_ip.map(|ip| (keys::VM_IP, Some(ip))),
+            self.vm_id.map(|id| (keys::VM_ID, id)),
+            self.vm_ip.map(|ip| (keys::VM_IP, ip)),
         ];
         let lifecycle = self.lifecycle.map(|(state, generation, message)| {
             [

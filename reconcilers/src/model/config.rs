@@ -43,6 +43,10 @@ impl RestoreMode {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Config {
     pub node_name: String,
+    /// `OCI_REGISTRY`, the base snapshots are pushed to and pulled from; `None`: unset, so
+    /// nothing is pushed or pulled.
+    #[serde(default)]
+    pub registry: Option<String>,
     pub node_ip: String,
     pub orphan_policy: OrphanPolicy,
     pub cpu_class: Option<String>,
@@ -57,6 +61,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             node_name: "cocoon-pool".into(),
+            registry: None,
             node_ip: "127.0.0.1".into(),
             orphan_policy: OrphanPolicy::Destroy,
             cpu_class: None,

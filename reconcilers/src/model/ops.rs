@@ -49,3 +49,12 @@ pub enum KubeOwner {
     /// The eviction delete (W6).
     Evict { key: PodKey },
 }
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "owner", rename_all = "snake_case")]
+pub enum RegistryOwner {
+    /// The pod's one VM operation.
+    Pod { key: PodKey },
+    /// Cleanup whose outcome is only logged.
+    Detached { what: String },
+}

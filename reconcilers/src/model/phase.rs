@@ -22,6 +22,10 @@ pub enum Phase {
     Creating(Creating),
     /// The pod has its VM.
     Running(Running),
+    /// The VM is being saved, pushed to `<vm>:hibernate` and removed (U3).
+    Hibernating(Hibernating),
+    /// The VM's state is in the registry and the VM is gone; the pod waits to be woken (S1).
+    Hibernated,
     /// The VM is gone or removed; the pod object is being deleted (W6).
     Evicting(Evicting),
     /// The pod is being deleted and its VM is being removed.
@@ -38,6 +42,9 @@ pub struct Failed {
     /// Bring-up attempts so far (P3 gives up after 20).
     pub attempts: u32,
     pub retry: Retry,
+    /// What the failed bring-up was for: a failed wake is retried as a wake.
+    #[serde(default)]
+    pub purpose: Purpose,
 }
 
 /// What starts the next attempt of a failed pod.
@@ -53,21 +60,46 @@ pub enum Retry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Creating {
     pub step: CreateStep,
-    /// The step's cocoon call.
-    pub op: OpId,
+    /// The step's cocoon call; `None` while the step waits for another pod's operation.
+    pub op: Option<OpId>,
     /// When the bring-up began (boot duration).
     pub since: Millis,
+    /// When the step under way began, for steps whose duration is observed (a pull).
+    #[serde(default)]
+    pub step_since: Millis,
     pub attempts: u32,
     /// The previous attempt's error: still what the pod shows until this one succeeds.
     pub last_failure: Option<String>,
     /// A delete came while the step was out; the step's outcome hands the pod over to it.
     pub cancel: Option<Object>,
+    /// What the bring-up is for.
+    #[serde(default)]
+    pub purpose: Purpose,
+    /// A local snapshot made for this bring-up only (a registry import), removed once the
+    /// VM is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch: Option<String>,
+}
+
+/// Why a pod is brought up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// A new VM (C3).
+    #[default]
+    Fresh,
+    /// A hibernated pod woken in place (U5).
+    Wake,
+    /// A new pod restoring a hibernated VM (C11, the restore marker).
+    Restore,
 }
 
 /// One step of a bring-up; its outcome picks the next.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
 pub enum CreateStep {
+    /// C11: does `<vm>:hibernate` exist? Then this pod restores instead of booting fresh.
+    CheckEvidence,
     RemoveFork,
     PullImage,
     Run,
@@ -89,6 +121,33 @@ pub enum CreateStep {
     },
     Clone,
     InspectNameTaken,
+    /// C8.3: the clone base is not on this node: pull `<repo>:<tag>` from the registry into
+    /// the local snapshot `name`.
+    PullSnapshot {
+        name: String,
+        repo: String,
+        tag: String,
+    },
+    /// U6: the local `<vm>` snapshot left by the hibernate, if any.
+    InspectLocal {
+        name: String,
+    },
+    /// U6: the registry's `<vm>:hibernate`, to verify the local copy (`local_id`) against.
+    VerifyRemote {
+        name: String,
+        local_id: String,
+        local_image: String,
+    },
+    /// U6: `<vm>:hibernate` pulled into `import`.
+    PullHibernate {
+        name: String,
+        import: String,
+    },
+    /// Another pod of the same fork source is saving `name`: this one clones from it once
+    /// that save is done, instead of saving (and replacing) it again.
+    AwaitForkSave {
+        name: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,12 +202,14 @@ pub enum IpWait {
     Clone,
     Run,
     Adopt,
+    /// A woken VM (U7): like a clone, 45 s, with the wake's metrics and Events.
+    Wake,
 }
 
 impl IpWait {
     pub fn has_deadline(self) -> bool {
         match self {
-            IpWait::Clone => true,
+            IpWait::Clone | IpWait::Wake => true,
             IpWait::Run | IpWait::Adopt => false,
         }
     }
@@ -158,6 +219,7 @@ impl IpWait {
             IpWait::Clone => "clone",
             IpWait::Run => "run",
             IpWait::Adopt => "adopt",
+            IpWait::Wake => "wake",
         }
     }
 }
@@ -174,6 +236,32 @@ pub struct Evicting {
     pub delete: Option<OpId>,
     /// A delete of the pod came while the eviction's call was out.
     pub cancel: Option<Object>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hibernating {
+    /// The pod as it ran: a failed hibernate goes back to it (U4).
+    pub running: Running,
+    pub step: HibernateStep,
+    pub op: OpId,
+    /// When the step under way began (save and push durations).
+    pub since: Millis,
+    /// Hibernates tried in a row without success, for the retry's backoff.
+    pub attempts: u32,
+    /// A delete came while the step was out; its outcome hands the pod over to it.
+    pub cancel: Option<Object>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HibernateStep {
+    Save,
+    /// The name was taken and its holder removed: the second save, whose refusal is final.
+    SaveAgain,
+    RemoveTakenSave,
+    Push,
+    /// `vm rm`: the `id` and `ip` annotations are already withdrawn.
+    Remove,
 }
 
 /// Why a pod was evicted: the container's terminated reason (S6).
@@ -202,9 +290,24 @@ impl EvictReason {
 pub struct Deleting {
     pub vm: Tracked,
     pub wait: DeleteWait,
-    /// Failed `vm rm` calls in a row.
+    /// Failed attempts in a row (of the snapshot or of the removal).
     pub failures: u32,
     pub object: Object,
+    /// What runs next, and what the retry timer runs again.
+    pub stage: DeleteStage,
+    /// When the snapshot step under way began (save and push durations).
+    pub since: Millis,
+    /// Why the delete is held: the delete-time snapshot failed and the VM is kept (D4).
+    pub blocked: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeleteStage {
+    /// Save the VM and push it to `<vm>:latest` first, if the snapshot policy says so (D4).
+    Snapshot,
+    /// Remove the VM (D5).
+    Remove,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,8 +315,15 @@ pub struct Deleting {
 pub enum DeleteWait {
     /// A VM task's call was out when the delete came; its outcome starts the removal.
     Task(OpId),
+    /// `snapshot save --name <vm>`.
+    Save(OpId),
+    /// The name was taken and its holder removed: the second save, whose refusal is final.
+    SaveAgain(OpId),
+    RemoveTakenSave(OpId),
+    /// The push to `<vm>:latest`.
+    Push(OpId),
     RemoveVm(OpId),
-    /// `vm rm` failed; the delete-retry timer runs it again.
+    /// The last attempt failed; the delete-retry timer runs the stage again.
     Retry,
 }
 
@@ -265,10 +375,12 @@ impl Phase {
         match self {
             Phase::Running(r) => Some(&r.vm),
             Phase::Evicting(e) => Some(&e.running.vm),
+            Phase::Hibernating(h) => Some(&h.running.vm),
             Phase::Deleting(d) => Some(&d.vm),
             Phase::Waiting
             | Phase::Failed(_)
             | Phase::Creating(_)
+            | Phase::Hibernated
             | Phase::Terminal(_)
             | Phase::Gone(_) => None,
         }
@@ -278,10 +390,12 @@ impl Phase {
         match self {
             Phase::Running(r) => Some(&mut r.vm),
             Phase::Evicting(e) => Some(&mut e.running.vm),
+            Phase::Hibernating(h) => Some(&mut h.running.vm),
             Phase::Deleting(d) => Some(&mut d.vm),
             Phase::Waiting
             | Phase::Failed(_)
             | Phase::Creating(_)
+            | Phase::Hibernated
             | Phase::Terminal(_)
             | Phase::Gone(_) => None,
         }
@@ -294,7 +408,12 @@ impl Phase {
             Phase::Deleting(d) => d.object == Object::Gone,
             Phase::Creating(c) => c.cancel == Some(Object::Gone),
             Phase::Evicting(e) => e.cancel == Some(Object::Gone),
-            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Terminal(_) => false,
+            Phase::Hibernating(h) => h.cancel == Some(Object::Gone),
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Running(_)
+            | Phase::Hibernated
+            | Phase::Terminal(_) => false,
         }
     }
 
@@ -304,8 +423,9 @@ impl Phase {
             Phase::Deleting(_) | Phase::Gone(_) => true,
             Phase::Creating(c) => c.cancel.is_some(),
             Phase::Evicting(e) => e.cancel.is_some(),
+            Phase::Hibernating(h) => h.cancel.is_some(),
             Phase::Terminal(t) => t.object != ObjectDelete::NotAsked,
-            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) => false,
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Hibernated => false,
         }
     }
 
@@ -316,9 +436,10 @@ impl Phase {
             Phase::Gone(_) => true,
             Phase::Creating(c) => c.cancel.is_some(),
             Phase::Evicting(e) => e.delete.is_some() || e.cancel == Some(Object::Gone),
+            Phase::Hibernating(h) => h.cancel.is_some(),
             Phase::Deleting(d) => d.object == Object::Gone || d.wait != DeleteWait::Retry,
             Phase::Terminal(t) => matches!(t.object, ObjectDelete::Out(_)),
-            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) => false,
+            Phase::Waiting | Phase::Failed(_) | Phase::Running(_) | Phase::Hibernated => false,
         }
     }
 
@@ -334,7 +455,13 @@ impl Phase {
                     ..
                 })
             ),
-            Phase::Evicting(_) | Phase::Deleting(_) | Phase::Terminal(_) | Phase::Gone(_) => false,
+            // A hibernating pod gives its VM up itself, once its state is in the registry.
+            Phase::Hibernating(_)
+            | Phase::Hibernated
+            | Phase::Evicting(_)
+            | Phase::Deleting(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => false,
         }
     }
 
@@ -345,6 +472,8 @@ impl Phase {
             Phase::Failed(_) => "failed",
             Phase::Creating(_) => "creating",
             Phase::Running(_) => "running",
+            Phase::Hibernating(_) => "hibernating",
+            Phase::Hibernated => "hibernated",
             Phase::Evicting(_) => "evicting",
             Phase::Deleting(_) => "deleting",
             Phase::Terminal(_) => "terminal",

@@ -89,11 +89,62 @@ pub struct VmSpec {
     pub static_ip: Option<String>,
 }
 
+/// A pod's role in its CocoonSet (ANN-2.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Main,
+    SubAgent,
+    Toolbox,
+}
+
+impl VmSpec {
+    /// ANN-2.4: slot N of `vk-<namespace>-<cocoonset>-<N>` under a CocoonSet owner; slot 0 is
+    /// the main agent, any other slot a sub-agent, anything else a toolbox.
+    pub fn role(&self, pod: &PodView) -> Role {
+        let set = pod
+            .owners
+            .iter()
+            .find(|o| o.kind == "CocoonSet")
+            .map(|o| o.name.as_str())
+            .unwrap_or_default();
+        let prefix = format!("vk-{}-{set}-", pod.namespace);
+        let slot = self
+            .vm_name
+            .strip_prefix(&prefix)
+            .filter(|_| !set.is_empty());
+        match slot {
+            Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                match n.trim_start_matches('0').is_empty() {
+                    true => Role::Main,
+                    false => Role::SubAgent,
+                }
+            }
+            Some(_) | None => Role::Toolbox,
+        }
+    }
+
+    /// D4 / ANN-2.5: whether DeletePod saves and pushes this VM to `<vm>:latest`.
+    pub fn snapshot_on_delete(&self, pod: &PodView) -> bool {
+        // macOS guests are never pushed; unmanaged VMs are not vk's to save.
+        if !self.managed || self.os == Os::Macos {
+            return false;
+        }
+        match self.snapshot_policy {
+            SnapshotPolicy::Never => false,
+            SnapshotPolicy::MainOnly => self.role(pod) == Role::Main,
+            SnapshotPolicy::Always => true,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecError {
     /// The annotation key or pod field at fault.
     pub key: String,
     pub message: String,
+    /// The key is absent (rather than present with a bad value).
+    #[serde(default)]
+    pub missing: bool,
 }
 
 impl fmt::Display for SpecError {
@@ -102,8 +153,16 @@ impl fmt::Display for SpecError {
     }
 }
 
+fn missing(key: &str, message: impl Into<String>) -> SpecError {
+    SpecError {
+        missing: true,
+        ..err(key, message)
+    }
+}
+
 fn err(key: &str, message: impl Into<String>) -> SpecError {
     SpecError {
+        missing: false,
         key: key.to_string(),
         message: message.into(),
     }
@@ -115,7 +174,7 @@ fn text<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
 
 pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
     let vm_name = text(pod, keys::VM_NAME)
-        .ok_or_else(|| err(keys::VM_NAME, "missing: the pod must name its VM"))?;
+        .ok_or_else(|| missing(keys::VM_NAME, "missing: the pod must name its VM"))?;
     if !names::valid_vm_name(vm_name) {
         return Err(err(
             keys::VM_NAME,
@@ -227,7 +286,7 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         && fork_from.is_none()
         && os != Os::Macos
     {
-        return Err(err(
+        return Err(missing(
             keys::IMAGE,
             "missing: a managed VM needs an image to run or clone",
         ));
@@ -237,13 +296,13 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         (None, None)
     } else {
         let id = text(pod, keys::VM_ID).ok_or_else(|| {
-            err(
+            missing(
                 keys::VM_ID,
                 "missing: an unmanaged pod must carry its VM id",
             )
         })?;
         let ip = text(pod, keys::VM_IP).ok_or_else(|| {
-            err(
+            missing(
                 keys::VM_IP,
                 "missing: an unmanaged pod must carry its VM ip",
             )

@@ -15,7 +15,7 @@ use crate::time::Millis;
 use crate::vm::VmRecord;
 
 pub use crate::entry::{Agent, Intent, Lifecycle, PodEntry, ProbeState, Tracked, VmOwner};
-pub use crate::ops::{CocoonOwner, KubeOwner};
+pub use crate::ops::{CocoonOwner, KubeOwner, RegistryOwner};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct State {
@@ -28,6 +28,9 @@ pub struct State {
     pub(crate) cocoon_ops: BTreeMap<OpId, Box<CocoonOwner>>,
     /// Who waits for each Kubernetes call.
     pub(crate) kube_ops: BTreeMap<OpId, Box<KubeOwner>>,
+    /// Who waits for each registry call.
+    #[serde(default)]
+    pub(crate) registry_ops: BTreeMap<OpId, Box<RegistryOwner>>,
     /// The MAC of each DHCP lease release out (D6).
     pub(crate) dhcp_release_ops: BTreeMap<OpId, String>,
     /// Tracked VM id → pod.
@@ -52,10 +55,20 @@ pub struct State {
     pub restarts: BTreeMap<String, Millis>,
     /// UIDs vk deleted itself, so a late watch echo does not resurrect the pod.
     pub tombstones: BTreeMap<String, PodKey>,
+    /// Fork snapshots being saved, by name: the pod saving it and the pods waiting to clone
+    /// from it (C9: forks of one source share one fork snapshot).
+    #[serde(default)]
+    pub fork_saves: BTreeMap<String, ForkSave>,
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
     pub(crate) touched: Touched,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkSave {
+    pub saver: PodKey,
+    pub waiting: BTreeSet<PodKey>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +126,7 @@ impl State {
             pods: PodTable::default(),
             cocoon_ops: BTreeMap::new(),
             kube_ops: BTreeMap::new(),
+            registry_ops: BTreeMap::new(),
             dhcp_release_ops: BTreeMap::new(),
             vm_ids: BTreeMap::new(),
             vm_names: BTreeMap::new(),
@@ -127,6 +141,7 @@ impl State {
             dhcp_macs: BTreeMap::new(),
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
+            fork_saves: BTreeMap::new(),
             out: Vec::new(),
             touched: Touched::default(),
         }
@@ -167,6 +182,19 @@ impl State {
         op
     }
 
+    /// Sends a registry call and remembers who waits for its outcome.
+    pub(crate) fn call_registry(
+        &mut self,
+        owner: RegistryOwner,
+        key: Option<PodKey>,
+        call: crate::action::RegistryCall,
+    ) -> OpId {
+        let op = self.next_op();
+        self.registry_ops.insert(op, Box::new(owner));
+        self.emit(Action::CallRegistry { op, key, call });
+        op
+    }
+
     pub(crate) fn kube_op(&mut self, owner: KubeOwner) -> OpId {
         self.effects().kube_op(owner)
     }
@@ -195,7 +223,10 @@ impl State {
 
     /// Operations whose outcome has not come back yet.
     pub fn pending_ops(&self) -> usize {
-        self.cocoon_ops.len() + self.kube_ops.len() + self.dhcp_release_ops.len()
+        self.cocoon_ops.len()
+            + self.kube_ops.len()
+            + self.registry_ops.len()
+            + self.dhcp_release_ops.len()
     }
 
     /// Who waits for a cocoon call, if it is still out.
@@ -246,6 +277,7 @@ impl Effects<'_> {
         self.out.push(a);
     }
 
+    /// Sends a registry call and remembers who waits for its outcome.
     pub(crate) fn kube_op(&mut self, owner: KubeOwner) -> OpId {
         let id = *self.next_op;
         *self.next_op += 1;

@@ -185,6 +185,8 @@ impl<'a> Desired<'a> {
                 Phase::Creating(c) => c.last_failure.as_ref(),
                 Phase::Waiting
                 | Phase::Running(_)
+                | Phase::Hibernating(_)
+                | Phase::Hibernated
                 | Phase::Evicting(_)
                 | Phase::Deleting(_)
                 | Phase::Terminal(_)
@@ -216,10 +218,23 @@ impl<'a> Desired<'a> {
             };
         };
         let ready = e.probe.ready && e.intent.state == Some(Lifecycle::Ready);
+        // D4: a delete held by a failed snapshot says why on the pod.
+        let message = match &e.phase {
+            Phase::Deleting(d) => d.blocked.as_deref(),
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Creating(_)
+            | Phase::Running(_)
+            | Phase::Hibernating(_)
+            | Phase::Hibernated
+            | Phase::Evicting(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => None,
+        };
         Desired {
             phase: "Running",
             reason: None,
-            message: None,
+            message,
             host_ip,
             pod_ip: vm.ip.as_deref(),
             start_time,

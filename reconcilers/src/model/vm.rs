@@ -35,6 +35,11 @@ impl VmRecord {
     pub fn is_running(&self) -> bool {
         self.state == "running"
     }
+
+    /// A placeholder of a create that has not committed (or whose creator died) (CLI-5).
+    pub fn is_creating(&self) -> bool {
+        self.state == "creating"
+    }
 }
 
 /// How a failed cocoon call is classified. Only `VmNotFound` proves a VM is gone.

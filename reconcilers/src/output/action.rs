@@ -24,6 +24,12 @@ pub enum Timer {
     KubeRetry { key: PodKey, uid: String },
     /// Retry a failed VM removal of a pod being deleted.
     DeleteRetry { key: PodKey, uid: String },
+    /// Try a failed hibernate again while `hibernate=true` remains (U4).
+    HibernateRetry {
+        key: PodKey,
+        uid: String,
+        attempt: u32,
+    },
     /// Retry the eviction delete (W6: 2 tries).
     EvictRetry { key: PodKey, uid: String },
     /// Compare `cocoon vm list` with the tracked VMs (R11).
@@ -99,12 +105,60 @@ pub enum Counter {
     },
     /// An operation's outcome the core could not place (a contract mismatch or a core bug).
     UnexpectedOutcome,
+    SnapshotSave {
+        result: String,
+    },
+    SnapshotPush {
+        result: String,
+    },
+    Hibernate {
+        phase: String,
+        result: String,
+    },
+    Wake {
+        result: String,
+    },
+    SnapshotVerify {
+        result: String,
+    },
+    HibernateEvidence {
+        verdict: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum Histogram {
     VmBootDuration { mode: String, backend: String },
+    SnapshotSaveDuration,
+    SnapshotPushDuration,
+    SnapshotPullDuration,
+}
+
+/// A call to the OCI registry (`OCI_REGISTRY`); `name` is the repository below the base.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "call", rename_all = "snake_case")]
+pub enum RegistryCall {
+    /// What `<name>:<tag>` holds (its snapshot id, base image, pushing node), or that it is
+    /// absent; the outcome is `RegistryOk::Inspected`.
+    Inspect { name: String, tag: String },
+    /// Streams `cocoon snapshot export <snapshot>` to `<name>:<tag>`, recording `base_image`
+    /// and this node in the manifest.
+    Push {
+        snapshot: String,
+        name: String,
+        tag: String,
+        base_image: String,
+    },
+    /// Streams `<name>:<tag>` into `cocoon snapshot import --name <local>`, replacing any
+    /// local snapshot of that name.
+    Pull {
+        name: String,
+        tag: String,
+        local: String,
+    },
+    /// Deletes the tag; an absent tag counts as deleted.
+    DeleteTag { name: String, tag: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -116,6 +170,13 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<PodKey>,
         cmd: CocoonCmd,
+    },
+    /// Call the OCI registry; the outcome returns as `Event::RegistryDone`.
+    CallRegistry {
+        op: OpId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<PodKey>,
+        call: RegistryCall,
     },
     /// One merge patch of `pods/status` bound to `uid`, carrying the status when it differs
     /// from the server's and the annotations that differ (`None` deletes a key). The status

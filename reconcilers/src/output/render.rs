@@ -2,12 +2,26 @@
 //! Cocoon calls print their exact argv; annotation keys under `vm.cocoonstack.io/` drop that
 //! prefix (every key vk writes lives there, so nothing becomes ambiguous).
 
-use crate::action::{Action, Counter, Histogram, ProbeCheck, ProbeTarget, Timer};
-use crate::event::{CocoonOk, Event, KubeOk};
+use crate::action::{Action, Counter, Histogram, ProbeCheck, ProbeTarget, RegistryCall, Timer};
+use crate::event::{CocoonOk, Event, KubeOk, RegistryOk};
 use crate::status::PodStatus;
 
 fn q(s: &str) -> String {
     format!("{s:?}")
+}
+
+pub fn registry_call(c: &RegistryCall) -> String {
+    match c {
+        RegistryCall::Inspect { name, tag } => format!("inspect {name}:{tag}"),
+        RegistryCall::Push {
+            snapshot,
+            name,
+            tag,
+            base_image,
+        } => format!("push {snapshot} -> {name}:{tag} base={base_image}"),
+        RegistryCall::Pull { name, tag, local } => format!("pull {name}:{tag} -> {local}"),
+        RegistryCall::DeleteTag { name, tag } => format!("delete-tag {name}:{tag}"),
+    }
 }
 
 pub fn short_key(k: &str) -> &str {
@@ -22,6 +36,7 @@ pub fn timer(t: &Timer) -> String {
         Timer::KubeRetry { key, .. } => ("kube-retry", key),
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
+        Timer::HibernateRetry { key, .. } => ("hibernate-retry", key),
         Timer::StaleCreate { id, .. } => return format!("stale-create {id}"),
         Timer::Sweep => return "sweep".into(),
     };
@@ -46,6 +61,16 @@ pub fn counter(c: &Counter) -> String {
         Counter::StartupResume { op } => format!("startup_resume{{op={op}}}"),
         Counter::LeaseRelease { result } => format!("lease_release{{result={result}}}"),
         Counter::UnexpectedOutcome => "unexpected_outcome".into(),
+        Counter::SnapshotSave { result } => format!("snapshot_save{{result={result}}}"),
+        Counter::SnapshotPush { result } => format!("snapshot_push{{result={result}}}"),
+        Counter::Hibernate { phase, result } => {
+            format!("hibernate{{phase={phase},result={result}}}")
+        }
+        Counter::Wake { result } => format!("wake{{result={result}}}"),
+        Counter::SnapshotVerify { result } => format!("snapshot_verify{{result={result}}}"),
+        Counter::HibernateEvidence { verdict } => {
+            format!("hibernate_evidence{{verdict={verdict}}}")
+        }
     }
 }
 
@@ -144,7 +169,11 @@ pub fn action(a: &Action) -> String {
             Histogram::VmBootDuration { mode, backend } => {
                 format!("observe vm_boot_duration{{mode={mode},backend={backend}}} {millis}ms")
             }
+            Histogram::SnapshotSaveDuration => format!("observe snapshot_save_duration {millis}ms"),
+            Histogram::SnapshotPushDuration => format!("observe snapshot_push_duration {millis}ms"),
+            Histogram::SnapshotPullDuration => format!("observe snapshot_pull_duration {millis}ms"),
         },
+        Action::CallRegistry { op, call, .. } => format!("registry #{op} {}", registry_call(call)),
         Action::Log { level, message } => {
             format!("log {} {}", format!("{level:?}").to_lowercase(), q(message))
         }
@@ -216,6 +245,21 @@ pub fn event(e: &Event) -> String {
             Ok(KubeOk::Done) => format!("kube-done #{op} ok"),
             Ok(KubeOk::Status { status: s }) => format!("kube-done #{op} ok {}", status(s)),
             Err(e) => format!("kube-done #{op} err {:?}", e.kind),
+        },
+        Event::RegistryDone { op, result } => match result {
+            Ok(RegistryOk::Inspected { snapshot: None }) => format!("registry-done #{op} absent"),
+            Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
+                let base = r.base_image.as_deref().unwrap_or("-");
+                let from = r.from_node.as_deref().unwrap_or("-");
+                format!(
+                    "registry-done #{op} snapshot id={} base={base} from={from}",
+                    r.snapshot_id
+                )
+            }
+            Ok(RegistryOk::Pushed { digest }) => format!("registry-done #{op} pushed {digest}"),
+            Ok(RegistryOk::Pulled) => format!("registry-done #{op} pulled"),
+            Ok(RegistryOk::Deleted) => format!("registry-done #{op} deleted"),
+            Err(e) => format!("registry-done #{op} err {:?} {}", e.kind, q(&e.message)),
         },
         Event::DhcpLeaseReleased { op, result } => match result {
             Ok(()) => format!("lease-released #{op} ok"),

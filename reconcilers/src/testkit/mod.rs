@@ -10,6 +10,7 @@ mod api;
 mod builders;
 mod cocoon;
 mod invariants;
+pub mod registry;
 pub use crate::render;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -57,6 +58,7 @@ pub struct World {
     pub now: Millis,
     pub log: Vec<(Envelope, Vec<Action>)>,
     pub cocoon: FakeCocoon,
+    pub registry: registry::FakeRegistry,
     pub api: FakeApi,
     /// The cocoon-net lease table, by MAC.
     pub leases: BTreeMap<String, DhcpLease>,
@@ -92,6 +94,7 @@ impl World {
             now: 1_777_600_000_000, // 2026-05-01T01:46:40Z: a plausible wall time
             log: Vec::new(),
             cocoon: FakeCocoon::default(),
+            registry: registry::FakeRegistry::default(),
             api: FakeApi::new(),
             leases: BTreeMap::new(),
             dhcp: Some(0),
@@ -508,6 +511,11 @@ impl World {
                 let result = self.api.delete(&key, &uid, grace_seconds, now);
                 self.feed(Event::KubeDone { op, result });
             }
+            Action::CallRegistry { op, call, .. } => {
+                let node = self.state.config.node_name.clone();
+                let result = self.registry.exec(&call, &mut self.cocoon, &node);
+                self.feed(Event::RegistryDone { op, result });
+            }
             Action::RegisterNode => {
                 self.registered = true;
                 self.feed(Event::NodeRegistered);
@@ -620,6 +628,7 @@ pub fn create_ready_delete(pods: usize) -> Vec<Envelope> {
 pub fn op_of(a: &Action) -> Option<OpId> {
     match a {
         Action::RunCocoon { op, .. }
+        | Action::CallRegistry { op, .. }
         | Action::PatchPod { op, .. }
         | Action::ReleaseDhcpLease { op, .. }
         | Action::DeletePod { op, .. } => Some(*op),

@@ -3,7 +3,9 @@
 //!
 //! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, node_ip, dhcp=off|DURATION,
 //! stream=off, release=off, echo=off; before anything else touches the world), `pod KEY
-//! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`.
+//! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`,
+//! `tag NAME:TAG [id=…] [hypervisor=…] [image=…] [base=…] [from=…]` (a snapshot in the fake
+//! registry; `config registry=BASE` turns the registry on).
 //!
 //! Bringing the node up: `start [settle=false] [config…]` feeds the pod relist and `cocoon vm
 //! list` and settles what follows — the startup reconcile and the work it begins, such as
@@ -17,14 +19,15 @@
 //! `stream-closed [clean]`, `stream-connected`, `crash ID`, `vanish ID`, `lease MAC IP`,
 //! `lease-drop MAC`, `lease-vm ID IP`, `lease-vm-drop ID`, `probe KEY ok|fail`, `timer-fire
 //! KIND KEY`, and answers to one pending effect by op id: `cocoon-ok`, `cocoon-err`,
-//! `cocoon-garbage`, `kube-err`, `lease-release-err`. Each prints the actions of the one
+//! `cocoon-garbage`, `kube-err`, `lease-release-err`; `registry-fail-next CALL TEXT [N]` queues
+//! registry failures (`inspect`, `push`, `pull`, `delete-tag`). Each prints the actions of the one
 //! event it fed. `exec OP…` executes pending effects against the fake world, `settle` runs
 //! until nothing is left, `run DURATION` also moves the clock; these print the trace: each
 //! event as `> event`, its actions indented below. Faults for later: `fail-next VERB TEXT
 //! [N]`, `garbage-next VERB`, `kube-fail-next KEY KIND`, `unreachable ID`, `reachable ID`,
 //! `advance DURATION`.
 //!
-//! Inspecting: `status KEY`, `annotations KEY`, `state`, `events`, `pending`, `cocoon`,
+//! Inspecting: `status KEY`, `annotations KEY`, `state`, `events`, `pending`, `cocoon`, `registry`,
 //! `counters [TERM…]` and `timers [TERM…]` (given terms, only the counters or the scheduled
 //! items that begin with one: `counters pod_lifecycle`, `timers "timer create-retry"`).
 //!
@@ -116,6 +119,7 @@ fn annotation_key(k: &str) -> Option<String> {
         "clone-from-dir" => keys::CLONE_FROM_DIR,
         "probe-port" => keys::PROBE_PORT,
         "keep-snapshot" => keys::KEEP_SNAPSHOT_ON_DELETE,
+        "snapshot-policy" => keys::SNAPSHOT_POLICY,
         "hibernate" => keys::HIBERNATE,
         "no-direct-io" => keys::NO_DIRECT_IO,
         "force-pull" => keys::FORCE_PULL,
@@ -283,6 +287,7 @@ impl Runner {
                 }
                 "stream" => self.stream = v != "off",
                 "release" => self.config.release_dhcp_leases = v != "off",
+                "registry" => self.config.registry = Some(v.clone()).filter(|v| v != "off"),
                 "echo" => self.echo = v != "off",
                 "settle" => {}
                 other => panic!("unknown setting {other}"),
@@ -384,6 +389,25 @@ impl Runner {
                 };
                 let (n, h, i) = (get("name"), get("hypervisor"), get("image"));
                 self.world().cocoon.add_snapshot(&n, &h, &i);
+                Out::Lines(vec![])
+            }
+            "tag" => {
+                let get = |k: &str| {
+                    a.iter()
+                        .find(|(x, _)| x == k)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                let stored = testkit::registry::Stored {
+                    snapshot_id: Some(get("id"))
+                        .filter(|i| !i.is_empty())
+                        .unwrap_or_else(|| format!("R-{}", rest[0])),
+                    hypervisor: get("hypervisor"),
+                    image: get("image"),
+                    base_image: Some(get("base")).filter(|b| !b.is_empty()),
+                    from_node: Some(get("from")).filter(|f| !f.is_empty()),
+                };
+                self.world().registry.tags.insert(rest[0].clone(), stored);
                 Out::Lines(vec![])
             }
             "image-missing" => {
@@ -557,6 +581,30 @@ impl Runner {
                     self.world().cocoon.fail_next(&rest[0], &rest[1]);
                 }
                 Out::Lines(vec![])
+            }
+            "registry-fail-next" => {
+                let n: usize = rest.get(2).map_or(1, |n| n.parse().expect("count"));
+                for _ in 0..n {
+                    self.world().registry.fail_next(&rest[0], &rest[1]);
+                }
+                Out::Lines(vec![])
+            }
+            "registry" => {
+                let w = self.world();
+                let mut lines: Vec<String> = w
+                    .registry
+                    .tags
+                    .iter()
+                    .map(|(tag, t)| {
+                        let base = t.base_image.as_deref().unwrap_or("-");
+                        let from = t.from_node.as_deref().unwrap_or("-");
+                        format!("{tag} id={} base={base} from={from}", t.snapshot_id)
+                    })
+                    .collect();
+                if lines.is_empty() {
+                    lines.push("(no tags)".into());
+                }
+                Out::Lines(lines)
             }
             "garbage-next" => {
                 self.world().cocoon.garbage_next(&rest[0]);
@@ -739,9 +787,14 @@ fn busy(phase: &Phase) -> String {
         Phase::Deleting(d) => match d.wait {
             DeleteWait::RemoveVm(_) => "remove_vm".into(),
             DeleteWait::Task(_) => "task".into(),
+            DeleteWait::Save(_) | DeleteWait::SaveAgain(_) => "save".into(),
+            DeleteWait::RemoveTakenSave(_) => "remove_taken_save".into(),
+            DeleteWait::Push(_) => "push".into(),
             DeleteWait::Retry => "-".into(),
         },
         Phase::Evicting(e) if e.delete.is_none() => "remove_for_evict".into(),
+        Phase::Hibernating(h) => format!("hibernate_{:?}", h.step).to_lowercase(),
+        Phase::Hibernated => "hibernated".into(),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Evicting(_)

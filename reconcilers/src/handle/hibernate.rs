@@ -1,0 +1,383 @@
+//! The Hibernating phase (U1–U4): a Running pod asked to hibernate is saved as `<vm>`, pushed
+//! to `<vm>:hibernate`, and its VM removed; the pod stays, Hibernated, until it is woken. A
+//! failed step goes back to Running with lifecycle `failed` and a Warning, and is retried
+//! while `hibernate=true` remains.
+
+use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall, Timer};
+use crate::backoff::Backoff;
+use crate::cocoon::CocoonCmd;
+use crate::event::{CocoonOk, RegistryError, RegistryOk};
+use crate::phase::{HibernateStep, Hibernating, Object, Phase, Running};
+use crate::pod::PodKey;
+use crate::spec::Os;
+use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
+use crate::vm::{CocoonError, CocoonErrorKind};
+use crate::{create, delete, lifecycle, outcome, probe, tracking};
+
+/// U4: a failed hibernate is tried again 5 s doubling to 5 min while `hibernate=true` remains;
+/// each try saves and pushes the whole VM, so it is not hurried.
+const RETRY: Backoff = Backoff::doubling(5_000, 300_000);
+
+/// Whether the pod asks to hibernate and can: managed, not macOS, Running with no task out.
+/// A macOS pod asked to hibernate fails with `HibernateUnsupported` (U1).
+pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
+    let Some(e) = s.pod(key) else { return false };
+    let Ok(spec) = &e.spec else { return false };
+    if !spec.hibernate || !spec.managed {
+        return false;
+    }
+    let idle = matches!(&e.phase, Phase::Running(r) if r.task.is_none() && r.vm.managed());
+    if !idle {
+        return false;
+    }
+    if spec.os == Os::Macos {
+        let msg = "hibernate: macOS guests cannot hibernate".to_string();
+        if e.intent.state != Some(Lifecycle::Failed) {
+            create::warn_event(s, key, "HibernateUnsupported", &msg);
+            lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+        }
+        return false;
+    }
+    true
+}
+
+/// U3: lifecycle `hibernating`, then `snapshot save --name <vm>`.
+pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Running(r) = &e.phase else { return };
+    let running = r.clone();
+    let Some(name) = e.vm_name().map(str::to_string) else {
+        return;
+    };
+    let id = running.vm.record.id.clone();
+    lifecycle::set(s, key, Lifecycle::Hibernating, None);
+    let cmd = CocoonCmd::SnapshotSave { name, vm: id };
+    let op = s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    );
+    let now = s.now;
+    if let Some(e) = s.pods.get_mut(key) {
+        e.phase = Phase::Hibernating(Hibernating {
+            running,
+            step: HibernateStep::Save,
+            op,
+            since: now,
+            attempts,
+            cancel: None,
+        });
+    }
+}
+
+fn next(s: &mut State, key: &PodKey, step: HibernateStep, op: crate::action::OpId) {
+    let now = s.now;
+    if let Some(Phase::Hibernating(h)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        h.step = step;
+        h.op = op;
+        h.since = now;
+    }
+}
+
+fn count(s: &mut State, phase: &str, result: &str) {
+    s.emit(Action::Count {
+        counter: Counter::Hibernate {
+            phase: phase.into(),
+            result: result.into(),
+        },
+    });
+}
+
+/// The outcome of the hibernate's cocoon call: the save, the removal of a taken name's
+/// holder, or the VM's removal.
+pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Hibernating(h) = &e.phase else {
+        return;
+    };
+    let (step, since, cancel) = (h.step, h.since, h.cancel);
+    let Some(name) = e.vm_name().map(str::to_string) else {
+        return;
+    };
+    let image = e
+        .spec
+        .as_ref()
+        .map(|sp| sp.image.clone())
+        .unwrap_or_default();
+    if let Some(object) = cancel {
+        return hand_to_delete(s, key, object, step, &result);
+    }
+    use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNotFound};
+    match (step, result) {
+        (HibernateStep::Save | HibernateStep::SaveAgain, Ok(CocoonOk::Done)) => {
+            count(s, "snapshot", "ok");
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: "ok".into(),
+                },
+            });
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotSaveDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            let call = RegistryCall::Push {
+                snapshot: name.clone(),
+                name,
+                tag: "hibernate".into(),
+                base_image: image,
+            };
+            let owner = RegistryOwner::Pod { key: key.clone() };
+            let op = s.call_registry(owner, Some(key.clone()), call);
+            next(s, key, HibernateStep::Push, op);
+        }
+        (
+            HibernateStep::Save,
+            Err(CocoonError {
+                kind: SnapshotNameTaken,
+                message,
+            }),
+        ) => {
+            let holder = create::taken_by(&message).unwrap_or(name);
+            let cmd = CocoonCmd::SnapshotRm { name: holder };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            next(s, key, HibernateStep::RemoveTakenSave, op);
+        }
+        (
+            HibernateStep::RemoveTakenSave,
+            Ok(CocoonOk::Done)
+            | Err(CocoonError {
+                kind: SnapshotNotFound,
+                ..
+            }),
+        ) => {
+            let Some(id) = s.pod(key).and_then(|e| e.vm()).map(|v| v.record.id.clone()) else {
+                return;
+            };
+            let cmd = CocoonCmd::SnapshotSave { name, vm: id };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            next(s, key, HibernateStep::SaveAgain, op);
+        }
+        (
+            HibernateStep::Save | HibernateStep::SaveAgain | HibernateStep::RemoveTakenSave,
+            Err(err),
+        ) => {
+            count(s, "snapshot", "failed");
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: "failed".into(),
+                },
+            });
+            let msg = format!("hibernate: snapshot save {name}: {}", err.message);
+            roll_back(s, key, "HibernateSnapshotFailed", msg);
+        }
+        (
+            HibernateStep::Remove,
+            Ok(CocoonOk::Done)
+            | Err(CocoonError {
+                kind: VmNotFound, ..
+            }),
+        ) => {
+            count(s, "remove", "ok");
+            hibernated(s, key);
+        }
+        (HibernateStep::Remove, Err(err)) => {
+            count(s, "remove", "failed");
+            // U4: so nobody sees a finished hibernate while the VM lives, the tag goes.
+            let call = RegistryCall::DeleteTag {
+                name: name.clone(),
+                tag: "hibernate".into(),
+            };
+            let owner = RegistryOwner::Detached {
+                what: format!("rollback: delete {name}:hibernate"),
+            };
+            s.call_registry(owner, Some(key.clone()), call);
+            let msg = format!("hibernate: vm rm {name}: {}", err.message);
+            roll_back(s, key, "HibernateRemoveFailed", msg);
+        }
+        (
+            step @ (HibernateStep::Save
+            | HibernateStep::SaveAgain
+            | HibernateStep::RemoveTakenSave
+            | HibernateStep::Remove),
+            Ok(other),
+        ) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: hibernate step {step:?} answered {other:?}"),
+            );
+            roll_back(
+                s,
+                key,
+                "HibernateSnapshotFailed",
+                format!("hibernate: {step:?}: unexpected answer from cocoon"),
+            );
+        }
+        (HibernateStep::Push, Ok(_) | Err(_)) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: a cocoon outcome for the hibernate push"),
+            );
+        }
+    }
+}
+
+/// The outcome of the push to `<vm>:hibernate`.
+pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
+    let Some(e) = s.pod(key) else { return };
+    let Phase::Hibernating(h) = &e.phase else {
+        return;
+    };
+    let (since, cancel, id) = (h.since, h.cancel, h.running.vm.record.id.clone());
+    let name = e.vm_name().unwrap_or_default().to_string();
+    if let Some(object) = cancel {
+        let result: Result<CocoonOk, CocoonError> = Ok(CocoonOk::Done);
+        return hand_to_delete(s, key, object, HibernateStep::Push, &result);
+    }
+    match result {
+        Ok(RegistryOk::Pushed { .. }) => {
+            count(s, "push", "ok");
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPush {
+                    result: "ok".into(),
+                },
+            });
+            s.emit(Action::Observe {
+                histogram: Histogram::SnapshotPushDuration,
+                millis: (s.now - since).max(0) as u64,
+            });
+            // The `id` and `ip` annotations are withdrawn with this step (the wake gate must
+            // not see a VM that is about to vanish), then the VM goes.
+            let cmd = CocoonCmd::VmRm { id };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            next(s, key, HibernateStep::Remove, op);
+        }
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: push of {name}:hibernate answered {other:?}"),
+            );
+            count(s, "push", "failed");
+            roll_back(
+                s,
+                key,
+                "HibernatePushFailed",
+                format!("hibernate: push {name}:hibernate: unexpected answer"),
+            );
+        }
+        Err(err) => {
+            count(s, "push", "failed");
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPush {
+                    result: "failed".into(),
+                },
+            });
+            let msg = format!("hibernate: push {name}:hibernate: {}", err.message);
+            roll_back(s, key, "HibernatePushFailed", msg);
+        }
+    }
+}
+
+/// U3 steps 7–10: the VM is gone; its lease goes back, the probe stops, the pod is Pending
+/// without container statuses, lifecycle `hibernated`, Normal `Hibernated`.
+fn hibernated(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Hibernating(h) = std::mem::replace(&mut e.phase, Phase::Hibernated) else {
+        return;
+    };
+    let uid = e.pod.uid.clone();
+    tracking::forget(s, key, &h.running.vm);
+    lifecycle::set(s, key, Lifecycle::Hibernated, None);
+    s.emit(Action::RecordEvent {
+        key: key.clone(),
+        uid,
+        kind: EventType::Normal,
+        reason: "Hibernated".into(),
+        message: "hibernate: the VM's state is in the registry and the VM is removed".into(),
+    });
+}
+
+/// U4: back to Running as it was (its `id` and `ip` re-applied by the next publish),
+/// lifecycle `failed`, a Warning, and a retry with backoff while `hibernate=true` remains.
+fn roll_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Hibernating(h) = &e.phase else {
+        return;
+    };
+    let (running, attempts) = (h.running.clone(), h.attempts + 1);
+    e.phase = Phase::Running(running);
+    let uid = e.pod.uid.clone();
+    s.touched.insert(key);
+    create::warn_event(s, key, reason, &msg);
+    lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: "update".into(),
+            result: "failed".into(),
+            reason: "hibernate".into(),
+        },
+    });
+    s.emit(Action::Log {
+        level: Level::Warn,
+        message: format!("pod {key}: {msg}; retrying"),
+    });
+    s.emit(Action::ArmTimer {
+        timer: Timer::HibernateRetry {
+            key: key.clone(),
+            uid,
+            attempt: attempts,
+        },
+        after_ms: RETRY.after(attempts),
+    });
+}
+
+/// The hibernate-retry timer.
+pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str, attempt: u32) {
+    if s.pods.incarnation(key, uid).is_none() {
+        return;
+    }
+    if wanted(s, key) {
+        begin(s, key, attempt);
+    }
+}
+
+/// A delete came while a hibernate step was out: the delete takes the VM over (D4, D5).
+fn hand_to_delete(
+    s: &mut State,
+    key: &PodKey,
+    object: Object,
+    step: HibernateStep,
+    result: &Result<CocoonOk, CocoonError>,
+) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Hibernating(h) = &e.phase else {
+        return;
+    };
+    let running: Running = h.running.clone();
+    let removed = step == HibernateStep::Remove
+        && matches!(
+            result,
+            Ok(_)
+                | Err(CocoonError {
+                    kind: CocoonErrorKind::VmNotFound,
+                    ..
+                })
+        );
+    if removed {
+        tracking::forget(s, key, &running.vm);
+        return delete::without_vm(s, key, object);
+    }
+    probe::stop(s, key);
+    delete::with_vm(s, key, running.vm, object)
+}

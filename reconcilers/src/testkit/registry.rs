@@ -1,0 +1,118 @@
+//! A fake OCI registry: tags holding snapshots, pushed from and pulled into the fake cocoon's
+//! local snapshot store. Failures are queued per call kind.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::action::RegistryCall;
+use crate::event::{RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot};
+
+use super::cocoon::FakeCocoon;
+
+#[derive(Clone, Debug, Default)]
+pub struct FakeRegistry {
+    /// `name:tag` → what it holds.
+    pub tags: BTreeMap<String, Stored>,
+    /// Queued failures by call kind (`inspect`, `push`, `pull`, `delete-tag`).
+    pub failures: BTreeMap<String, VecDeque<RegistryError>>,
+    pushes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub snapshot_id: String,
+    pub hypervisor: String,
+    pub image: String,
+    pub base_image: Option<String>,
+    pub from_node: Option<String>,
+}
+
+fn kind(call: &RegistryCall) -> &'static str {
+    match call {
+        RegistryCall::Inspect { .. } => "inspect",
+        RegistryCall::Push { .. } => "push",
+        RegistryCall::Pull { .. } => "pull",
+        RegistryCall::DeleteTag { .. } => "delete-tag",
+    }
+}
+
+impl FakeRegistry {
+    pub fn fail_next(&mut self, call: &str, message: &str) {
+        self.failures
+            .entry(call.to_string())
+            .or_default()
+            .push_back(RegistryError {
+                kind: RegistryErrorKind::Failed,
+                message: message.to_string(),
+            });
+    }
+
+    pub fn exec(
+        &mut self,
+        call: &RegistryCall,
+        cocoon: &mut FakeCocoon,
+        node: &str,
+    ) -> Result<RegistryOk, RegistryError> {
+        if let Some(err) = self
+            .failures
+            .get_mut(kind(call))
+            .and_then(|q| q.pop_front())
+        {
+            return Err(err);
+        }
+        match call {
+            RegistryCall::Inspect { name, tag } => Ok(RegistryOk::Inspected {
+                snapshot: self
+                    .tags
+                    .get(&format!("{name}:{tag}"))
+                    .map(|t| RemoteSnapshot {
+                        snapshot_id: t.snapshot_id.clone(),
+                        base_image: t.base_image.clone(),
+                        from_node: t.from_node.clone(),
+                        hypervisor: t.hypervisor.clone(),
+                    }),
+            }),
+            RegistryCall::Push {
+                snapshot,
+                name,
+                tag,
+                base_image,
+            } => {
+                let Some(local) = cocoon.snapshots.get(snapshot) else {
+                    return Err(RegistryError {
+                        kind: RegistryErrorKind::Failed,
+                        message: format!("export: snapshot {snapshot:?} not found"),
+                    });
+                };
+                self.pushes += 1;
+                let stored = Stored {
+                    snapshot_id: local.id.clone(),
+                    hypervisor: local.hypervisor.clone(),
+                    image: local.image.clone(),
+                    base_image: Some(base_image.clone()).filter(|b| !b.is_empty()),
+                    from_node: Some(node.to_string()),
+                };
+                self.tags.insert(format!("{name}:{tag}"), stored);
+                Ok(RegistryOk::Pushed {
+                    digest: format!("sha256:{:064x}", self.pushes),
+                })
+            }
+            RegistryCall::Pull { name, tag, local } => {
+                match self.tags.get(&format!("{name}:{tag}")) {
+                    Some(t) => {
+                        cocoon.snapshots.remove(local);
+                        cocoon.add_snapshot(local, &t.hypervisor, &t.image);
+                        Ok(RegistryOk::Pulled)
+                    }
+                    None => Err(RegistryError {
+                        kind: RegistryErrorKind::Absent,
+                        message: format!("{name}:{tag}: manifest unknown"),
+                    }),
+                }
+            }
+            RegistryCall::DeleteTag { name, tag } => {
+                self.tags.remove(&format!("{name}:{tag}"));
+                Ok(RegistryOk::Deleted)
+            }
+        }
+    }
+}
