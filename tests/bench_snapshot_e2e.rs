@@ -1,9 +1,10 @@
 //! `make bench-snapshot`: push and pull of a 1 GiB snapshot through the loopback registry,
 //! against a plain `cp` of the same bytes on this machine, with the RSS growth of this process
-//! (which does the transfer). cocoon is a stand-in script: its export streams a prepared
-//! archive (`snapshot.json` and one random-data `memory-ranges` file) through a pipe, its import
-//! writes its pipe to a file, so the figures are the registry path's and the glue's, not
-//! cocoon's. `BENCH_SNAPSHOT_BYTES` overrides the size.
+//! (which does the transfer). First with a stand-in cocoon script: its export streams a
+//! prepared archive (`snapshot.json` and one random-data `memory-ranges` file) through a pipe,
+//! its import writes its pipe to a file, so those figures are the registry path's and the
+//! glue's only; then from and into the cocoon simulator, whose VM disk holds as many bytes of
+//! random data. `BENCH_SNAPSHOT_BYTES` overrides the size.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -179,7 +180,7 @@ async fn bench_snapshot_push_pull() -> Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1 << 30);
-    let tb = Testbed::start(TestbedOptions::default().with_registry()).await?;
+    let tb = Testbed::start(TestbedOptions::default().with_registry().with_sim()).await?;
     let addr = tb.registry.as_ref().unwrap().addr.clone();
     let dir = tb.run_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
@@ -268,6 +269,66 @@ async fn bench_snapshot_push_pull() -> Result<()> {
         std::fs::remove_file(&import).context("import.tar")?;
         runs.push((label.to_string(), push, pull));
     }
+
+    // The same v1 transfer from and into the cocoon simulator: a VM whose disk holds `size`
+    // bytes of random data, saved, pushed, pulled back under a new name. The simulator's
+    // export and import (sparse PAX records, a real disk file) are in these times.
+    let sim = tb.sim.as_ref().expect("simulator");
+    let mut env = sim.env();
+    env.push((
+        e2e::procs::MARKER.to_string(),
+        tb.run_dir().display().to_string(),
+    ));
+    env.push(("COCOON_SIM_DISK_BYTES".into(), size.to_string()));
+    env.push(("COCOON_SIM_DISK_DATA_BYTES".into(), size.to_string()));
+    let sim_cli = CocoonCli {
+        bin: sim.bin.display().to_string(),
+        timeout: Duration::from_secs(600),
+        env,
+    };
+    for argv in [
+        &["image", "pull", "localhost/bench/base:1"][..],
+        &["vm", "run", "--name", "bench-vm", "localhost/bench/base:1"],
+        &["snapshot", "save", "--name", "bench-vm", "bench-vm"],
+    ] {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        sim_cli
+            .run(&argv)
+            .await
+            .map_err(|e| anyhow::anyhow!("cocoon {}: {}", argv.join(" "), e.message))?;
+    }
+    settle();
+    let base = status_kib("VmRSS:");
+    reset_peak();
+    let t = Instant::now();
+    push_from_cocoon(
+        &reg,
+        &sim_cli,
+        "bench-vm",
+        "bench-vm",
+        "hibernate",
+        None,
+        Some("bench-node"),
+        &PushKnobs::default(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("push from the simulator: {e}"))?;
+    let push = Run {
+        secs: t.elapsed().as_secs_f64(),
+        rss_growth_mib: status_kib("VmHWM:").saturating_sub(base) as f64 / 1024.0,
+    };
+    settle();
+    let base = status_kib("VmRSS:");
+    reset_peak();
+    let t = Instant::now();
+    pull_into_cocoon(&reg, &sim_cli, "bench-vm", "hibernate", "bench-vm-import")
+        .await
+        .map_err(|e| anyhow::anyhow!("pull into the simulator: {e}"))?;
+    let pull = Run {
+        secs: t.elapsed().as_secs_f64(),
+        rss_growth_mib: status_kib("VmHWM:").saturating_sub(base) as f64 / 1024.0,
+    };
+    runs.push(("v1 via cocoon-sim (disk of random data)".into(), push, pull));
 
     let cp = mbps(size, cp_secs);
     println!();
