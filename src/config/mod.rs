@@ -322,8 +322,8 @@ impl Config {
         let oci_registry = e.get("OCI_REGISTRY");
         if oci_registry.is_none() {
             e.warnings.push(
-                "OCI_REGISTRY is not set: snapshot push and pull (delete-time save, hibernate, \
-                 wake from the registry) will fail until it is"
+                "OCI_REGISTRY is not set: deleted pods' VMs are removed without their delete-time \
+                 snapshot, and clone bases, hibernates and wakes that need the registry fail"
                     .into(),
             );
         }

@@ -72,7 +72,7 @@ pub const VARS: &[Var] = &[
     var(
         "OCI_REGISTRY",
         "unset (warning)",
-        "registry base for snapshot push/pull; optional in this build, which has no push/pull yet",
+        "registry base for snapshot push and pull (host[:port][/prefix]); without it deletes skip their snapshot and registry pulls fail",
     ),
     var(
         "GOOGLE_APPLICATION_CREDENTIALS",
