@@ -1117,15 +1117,7 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     }
     // A registry import served this clone only (U6).
     if let Some(import) = scratch {
-        let owner = CocoonOwner::Detached {
-            what: format!("snapshot rm {import}"),
-            release: None,
-        };
-        s.run_cocoon(
-            owner,
-            Some(key.clone()),
-            CocoonCmd::SnapshotRm { name: import },
-        );
+        crate::snapshot::remove_detached(s, key, import);
     }
     if let Some(object) = cancel {
         return delete::with_new_vm(s, key, tracked, object);

@@ -2,7 +2,7 @@
 //! status, then delete the pod object with grace 0 bound to its UID. A pod whose object is
 //! already gone only needs its VM removed.
 
-use crate::action::{Action, Counter, Histogram, Level, RegistryCall};
+use crate::action::{Action, Counter, Level};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryOk};
@@ -15,7 +15,7 @@ use crate::pod::PodKey;
 use crate::state::{CocoonOwner, KubeOwner, Publish, RegistryOwner, State, Tracked};
 use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind};
-use crate::{outcome, probe, tracking};
+use crate::{outcome, probe, snapshot, tracking};
 
 /// A failed `vm rm` of a deleted pod is tried again 2 s doubling to 60 s.
 pub const RETRY: Backoff = Backoff::doubling(2000, 60_000);
@@ -138,15 +138,7 @@ fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
 
 pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
     for snap in [name.to_string(), names::fork_snapshot(name)] {
-        let owner = CocoonOwner::Detached {
-            what: format!("snapshot rm {snap}"),
-            release: None,
-        };
-        s.run_cocoon(
-            owner,
-            Some(key.clone()),
-            CocoonCmd::SnapshotRm { name: snap },
-        );
+        snapshot::remove_detached(s, key, snap);
     }
 }
 
@@ -257,21 +249,8 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     use CocoonErrorKind::{NotRunning, SnapshotNameTaken, SnapshotNotFound, VmNotFound};
     match (wait, result) {
         (DeleteWait::Save(_) | DeleteWait::SaveAgain(_), Ok(CocoonOk::Done)) => {
-            s.emit(Action::Count {
-                counter: Counter::SnapshotSave {
-                    result: "ok".into(),
-                },
-            });
-            s.emit(Action::Observe {
-                histogram: Histogram::SnapshotSaveDuration,
-                millis: (s.now - since).max(0) as u64,
-            });
-            let call = RegistryCall::Push {
-                snapshot: name.clone(),
-                name,
-                tag: "latest".into(),
-                base_image: image,
-            };
+            snapshot::saved(s, since);
+            let call = snapshot::push_of(&name, "latest", image);
             let op = s.call_registry(
                 RegistryOwner::Pod { key: key.clone() },
                 Some(key.clone()),
@@ -370,15 +349,7 @@ pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, 
     let name = e.vm_name().unwrap_or_default().to_string();
     match result {
         Ok(RegistryOk::Pushed { .. }) => {
-            s.emit(Action::Count {
-                counter: Counter::SnapshotPush {
-                    result: "ok".into(),
-                },
-            });
-            s.emit(Action::Observe {
-                histogram: Histogram::SnapshotPushDuration,
-                millis: (s.now - since).max(0) as u64,
-            });
+            snapshot::pushed(s, since);
             if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
                 d.blocked = None;
                 d.failures = 0;

@@ -3,7 +3,7 @@
 //! failed step goes back to Running with lifecycle `failed` and a Warning, and is retried
 //! while `hibernate=true` remains.
 
-use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall, Timer};
+use crate::action::{Action, Counter, EventType, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
@@ -12,7 +12,7 @@ use crate::pod::PodKey;
 use crate::spec::Os;
 use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
-use crate::{create, delete, lifecycle, outcome, probe, tracking};
+use crate::{create, delete, lifecycle, outcome, probe, snapshot, tracking};
 
 /// U4: a failed hibernate is tried again 5 s doubling to 5 min while `hibernate=true` remains;
 /// each try saves and pushes the whole VM, so it is not hurried.
@@ -111,21 +111,8 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     match (step, result) {
         (HibernateStep::Save | HibernateStep::SaveAgain, Ok(CocoonOk::Done)) => {
             count(s, "snapshot", "ok");
-            s.emit(Action::Count {
-                counter: Counter::SnapshotSave {
-                    result: "ok".into(),
-                },
-            });
-            s.emit(Action::Observe {
-                histogram: Histogram::SnapshotSaveDuration,
-                millis: (s.now - since).max(0) as u64,
-            });
-            let call = RegistryCall::Push {
-                snapshot: name.clone(),
-                name,
-                tag: "hibernate".into(),
-                base_image: image,
-            };
+            snapshot::saved(s, since);
+            let call = snapshot::push_of(&name, "hibernate", image);
             let owner = RegistryOwner::Pod { key: key.clone() };
             let op = s.call_registry(owner, Some(key.clone()), call);
             next(s, key, HibernateStep::Push, op);
@@ -244,15 +231,7 @@ pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, 
     match result {
         Ok(RegistryOk::Pushed { .. }) => {
             count(s, "push", "ok");
-            s.emit(Action::Count {
-                counter: Counter::SnapshotPush {
-                    result: "ok".into(),
-                },
-            });
-            s.emit(Action::Observe {
-                histogram: Histogram::SnapshotPushDuration,
-                millis: (s.now - since).max(0) as u64,
-            });
+            snapshot::pushed(s, since);
             // The `id` and `ip` annotations are withdrawn with this step (the wake gate must
             // not see a VM that is about to vanish), then the VM goes.
             let cmd = CocoonCmd::VmRm { id };

@@ -13,6 +13,7 @@ pub(crate) mod outcome;
 pub(crate) mod probe;
 pub(crate) mod publish;
 pub(crate) mod reduce;
+pub(crate) mod snapshot;
 pub(crate) mod stale_create;
 pub(crate) mod startup;
 pub(crate) mod sweep;
