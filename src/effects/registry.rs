@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use reconcilers::action::RegistryCall;
-use reconcilers::event::{RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot};
+use reconcilers::event::{
+    ArtifactKind, RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot,
+};
 
 use crate::config::SnapshotTransfer;
 use crate::effects::cocoon::CocoonCli;
@@ -51,6 +53,13 @@ impl Transfers {
                 let found = self.registry.inspect(name, tag).await.map_err(to_core)?;
                 Ok(RegistryOk::Inspected {
                     snapshot: found.map(|r| RemoteSnapshot {
+                        kind: match r.kind {
+                            registry::ArtifactKind::CloudImage => ArtifactKind::CloudImage,
+                            registry::ArtifactKind::Snapshot => ArtifactKind::Snapshot,
+                            registry::ArtifactKind::ContainerImage => ArtifactKind::ContainerImage,
+                            registry::ArtifactKind::Index => ArtifactKind::Index,
+                            registry::ArtifactKind::Unknown => ArtifactKind::Unknown,
+                        },
                         snapshot_id: r.snapshot_id,
                         base_image: r.base_image,
                         from_node: r.from_node,
@@ -85,6 +94,18 @@ impl Transfers {
                 cocoon_pipe::pull_into_cocoon(&self.registry, &self.cocoon, name, tag, local)
                     .await
                     .map_err(to_core)?;
+                Ok(RegistryOk::Pulled)
+            }
+            RegistryCall::PullCloudImage { name, tag, image } => {
+                cocoon_pipe::pull_cloud_image_into_cocoon(
+                    &self.registry,
+                    &self.cocoon,
+                    name,
+                    tag,
+                    image,
+                )
+                .await
+                .map_err(to_core)?;
                 Ok(RegistryOk::Pulled)
             }
             RegistryCall::DeleteTag { name, tag } => {

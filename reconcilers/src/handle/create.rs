@@ -6,7 +6,9 @@ use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall, 
 use crate::backoff::Backoff;
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::config::RestoreMode;
-use crate::event::{CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo};
+use crate::event::{
+    ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
+};
 use crate::names;
 use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Purpose, Retry, Running};
 use crate::pod::PodKey;
@@ -525,6 +527,8 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             CreateStep::Run | CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => {}
             CreateStep::RemoveFork
             | CreateStep::PullImage
+            | CreateStep::ClassifyImage
+            | CreateStep::ImportCloudImage
             | CreateStep::InspectSnapshot { .. }
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
@@ -667,6 +671,8 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
         (
             failed_step @ (CreateStep::RemoveFork
             | CreateStep::PullImage
+            | CreateStep::ClassifyImage
+            | CreateStep::ImportCloudImage
             | CreateStep::Run
             | CreateStep::Clone
             | CreateStep::InspectNameTaken
@@ -709,6 +715,8 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
     match step {
         CreateStep::RemoveFork => format!("snapshot rm {}", names::fork_snapshot(&spec.vm_name)),
         CreateStep::PullImage => format!("image pull {}", spec.image),
+        CreateStep::ClassifyImage => format!("registry inspect {}", spec.image),
+        CreateStep::ImportCloudImage => format!("image import {}", spec.image),
         CreateStep::Run => format!("vm run {}", spec.vm_name),
         CreateStep::Clone => format!("vm clone {}", spec.vm_name),
         CreateStep::InspectAfterBoot { record } => format!("vm inspect {}", record.id),
@@ -747,13 +755,16 @@ fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
         );
     } else {
         match spec.mode {
-            Mode::Run => {
-                let cmd = CocoonCmd::ImagePull {
-                    image: spec.image.clone(),
-                    force: spec.force_pull,
-                };
-                step(s, key, CreateStep::PullImage, cmd);
-            }
+            Mode::Run => match registry_ref(s, &spec.image) {
+                // C7.2: a registry artifact may be a cloud image to stream into `image import`.
+                Some((name, tag)) => {
+                    let call = RegistryCall::Inspect { name, tag };
+                    let owner = RegistryOwner::Pod { key: key.clone() };
+                    let op = s.call_registry(owner, Some(key.clone()), call);
+                    set_step(s, key, CreateStep::ClassifyImage, op);
+                }
+                None => pull_image(s, key, spec),
+            },
             Mode::Clone => {
                 let name = names::image_snapshot_name(&spec.image).0;
                 step(
@@ -763,6 +774,67 @@ fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
                     CocoonCmd::SnapshotInspect { name },
                 );
             }
+        }
+    }
+}
+
+/// The registry-relative `(repository, tag)` of a run image, when a registry is configured
+/// and the image is not a URL.
+fn registry_ref(s: &State, image: &str) -> Option<(String, String)> {
+    s.config.registry.as_ref()?;
+    if image.starts_with("http://") || image.starts_with("https://") {
+        return None;
+    }
+    let (_, repo, tag) = names::image_snapshot_name(image);
+    Some((repo, tag))
+}
+
+/// C7.2: anything that is not a cloud image in the registry goes through `cocoon image pull`.
+fn pull_image(s: &mut State, key: &PodKey, spec: &VmSpec) {
+    let cmd = CocoonCmd::ImagePull {
+        image: spec.image.clone(),
+        force: spec.force_pull,
+    };
+    step(s, key, CreateStep::PullImage, cmd);
+}
+
+/// C7.2: what the registry holds decides how the run image is prepared.
+fn classified(
+    s: &mut State,
+    key: &PodKey,
+    spec: &VmSpec,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    match result {
+        Ok(RegistryOk::Inspected { snapshot: Some(r) }) if r.kind == ArtifactKind::CloudImage => {
+            let (_, name, tag) = names::image_snapshot_name(&spec.image);
+            let call = RegistryCall::PullCloudImage {
+                name,
+                tag,
+                image: spec.image.clone(),
+            };
+            let op = s.call_registry(
+                RegistryOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                call,
+            );
+            set_step(s, key, CreateStep::ImportCloudImage, op);
+        }
+        Ok(RegistryOk::Inspected { snapshot: Some(r) }) if r.kind == ArtifactKind::Snapshot => {
+            let msg = format!(
+                "{} is a VM snapshot, not an image to run: use mode=clone",
+                spec.image
+            );
+            fail_permanently(s, key, msg)
+        }
+        // Absent, another kind, or a registry that cannot tell: cocoon pulls the image itself.
+        Ok(RegistryOk::Inspected { .. }) | Err(_) => pull_image(s, key, spec),
+        Ok(other) => {
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: classifying {} answered {other:?}", spec.image),
+            );
+            pull_image(s, key, spec)
         }
     }
 }
@@ -818,6 +890,42 @@ pub(crate) fn registry_step_done(
     if let (None, CreateStep::CheckEvidence) = (cancel, &step_now) {
         let Ok(spec) = e.spec.clone() else { return };
         return evidence(s, key, &spec, result);
+    }
+    if let (None, CreateStep::ClassifyImage) = (cancel, &step_now) {
+        let Ok(spec) = e.spec.clone() else { return };
+        return classified(s, key, &spec, result);
+    }
+    if let (None, CreateStep::ImportCloudImage) = (cancel, &step_now) {
+        let Ok(spec) = e.spec.clone() else { return };
+        return match result {
+            Ok(RegistryOk::Pulled) => step(s, key, CreateStep::Run, run_cmd(&spec)),
+            Ok(other) => {
+                outcome::unexpected(
+                    s,
+                    &format!("pod {key}: cloud image import answered {other:?}"),
+                );
+                fail(
+                    s,
+                    key,
+                    format!(
+                        "image import {}: unexpected answer from the registry client",
+                        spec.image
+                    ),
+                )
+            }
+            Err(err) => fail(
+                s,
+                key,
+                format!("image import {}: {}", spec.image, err.message),
+            ),
+        };
+    }
+    if let (
+        Some(object),
+        CreateStep::ClassifyImage | CreateStep::ImportCloudImage | CreateStep::CheckEvidence,
+    ) = (cancel, &step_now)
+    {
+        return delete::without_vm(s, key, object);
     }
     let CreateStep::PullSnapshot { name, repo, tag } = step_now else {
         let what = format!("pod {key}: a registry outcome for step {step_now:?}");
@@ -953,6 +1061,8 @@ fn settle_fork_claim(s: &mut State, key: &PodKey) {
             CreateStep::Clone => false,
             CreateStep::RemoveFork
             | CreateStep::PullImage
+            | CreateStep::ClassifyImage
+            | CreateStep::ImportCloudImage
             | CreateStep::Run
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::InspectNameTaken
@@ -1377,6 +1487,8 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
                 CreateStep::CheckEvidence
                 | CreateStep::RemoveFork
                 | CreateStep::PullImage
+                | CreateStep::ClassifyImage
+                | CreateStep::ImportCloudImage
                 | CreateStep::Run
                 | CreateStep::InspectSnapshot { .. }
                 | CreateStep::InspectForkSource

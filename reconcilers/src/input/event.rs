@@ -86,9 +86,24 @@ pub struct SnapshotInfo {
     pub image: String,
 }
 
+/// The kinds of artifact a registry tag can hold, as the snapshot contract classifies them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArtifactKind {
+    #[default]
+    Snapshot,
+    CloudImage,
+    ContainerImage,
+    Index,
+    Unknown,
+}
+
 /// What a registry tag holds, as far as decisions go.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteSnapshot {
+    /// What the tag holds (classified by its manifest).
+    #[serde(default)]
+    pub kind: ArtifactKind,
     /// cocoon's snapshot id at export: the identity a local copy is verified against.
     pub snapshot_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -101,6 +101,10 @@ pub enum CreateStep {
     /// C11: does `<vm>:hibernate` exist? Then this pod restores instead of booting fresh.
     CheckEvidence,
     RemoveFork,
+    /// C7.2: what the registry holds under the run image's reference, if anything.
+    ClassifyImage,
+    /// C7.2: the cloud image streamed from the registry into `cocoon image import`.
+    ImportCloudImage,
     PullImage,
     Run,
     InspectAfterBoot {

@@ -157,6 +157,12 @@ pub enum RegistryCall {
         tag: String,
         local: String,
     },
+    /// C7.2: streams the cloud image `<name>:<tag>` into `cocoon image import <image>`.
+    PullCloudImage {
+        name: String,
+        tag: String,
+        image: String,
+    },
     /// Deletes the tag; an absent tag counts as deleted.
     DeleteTag { name: String, tag: String },
 }

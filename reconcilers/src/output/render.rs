@@ -21,6 +21,9 @@ pub fn registry_call(c: &RegistryCall) -> String {
         } => format!("push {snapshot} -> {name}:{tag} base={base_image}"),
         RegistryCall::Pull { name, tag, local } => format!("pull {name}:{tag} -> {local}"),
         RegistryCall::DeleteTag { name, tag } => format!("delete-tag {name}:{tag}"),
+        RegistryCall::PullCloudImage { name, tag, image } => {
+            format!("pull-cloud-image {name}:{tag} -> {image}")
+        }
     }
 }
 
@@ -248,6 +251,11 @@ pub fn event(e: &Event) -> String {
         },
         Event::RegistryDone { op, result } => match result {
             Ok(RegistryOk::Inspected { snapshot: None }) => format!("registry-done #{op} absent"),
+            Ok(RegistryOk::Inspected { snapshot: Some(r) })
+                if r.kind != crate::event::ArtifactKind::Snapshot =>
+            {
+                format!("registry-done #{op} {:?}", r.kind)
+            }
             Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
                 let base = r.base_image.as_deref().unwrap_or("-");
                 let from = r.from_node.as_deref().unwrap_or("-");

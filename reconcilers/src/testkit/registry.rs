@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::action::RegistryCall;
-use crate::event::{RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot};
+use crate::event::{ArtifactKind, RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot};
 
 use super::cocoon::FakeCocoon;
 
@@ -19,6 +19,7 @@ pub struct FakeRegistry {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stored {
+    pub kind: ArtifactKind,
     pub snapshot_id: String,
     pub hypervisor: String,
     pub image: String,
@@ -32,6 +33,7 @@ fn kind(call: &RegistryCall) -> &'static str {
         RegistryCall::Push { .. } => "push",
         RegistryCall::Pull { .. } => "pull",
         RegistryCall::DeleteTag { .. } => "delete-tag",
+        RegistryCall::PullCloudImage { .. } => "pull-cloud-image",
     }
 }
 
@@ -65,6 +67,7 @@ impl FakeRegistry {
                     .tags
                     .get(&format!("{name}:{tag}"))
                     .map(|t| RemoteSnapshot {
+                        kind: t.kind,
                         snapshot_id: t.snapshot_id.clone(),
                         base_image: t.base_image.clone(),
                         from_node: t.from_node.clone(),
@@ -85,6 +88,7 @@ impl FakeRegistry {
                 };
                 self.pushes += 1;
                 let stored = Stored {
+                    kind: ArtifactKind::Snapshot,
                     snapshot_id: local.id.clone(),
                     hypervisor: local.hypervisor.clone(),
                     image: local.image.clone(),
@@ -103,6 +107,22 @@ impl FakeRegistry {
                         cocoon.add_snapshot(local, &t.hypervisor, &t.image);
                         Ok(RegistryOk::Pulled)
                     }
+                    None => Err(RegistryError {
+                        kind: RegistryErrorKind::Absent,
+                        message: format!("{name}:{tag}: manifest unknown"),
+                    }),
+                }
+            }
+            RegistryCall::PullCloudImage { name, tag, image } => {
+                match self.tags.get(&format!("{name}:{tag}")) {
+                    Some(t) if t.kind == ArtifactKind::CloudImage => {
+                        cocoon.images.insert(image.clone());
+                        Ok(RegistryOk::Pulled)
+                    }
+                    Some(_) => Err(RegistryError {
+                        kind: RegistryErrorKind::Refused,
+                        message: format!("{name}:{tag} is not a cloud image"),
+                    }),
                     None => Err(RegistryError {
                         kind: RegistryErrorKind::Absent,
                         message: format!("{name}:{tag}: manifest unknown"),

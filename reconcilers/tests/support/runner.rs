@@ -4,7 +4,8 @@
 //! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, node_ip, dhcp=off|DURATION,
 //! stream=off, release=off, echo=off; before anything else touches the world), `pod KEY
 //! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`,
-//! `tag NAME:TAG [id=…] [hypervisor=…] [image=…] [base=…] [from=…]` (a snapshot in the fake
+//! `tag NAME:TAG [kind=snapshot|cloud-image|container-image] [id=…] [hypervisor=…] [image=…]
+//! [base=…] [from=…]` (an artifact in the fake
 //! registry; `config registry=BASE` turns the registry on).
 //!
 //! Bringing the node up: `start [settle=false] [config…]` feeds the pod relist and `cocoon vm
@@ -398,7 +399,13 @@ impl Runner {
                         .map(|(_, v)| v.clone())
                         .unwrap_or_default()
                 };
+                let kind = match get("kind").as_str() {
+                    "cloud-image" => reconcilers::event::ArtifactKind::CloudImage,
+                    "container-image" => reconcilers::event::ArtifactKind::ContainerImage,
+                    _ => reconcilers::event::ArtifactKind::Snapshot,
+                };
                 let stored = testkit::registry::Stored {
+                    kind,
                     snapshot_id: Some(get("id"))
                         .filter(|i| !i.is_empty())
                         .unwrap_or_else(|| format!("R-{}", rest[0])),
