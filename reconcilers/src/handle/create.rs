@@ -300,25 +300,34 @@ fn wake_source(
             "WakePullFailed",
             format!("snapshot inspect {import}: {}", err.message),
         ),
-        (other, Ok(answer)) => {
-            outcome::unexpected(
-                s,
-                &format!("pod {key}: wake step {other:?} answered {answer:?}"),
-            );
-            wake_failed(
-                s,
-                key,
-                "WakePullFailed",
-                "wake: unexpected answer from cocoon".into(),
-            )
-        }
-        (other, Err(err)) => wake_failed(
-            s,
-            key,
-            "WakePullFailed",
-            format!("{other:?}: {}", err.message),
-        ),
+        (other, Ok(answer)) => wake_unexpected(s, key, &other, &answer, "cocoon"),
+        (other, Err(err)) => wake_step_failed(s, key, &other, &err.message),
     }
+}
+
+/// A wake step answered with a shape it cannot have: a contract mismatch, failed like any
+/// other wake error.
+fn wake_unexpected(
+    s: &mut State,
+    key: &PodKey,
+    step: &CreateStep,
+    answer: &dyn std::fmt::Debug,
+    from: &str,
+) {
+    outcome::unexpected(
+        s,
+        &format!("pod {key}: wake step {step:?} answered {answer:?}"),
+    );
+    wake_failed(
+        s,
+        key,
+        "WakePullFailed",
+        format!("wake: unexpected answer from {from}"),
+    )
+}
+
+fn wake_step_failed(s: &mut State, key: &PodKey, step: &CreateStep, why: &str) {
+    wake_failed(s, key, "WakePullFailed", format!("{step:?}: {why}"))
 }
 
 /// The outcome of a wake's registry calls: the verification of the local copy, or the pull.
@@ -394,24 +403,8 @@ fn wake_registry(
             "WakePullFailed",
             format!("pull {name}:hibernate: {}", err.message),
         ),
-        (other, Ok(answer)) => {
-            outcome::unexpected(
-                s,
-                &format!("pod {key}: wake step {other:?} answered {answer:?}"),
-            );
-            wake_failed(
-                s,
-                key,
-                "WakePullFailed",
-                "wake: unexpected answer from the registry client".into(),
-            )
-        }
-        (other, Err(err)) => wake_failed(
-            s,
-            key,
-            "WakePullFailed",
-            format!("{other:?}: {}", err.message),
-        ),
+        (other, Ok(answer)) => wake_unexpected(s, key, &other, &answer, "the registry client"),
+        (other, Err(err)) => wake_step_failed(s, key, &other, &err.message),
     }
 }
 
