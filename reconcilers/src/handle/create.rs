@@ -27,18 +27,7 @@ const MAX_ATTEMPTS: u32 = 20;
 pub fn begin(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
     let Ok(spec) = e.spec.clone() else { return };
-    let (attempts, last_failure) = match &e.phase {
-        Phase::Failed(f) => (f.attempts, Some(f.message.clone())),
-        Phase::Waiting
-        | Phase::Creating(_)
-        | Phase::Running(_)
-        | Phase::Evicting(_)
-        | Phase::Hibernating(_)
-        | Phase::Hibernated
-        | Phase::Deleting(_)
-        | Phase::Terminal(_)
-        | Phase::Gone(_) => (0, None),
-    };
+    let (attempts, last_failure) = e.phase.prior_failure();
     lifecycle::set(s, key, Lifecycle::Creating, None);
     let owner = || RegistryOwner::Pod { key: key.clone() };
     // C11 (evidence): with a registry, a fresh boot first asks whether the VM has a hibernate
@@ -56,17 +45,14 @@ pub fn begin(s: &mut State, key: &PodKey) {
     };
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
-        e.phase = Phase::Creating(Creating {
+        e.phase = Phase::Creating(Creating::first(
             step,
-            op: Some(op),
+            op,
             since,
-            step_since: since,
             attempts,
             last_failure,
-            cancel: None,
-            purpose: Purpose::Fresh,
-            scratch: None,
-        });
+            Purpose::Fresh,
+        ));
     }
 }
 
@@ -177,18 +163,7 @@ pub(crate) fn restore(s: &mut State, key: &PodKey, purpose: Purpose) {
     let Some(name) = e.vm_name().map(str::to_string) else {
         return;
     };
-    let (attempts, last_failure) = match &e.phase {
-        Phase::Failed(f) => (f.attempts, Some(f.message.clone())),
-        Phase::Waiting
-        | Phase::Creating(_)
-        | Phase::Running(_)
-        | Phase::Evicting(_)
-        | Phase::Hibernating(_)
-        | Phase::Hibernated
-        | Phase::Deleting(_)
-        | Phase::Terminal(_)
-        | Phase::Gone(_) => (0, None),
-    };
+    let (attempts, last_failure) = e.phase.prior_failure();
     lifecycle::set(s, key, Lifecycle::Creating, None);
     let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
     let op = s.run_cocoon(
@@ -198,17 +173,15 @@ pub(crate) fn restore(s: &mut State, key: &PodKey, purpose: Purpose) {
     );
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
-        e.phase = Phase::Creating(Creating {
-            step: CreateStep::InspectLocal { name },
-            op: Some(op),
+        let step = CreateStep::InspectLocal { name };
+        e.phase = Phase::Creating(Creating::first(
+            step,
+            op,
             since,
-            step_since: since,
             attempts,
             last_failure,
-            cancel: None,
             purpose,
-            scratch: None,
-        });
+        ));
     }
 }
 

@@ -209,18 +209,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
 /// An input-validation reject (C1): counter and status only, no Event, no lifecycle write.
 fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    let attempts = match &e.phase {
-        Phase::Failed(f) => f.attempts,
-        Phase::Waiting
-        | Phase::Creating(_)
-        | Phase::Running(_)
-        | Phase::Evicting(_)
-        | Phase::Hibernating(_)
-        | Phase::Hibernated
-        | Phase::Deleting(_)
-        | Phase::Terminal(_)
-        | Phase::Gone(_) => 0,
-    };
+    let attempts = e.phase.prior_failure().0;
     e.phase = Phase::Failed(Failed {
         message: message.clone(),
         attempts,

@@ -39,22 +39,14 @@ pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
     if !hintable(e) {
         return;
     }
-    match &mut e.phase {
-        // One operation at a time: the hint waits for the one out, which may have looked at
-        // the VM before this change (a removal racing a restart).
-        Phase::Running(r) => match &mut r.task {
+    // `hintable` holds only for a Running pod. One operation at a time: the hint waits for
+    // the one out, which may have looked at the VM before this change (a removal racing a
+    // restart).
+    if let Phase::Running(r) = &mut e.phase {
+        match &mut r.task {
             Some(task) => task.hint_deferred = true,
             None => hint(s, &key),
-        },
-        Phase::Waiting
-        | Phase::Failed(_)
-        | Phase::Creating(_)
-        | Phase::Evicting(_)
-        | Phase::Hibernating(_)
-        | Phase::Hibernated
-        | Phase::Deleting(_)
-        | Phase::Terminal(_)
-        | Phase::Gone(_) => {}
+        }
     }
 }
 

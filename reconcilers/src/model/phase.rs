@@ -81,6 +81,30 @@ pub struct Creating {
     pub scratch: Option<String>,
 }
 
+impl Creating {
+    /// A bring-up whose first step's call `op` was just sent at `since`.
+    pub fn first(
+        step: CreateStep,
+        op: OpId,
+        since: Millis,
+        attempts: u32,
+        last_failure: Option<String>,
+        purpose: Purpose,
+    ) -> Self {
+        Creating {
+            step,
+            op: Some(op),
+            since,
+            step_since: since,
+            attempts,
+            last_failure,
+            cancel: None,
+            purpose,
+            scratch: None,
+        }
+    }
+}
+
 /// Why a pod is brought up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -466,6 +490,23 @@ impl Phase {
             | Phase::Deleting(_)
             | Phase::Terminal(_)
             | Phase::Gone(_) => false,
+        }
+    }
+
+    /// The attempts so far and the last error of a pod about to try (again): a failed pod's,
+    /// else none.
+    pub fn prior_failure(&self) -> (u32, Option<String>) {
+        match self {
+            Phase::Failed(f) => (f.attempts, Some(f.message.clone())),
+            Phase::Waiting
+            | Phase::Creating(_)
+            | Phase::Running(_)
+            | Phase::Evicting(_)
+            | Phase::Hibernating(_)
+            | Phase::Hibernated
+            | Phase::Deleting(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => (0, None),
         }
     }
 
