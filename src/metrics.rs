@@ -28,6 +28,8 @@ pub struct Metrics {
     save_duration: Histogram,
     push_duration: Histogram,
     pull_duration: Histogram,
+    peer_restore_duration: Histogram,
+    peer_restore: IntCounterVec,
     clone_from_dir: IntCounterVec,
     startup_resume: IntCounterVec,
     boot_duration: HistogramVec,
@@ -99,10 +101,23 @@ impl Metrics {
             "Registry pull time",
             &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
         );
+        // The spec gives no buckets: the pull's, since a peer restore stands in for a pull.
+        let peer_restore_duration = seconds(
+            "cocoon_vk_snapshot_peer_restore_duration_seconds",
+            "Peer raw-file restore time",
+            &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+        );
         Self {
             save_duration,
             push_duration,
             pull_duration,
+            peer_restore_duration,
+            peer_restore: counter_vec(
+                &r,
+                "cocoon_vk_snapshot_peer_restore_total",
+                "Wake-time copies of a hibernate snapshot from the node that pushed it",
+                &["result"],
+            ),
             pod_lifecycle: counter_vec(
                 &r,
                 "cocoon_vk_pod_lifecycle_total",
@@ -261,6 +276,9 @@ impl Metrics {
             Counter::HibernateEvidence { verdict } => {
                 self.hibernate_evidence.with_label_values(&[verdict]).inc()
             }
+            Counter::SnapshotPeerRestore { result } => {
+                self.peer_restore.with_label_values(&[result]).inc()
+            }
         }
     }
 
@@ -278,6 +296,9 @@ impl Metrics {
             }
             CoreHistogram::SnapshotPullDuration => {
                 self.pull_duration.observe(millis as f64 / 1000.0)
+            }
+            CoreHistogram::SnapshotPeerRestoreDuration => {
+                self.peer_restore_duration.observe(millis as f64 / 1000.0)
             }
         }
     }

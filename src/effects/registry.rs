@@ -112,6 +112,12 @@ impl Transfers {
                 self.registry.delete_tag(name, tag).await.map_err(to_core)?;
                 Ok(RegistryOk::Deleted)
             }
+            RegistryCall::PeerRestore { .. } | RegistryCall::RemoveStaging { .. } => {
+                Err(RegistryError {
+                    kind: RegistryErrorKind::Failed,
+                    message: "peer restore is not wired yet".into(),
+                })
+            }
         }
     }
 }

@@ -24,7 +24,7 @@ use super::digest::Digest;
 use super::problem::Problem;
 
 /// Bumped on any change an older reader could misread.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// `,"hash":"` + 64 digits + `"}`: the fixed-size end of every line.
 const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;

@@ -10,7 +10,7 @@ use crate::event::{
     ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
 };
 use crate::names;
-use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Purpose, Retry, Running};
+use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Purpose, Retry, Running, Scratch};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Mode, Os, VmSpec};
 use crate::state::{CocoonOwner, ForkSave, Lifecycle, RegistryOwner, State, Tracked, VmOwner};
@@ -229,8 +229,9 @@ fn wake_source(
                 ..
             }),
         ) => {
-            let restore = matches!(s.pod(key).map(|e| &e.phase), Some(Phase::Creating(c)) if c.purpose == Purpose::Restore);
-            if restore && registry {
+            // The tag is read first: its identity (a restore checks it, C11) and the node
+            // that pushed it, whose copy is fetched before the registry's.
+            if registry {
                 let call = RegistryCall::Inspect {
                     name: name.clone(),
                     tag: "hibernate".into(),
@@ -257,7 +258,7 @@ fn wake_source(
         ),
         (CreateStep::PullHibernate { import, .. }, Ok(CocoonOk::Snapshot { snapshot })) => {
             if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
-                c.scratch = Some(import.clone());
+                c.scratch = Some(Scratch::Snapshot(import.clone()));
             }
             let cmd = clone_cmd(
                 s,
@@ -331,19 +332,46 @@ fn wake_registry(
                 }
             }
             match snapshot {
-                // No local copy: only the identity was checked; the tag is pulled.
-                _ if local_id.is_empty() => pull_hibernate(s, key, name),
+                // No local copy: the peer that pushed the tag, else the registry.
+                Some(r) if local_id.is_empty() => from_peer_or_registry(s, key, name, r),
+                None if local_id.is_empty() => pull_hibernate(s, key, name),
                 Some(r) if r.snapshot_id == local_id => {
                     verified(s, "ok");
                     clone_local(s, key, spec, name, !local_image.is_empty())
                 }
-                // Stale: the tag is gone or holds another save; the local copies go.
-                Some(_) | None => {
+                // Stale: the tag holds another save; the local copies go.
+                Some(r) => {
+                    verified(s, "stale");
+                    crate::delete::remove_local_snapshots(s, key, &name);
+                    from_peer_or_registry(s, key, name, r)
+                }
+                // Stale: the tag is gone, so no peer can be checked against it either.
+                None => {
                     verified(s, "stale");
                     crate::delete::remove_local_snapshots(s, key, &name);
                     pull_hibernate(s, key, name)
                 }
             }
+        }
+        (CreateStep::PeerRestore { staging, .. }, Ok(RegistryOk::Staged { dir })) => {
+            peer_restored(s, "ok", since);
+            if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+                c.scratch = Some(Scratch::Staging(staging));
+            }
+            let cmd = clone_cmd(s, spec, CloneSource::FromDir(dir), true);
+            step(s, key, CreateStep::Clone, cmd);
+        }
+        // Any failure of the peer falls through to the registry.
+        (CreateStep::PeerRestore { name, node, .. }, Err(err)) => {
+            peer_restored(s, "failed", since);
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "pod {key}: copying {name} from node {node} failed, pulling {name}:hibernate instead: {}",
+                    err.message
+                ),
+            });
+            pull_hibernate(s, key, name)
         }
         (CreateStep::VerifyRemote { name, .. }, Err(err)) => {
             // An unverified local copy is never used.
@@ -388,6 +416,55 @@ fn set_step(s: &mut State, key: &PodKey, next: CreateStep, op: crate::action::Op
         c.op = Some(op);
         c.step_since = now;
     }
+}
+
+/// U6: the copy on the node that pushed `<vm>:hibernate` comes before the registry, unless
+/// that node is this one (its copy would have been found locally) or unknown.
+fn from_peer_or_registry(
+    s: &mut State,
+    key: &PodKey,
+    name: String,
+    remote: crate::event::RemoteSnapshot,
+) {
+    let node = match remote.from_node {
+        Some(node) if !node.is_empty() && node != s.config.node_name => node,
+        Some(_) | None => return pull_hibernate(s, key, name),
+    };
+    let staging = names::peer_staging(&name);
+    let call = RegistryCall::PeerRestore {
+        name: name.clone(),
+        tag: "hibernate".into(),
+        node: node.clone(),
+        snapshot_id: remote.snapshot_id,
+        staging: staging.clone(),
+    };
+    let op = s.call_registry(
+        RegistryOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        call,
+    );
+    set_step(
+        s,
+        key,
+        CreateStep::PeerRestore {
+            name,
+            node,
+            staging,
+        },
+        op,
+    );
+}
+
+fn peer_restored(s: &mut State, result: &str, since: Millis) {
+    s.emit(Action::Count {
+        counter: Counter::SnapshotPeerRestore {
+            result: result.into(),
+        },
+    });
+    s.emit(Action::Observe {
+        histogram: Histogram::SnapshotPeerRestoreDuration,
+        millis: (s.now - since).max(0) as u64,
+    });
 }
 
 fn verified(s: &mut State, result: &str) {
@@ -504,6 +581,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
+            | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
             | CreateStep::AwaitForkSave { .. } => {
                 if let Err(err) = &result {
@@ -650,6 +728,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
+            | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
             | CreateStep::AwaitForkSave { .. }),
             Ok(other),
@@ -702,6 +781,7 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         CreateStep::CheckEvidence => format!("inspect {}:hibernate", spec.vm_name),
         CreateStep::InspectLocal { name } => format!("snapshot inspect {name}"),
         CreateStep::VerifyRemote { name, .. } => format!("verify {name}:hibernate"),
+        CreateStep::PeerRestore { name, node, .. } => format!("copy {name} from node {node}"),
         CreateStep::PullHibernate { name, .. } => format!("pull {name}:hibernate"),
     }
 }
@@ -847,8 +927,12 @@ pub(crate) fn registry_step_done(
     let Some(e) = s.pod(key) else { return };
     let Phase::Creating(c) = &e.phase else { return };
     let (step_now, since, cancel, purpose) = (c.step.clone(), c.step_since, c.cancel, c.purpose);
-    if let (None, CreateStep::VerifyRemote { .. } | CreateStep::PullHibernate { .. }) =
-        (cancel, &step_now)
+    if let (
+        None,
+        CreateStep::VerifyRemote { .. }
+        | CreateStep::PeerRestore { .. }
+        | CreateStep::PullHibernate { .. },
+    ) = (cancel, &step_now)
     {
         let Ok(spec) = e.spec.clone() else { return };
         return wake_registry(s, key, &spec, purpose, step_now, since, result);
@@ -888,9 +972,24 @@ pub(crate) fn registry_step_done(
     }
     if let (
         Some(object),
-        CreateStep::ClassifyImage | CreateStep::ImportCloudImage | CreateStep::CheckEvidence,
+        CreateStep::ClassifyImage
+        | CreateStep::ImportCloudImage
+        | CreateStep::CheckEvidence
+        | CreateStep::VerifyRemote { .. }
+        | CreateStep::PeerRestore { .. }
+        | CreateStep::PullHibernate { .. },
     ) = (cancel, &step_now)
     {
+        // What the cancelled step made for this bring-up goes with it.
+        match (&step_now, &result) {
+            (CreateStep::PeerRestore { staging, .. }, Ok(_)) => {
+                crate::snapshot::drop_scratch(s, key, Scratch::Staging(staging.clone()))
+            }
+            (CreateStep::PullHibernate { import, .. }, Ok(_)) => {
+                crate::snapshot::drop_scratch(s, key, Scratch::Snapshot(import.clone()))
+            }
+            (_, Ok(_) | Err(_)) => {}
+        }
         return delete::without_vm(s, key, object);
     }
     let CreateStep::PullSnapshot { name, repo, tag } = step_now else {
@@ -1036,6 +1135,7 @@ fn settle_fork_claim(s: &mut State, key: &PodKey) {
             | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
+            | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
             | CreateStep::AwaitForkSave { .. } => false,
         },
@@ -1191,9 +1291,9 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     if let Some(e) = s.pods.get_mut(key) {
         e.started_at = Some(now);
     }
-    // A registry import served this clone only (U6).
-    if let Some(import) = scratch {
-        crate::snapshot::remove_detached(s, key, import);
+    // A registry import or a peer's staged copy served this clone only (U6).
+    if let Some(scratch) = scratch {
+        crate::snapshot::drop_scratch(s, key, scratch);
     }
     if let Some(object) = cancel {
         return delete::with_new_vm(s, key, tracked, object);
@@ -1445,6 +1545,13 @@ fn fail_with(s: &mut State, key: &PodKey, msg: String, retry: Retry) {
 /// A failed bring-up; `reason` overrides the Warning's reason, which is otherwise
 /// `CreateBringUpFailed` for a fresh pod and `WakeCloneFailed` / `WakePullFailed` for a wake.
 fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry: Retry) {
+    let scratch = match s.pods.get_mut(key).map(|e| &mut e.phase) {
+        Some(Phase::Creating(c)) => c.scratch.take(),
+        Some(_) | None => None,
+    };
+    if let Some(scratch) = scratch {
+        crate::snapshot::drop_scratch(s, key, scratch);
+    }
     let Some(e) = s.pod(key) else { return };
     let (purpose, reason) = match &e.phase {
         Phase::Creating(c) => {
@@ -1464,6 +1571,7 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
                 | CreateStep::PullSnapshot { .. }
                 | CreateStep::InspectLocal { .. }
                 | CreateStep::VerifyRemote { .. }
+                | CreateStep::PeerRestore { .. }
                 | CreateStep::PullHibernate { .. }
                 | CreateStep::AwaitForkSave { .. } => "WakePullFailed",
             };

@@ -4,8 +4,9 @@
 
 use crate::action::{Action, Counter, Histogram, RegistryCall};
 use crate::cocoon::CocoonCmd;
+use crate::phase::Scratch;
 use crate::pod::PodKey;
-use crate::state::{CocoonOwner, State};
+use crate::state::{CocoonOwner, RegistryOwner, State};
 use crate::time::Millis;
 
 /// A `snapshot save` that began at `since` succeeded.
@@ -51,4 +52,21 @@ pub(crate) fn remove_detached(s: &mut State, key: &PodKey, name: String) {
         release: None,
     };
     s.run_cocoon(owner, Some(key.clone()), CocoonCmd::SnapshotRm { name });
+}
+
+/// Removes what a bring-up made for itself alone (U6); the outcome is only logged.
+pub(crate) fn drop_scratch(s: &mut State, key: &PodKey, scratch: Scratch) {
+    match scratch {
+        Scratch::Snapshot(name) => remove_detached(s, key, name),
+        Scratch::Staging(staging) => {
+            let owner = RegistryOwner::Detached {
+                what: format!("remove staging {staging}"),
+            };
+            s.call_registry(
+                owner,
+                Some(key.clone()),
+                RegistryCall::RemoveStaging { staging },
+            );
+        }
+    }
 }

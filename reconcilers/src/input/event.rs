@@ -126,6 +126,11 @@ pub enum RegistryOk {
     },
     Pulled,
     Deleted,
+    /// A peer's snapshot copied into the staging directory `dir`, ready for
+    /// `vm clone --from-dir`.
+    Staged {
+        dir: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -65,6 +65,12 @@ pub fn fork_snapshot(vm: &str) -> String {
     format!("fork-{vm}")
 }
 
+/// The staging directory (a plain name under `VK_STAGING_DIR`) a peer's copy of `vm`'s
+/// snapshot is fetched into. One per VM name: a retry replaces the previous attempt's.
+pub fn peer_staging(vm: &str) -> String {
+    format!("peer-{vm}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

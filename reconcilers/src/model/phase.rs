@@ -75,10 +75,20 @@ pub struct Creating {
     /// What the bring-up is for.
     #[serde(default)]
     pub purpose: Purpose,
-    /// A local snapshot made for this bring-up only (a registry import), removed once the
-    /// VM is up.
+    /// What was made for this bring-up only (a registry import, a peer's staged copy),
+    /// removed once the VM is up or the attempt fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scratch: Option<String>,
+    pub scratch: Option<Scratch>,
+}
+
+/// A source made for one bring-up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+pub enum Scratch {
+    /// A local cocoon snapshot (`<vm>-hibernate-import`).
+    Snapshot(String),
+    /// A directory under `VK_STAGING_DIR`, by its plain name.
+    Staging(String),
 }
 
 impl Creating {
@@ -165,6 +175,13 @@ pub enum CreateStep {
         name: String,
         local_id: String,
         local_image: String,
+    },
+    /// U6: the snapshot copied from the node that hibernated it (`node`), into the staging
+    /// directory `staging`.
+    PeerRestore {
+        name: String,
+        node: String,
+        staging: String,
     },
     /// U6: `<vm>:hibernate` pulled into `import`.
     PullHibernate {

@@ -124,6 +124,9 @@ pub enum Counter {
     HibernateEvidence {
         verdict: String,
     },
+    SnapshotPeerRestore {
+        result: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +136,7 @@ pub enum Histogram {
     SnapshotSaveDuration,
     SnapshotPushDuration,
     SnapshotPullDuration,
+    SnapshotPeerRestoreDuration,
 }
 
 /// A call to the OCI registry (`OCI_REGISTRY`); `name` is the repository below the base.
@@ -165,6 +169,21 @@ pub enum RegistryCall {
     },
     /// Deletes the tag; an absent tag counts as deleted.
     DeleteTag { name: String, tag: String },
+    /// U6: copies the snapshot `name` from the peer `node` (the node that pushed
+    /// `<name>:<tag>`) into the staging directory `staging` (a plain name under
+    /// `VK_STAGING_DIR`), checking that the peer's copy is `snapshot_id` and writing the
+    /// snapshot's description from the registry's config of that tag; the outcome is
+    /// `RegistryOk::Staged` with the directory to clone from.
+    PeerRestore {
+        name: String,
+        tag: String,
+        node: String,
+        snapshot_id: String,
+        staging: String,
+    },
+    /// Removes the staging directory `staging` (a plain name under `VK_STAGING_DIR`); an
+    /// absent one counts as removed.
+    RemoveStaging { staging: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

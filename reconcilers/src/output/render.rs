@@ -24,6 +24,16 @@ pub fn registry_call(c: &RegistryCall) -> String {
         RegistryCall::PullCloudImage { name, tag, image } => {
             format!("pull-cloud-image {name}:{tag} -> {image}")
         }
+        RegistryCall::PeerRestore {
+            name,
+            tag,
+            node,
+            snapshot_id,
+            staging,
+        } => format!(
+            "peer-restore {name} from={node} id={snapshot_id} for={name}:{tag} -> {staging}"
+        ),
+        RegistryCall::RemoveStaging { staging } => format!("remove-staging {staging}"),
     }
 }
 
@@ -71,6 +81,9 @@ pub fn counter(c: &Counter) -> String {
         }
         Counter::Wake { result } => format!("wake{{result={result}}}"),
         Counter::SnapshotVerify { result } => format!("snapshot_verify{{result={result}}}"),
+        Counter::SnapshotPeerRestore { result } => {
+            format!("snapshot_peer_restore{{result={result}}}")
+        }
         Counter::HibernateEvidence { verdict } => {
             format!("hibernate_evidence{{verdict={verdict}}}")
         }
@@ -175,6 +188,9 @@ pub fn action(a: &Action) -> String {
             Histogram::SnapshotSaveDuration => format!("observe snapshot_save_duration {millis}ms"),
             Histogram::SnapshotPushDuration => format!("observe snapshot_push_duration {millis}ms"),
             Histogram::SnapshotPullDuration => format!("observe snapshot_pull_duration {millis}ms"),
+            Histogram::SnapshotPeerRestoreDuration => {
+                format!("observe snapshot_peer_restore_duration {millis}ms")
+            }
         },
         Action::CallRegistry { op, call, .. } => format!("registry #{op} {}", registry_call(call)),
         Action::Log { level, message } => {
@@ -267,6 +283,7 @@ pub fn event(e: &Event) -> String {
             Ok(RegistryOk::Pushed { digest }) => format!("registry-done #{op} pushed {digest}"),
             Ok(RegistryOk::Pulled) => format!("registry-done #{op} pulled"),
             Ok(RegistryOk::Deleted) => format!("registry-done #{op} deleted"),
+            Ok(RegistryOk::Staged { dir }) => format!("registry-done #{op} staged {dir}"),
             Err(e) => format!("registry-done #{op} err {:?} {}", e.kind, q(&e.message)),
         },
         Event::DhcpLeaseReleased { op, result } => match result {

@@ -1,7 +1,7 @@
 //! A fake OCI registry: tags holding snapshots, pushed from and pulled into the fake cocoon's
 //! local snapshot store. Failures are queued per call kind.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::action::RegistryCall;
 use crate::event::{ArtifactKind, RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot};
@@ -14,6 +14,10 @@ pub struct FakeRegistry {
     pub tags: BTreeMap<String, Stored>,
     /// Queued failures by call kind (`inspect`, `push`, `pull`, `delete-tag`).
     pub failures: BTreeMap<String, VecDeque<RegistryError>>,
+    /// Other nodes' local snapshots a peer restore can copy: node → snapshot name → id.
+    pub peers: BTreeMap<String, BTreeMap<String, String>>,
+    /// Staging directories a peer restore filled and nothing has removed yet.
+    pub staged: BTreeSet<String>,
     pushes: u64,
 }
 
@@ -34,6 +38,8 @@ fn kind(call: &RegistryCall) -> &'static str {
         RegistryCall::Pull { .. } => "pull",
         RegistryCall::DeleteTag { .. } => "delete-tag",
         RegistryCall::PullCloudImage { .. } => "pull-cloud-image",
+        RegistryCall::PeerRestore { .. } => "peer-restore",
+        RegistryCall::RemoveStaging { .. } => "remove-staging",
     }
 }
 
@@ -131,6 +137,45 @@ impl FakeRegistry {
             }
             RegistryCall::DeleteTag { name, tag } => {
                 self.tags.remove(&format!("{name}:{tag}"));
+                Ok(RegistryOk::Deleted)
+            }
+            // Like the daemon: the registry's config must still name `snapshot_id`, and the
+            // peer's copy must be that snapshot.
+            RegistryCall::PeerRestore {
+                name,
+                tag,
+                node,
+                snapshot_id,
+                staging,
+            } => {
+                let tagged = self
+                    .tags
+                    .get(&format!("{name}:{tag}"))
+                    .is_some_and(|t| &t.snapshot_id == snapshot_id);
+                let held = self
+                    .peers
+                    .get(node)
+                    .and_then(|snaps| snaps.get(name))
+                    .is_some_and(|id| id == snapshot_id);
+                match (tagged, held) {
+                    (true, true) => {
+                        self.staged.insert(staging.clone());
+                        Ok(RegistryOk::Staged {
+                            dir: format!("/var/lib/cocoon/vk-staging/{staging}"),
+                        })
+                    }
+                    (false, _) => Err(RegistryError {
+                        kind: RegistryErrorKind::Failed,
+                        message: format!("{name}:{tag} no longer holds snapshot {snapshot_id}"),
+                    }),
+                    (true, false) => Err(RegistryError {
+                        kind: RegistryErrorKind::Failed,
+                        message: format!("peer {node}: snapshot {name} is not {snapshot_id} (404)"),
+                    }),
+                }
+            }
+            RegistryCall::RemoveStaging { staging } => {
+                self.staged.remove(staging);
                 Ok(RegistryOk::Deleted)
             }
         }

@@ -21,7 +21,8 @@
 //! `lease-drop MAC`, `lease-vm ID IP`, `lease-vm-drop ID`, `probe KEY ok|fail`, `timer-fire
 //! KIND KEY`, and answers to one pending effect by op id: `cocoon-ok`, `cocoon-err`,
 //! `cocoon-garbage`, `kube-err`, `lease-release-err`; `registry-fail-next CALL TEXT [N]` queues
-//! registry failures (`inspect`, `push`, `pull`, `delete-tag`). Each prints the actions of the one
+//! registry failures (`inspect`, `push`, `pull`, `delete-tag`, `peer-restore`); `peer NODE NAME
+//! id=ID` gives another node a local snapshot to copy. Each prints the actions of the one
 //! event it fed. `exec OP…` executes pending effects against the fake world, `settle` runs
 //! until nothing is left, `run DURATION` also moves the clock; these print the trace: each
 //! event as `> event`, its actions indented below. Faults for later: `fail-next VERB TEXT
@@ -417,6 +418,22 @@ impl Runner {
                 self.world().registry.tags.insert(rest[0].clone(), stored);
                 Out::Lines(vec![])
             }
+            // `peer NODE NAME id=ID`: NODE holds the local snapshot NAME, a peer restore's
+            // source.
+            "peer" => {
+                let id = a
+                    .iter()
+                    .find(|(k, _)| k == "id")
+                    .map(|(_, v)| v.clone())
+                    .expect("peer NODE NAME id=ID");
+                self.world()
+                    .registry
+                    .peers
+                    .entry(rest[0].clone())
+                    .or_default()
+                    .insert(rest[1].clone(), id);
+                Out::Lines(vec![])
+            }
             "image-missing" => {
                 self.world().cocoon.unpullable.insert(rest[0].clone());
                 Out::Lines(vec![])
@@ -611,6 +628,7 @@ impl Runner {
                 if lines.is_empty() {
                     lines.push("(no tags)".into());
                 }
+                lines.extend(w.registry.staged.iter().map(|d| format!("staged {d}")));
                 Out::Lines(lines)
             }
             "garbage-next" => {
