@@ -16,6 +16,14 @@ pub struct DaemonOptions {
     pub journal: PathBuf,
     pub metrics_port: u16,
     pub kubelet_port: u16,
+    /// The node's InternalIP, where peers dial its peer API (a loopback address).
+    pub node_ip: String,
+    /// `VK_PEER_ADDR`: a free loopback port unless set, so daemons of parallel tests never
+    /// meet on the default port.
+    pub peer_addr: String,
+    /// Which cocoon host the daemon drives: `None` for the testbed's own simulator, or a name
+    /// given to `Testbed::add_host`.
+    pub host: Option<String>,
     /// Extra environment, e.g. simulator timing for a benchmark.
     pub env: Vec<(String, String)>,
     /// A program and its arguments that start the daemon instead of running it directly, e.g.
@@ -32,6 +40,9 @@ impl DaemonOptions {
             journal,
             metrics_port: crate::ports::free_port()?,
             kubelet_port: crate::ports::free_port()?,
+            node_ip: "127.0.0.1".into(),
+            peer_addr: format!("127.0.0.1:{}", crate::ports::free_port()?),
+            host: None,
             env: Vec::new(),
             launcher: Vec::new(),
         })
@@ -40,7 +51,7 @@ impl DaemonOptions {
 
 /// Spawns `vk-cocoon run` as part of the testbed's run (torn down with it).
 pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
-    let sim = tb.sim.as_ref().context("testbed without the simulator")?;
+    let sim = tb.host(o.host.as_deref())?;
     let mut cmd = match o.launcher.split_first() {
         Some((program, args)) => {
             let mut c = Command::new(program);
@@ -53,7 +64,8 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .envs(sim.env())
         .env("KUBECONFIG", tb.kubeconfig()?)
         .env("VK_NODE_NAME", &o.node)
-        .env("VK_NODE_IP", "127.0.0.1")
+        .env("VK_NODE_IP", &o.node_ip)
+        .env("VK_PEER_ADDR", &o.peer_addr)
         .env("VK_KUBELET_PORT", o.kubelet_port.to_string())
         .env("VK_METRICS_ADDR", format!("127.0.0.1:{}", o.metrics_port))
         .env("VK_COCOON_BIN", &sim.bin)

@@ -31,16 +31,28 @@ impl CocoonSim {
     /// Builds (or finds) the `cocoon` binary and prepares a fresh root. The cleanup command is
     /// recorded in the run directory first, so even a run killed right now gets swept.
     pub fn new(run: &RunDir) -> Result<CocoonSim> {
+        CocoonSim::host(run, "sim")
+    }
+
+    /// Another cocoon host in the same run (its own root, leases and cgroup parent, the shared
+    /// bridge and address pool), for tests with more than one node. `name` is its
+    /// subdirectory of the run.
+    pub fn host(run: &RunDir, name: &str) -> Result<CocoonSim> {
         let bin = binary()?;
-        let dir = run.subdir("sim")?;
+        let dir = run.subdir(name)?;
         let root = dir.join("root");
         std::fs::create_dir_all(&root)?;
         let run_name = run.path().file_name().unwrap_or_default().to_string_lossy();
+        let suffix = if name == "sim" {
+            String::new()
+        } else {
+            format!("-{name}")
+        };
         let mut sim = CocoonSim {
             bin,
             root,
             leases: dir.join("leases.json"),
-            cgroup_parent: format!("vk-cocoon-testbed-{run_name}.slice"),
+            cgroup_parent: format!("vk-cocoon-testbed-{run_name}{suffix}.slice"),
             control_socket: dir.join("net-control.sock"),
             net_control: None,
             run: run.path().to_path_buf(),

@@ -77,6 +77,8 @@ pub struct Testbed {
     pub apiserver: Option<ApiServer>,
     pub etcd: Option<Etcd>,
     pub sim: Option<CocoonSim>,
+    /// More cocoon hosts, for tests with more than one node (`add_host`).
+    pub hosts: Vec<CocoonSim>,
     pub pki: Option<Pki>,
     client: Option<kube::Client>,
     run: RunDir,
@@ -101,6 +103,7 @@ impl Testbed {
             apiserver: None,
             etcd: None,
             sim: None,
+            hosts: Vec::new(),
             pki: None,
             client: None,
             run: RunDir::create()?,
@@ -260,6 +263,26 @@ impl Testbed {
         }
     }
 
+    /// Another cocoon host (simulator root) in this run, named `name`; the daemon of a second
+    /// node runs against it (`DaemonOptions::host`).
+    pub fn add_host(&mut self, name: &str) -> Result<&CocoonSim> {
+        let sim = CocoonSim::host(&self.run, name)?;
+        self.hosts.push(sim);
+        Ok(self.hosts.last().expect("just pushed"))
+    }
+
+    /// The simulator named `name` by `add_host`, or the testbed's own for `None`.
+    pub fn host(&self, name: Option<&str>) -> Result<&CocoonSim> {
+        match name {
+            None => self.sim.as_ref().context("testbed without the simulator"),
+            Some(n) => self
+                .hosts
+                .iter()
+                .find(|h| h.root.parent().and_then(|d| d.file_name()) == Some(n.as_ref()))
+                .with_context(|| format!("no cocoon host {n:?} (Testbed::add_host)")),
+        }
+    }
+
     /// Leaves everything running for `testbed down` and returns the run directory.
     pub fn detach(mut self) -> Result<PathBuf> {
         self.run.detach()?;
@@ -277,6 +300,9 @@ impl Testbed {
         if let Some(s) = self.sim.take() {
             // Its cleanup is recorded in the run directory; `testbed down` runs it.
             std::mem::forget(s);
+        }
+        for h in self.hosts.drain(..) {
+            std::mem::forget(h);
         }
         Ok(self.run_dir().to_path_buf())
     }
@@ -296,6 +322,7 @@ impl Drop for Testbed {
         drop(self.registry.take());
         drop(self.apiserver.take());
         drop(self.etcd.take());
+        self.hosts.clear();
         drop(self.sim.take());
         self.run.teardown();
     }

@@ -24,6 +24,11 @@ pub struct DaemonOptions {
     pub env: Vec<(String, String)>,
     /// Starts the daemon through this program and arguments (see e2e::daemon::DaemonOptions).
     pub launcher: Vec<String>,
+    /// A second node's cocoon host and address (see e2e::daemon::DaemonOptions); `None` keeps
+    /// the testbed's simulator, 127.0.0.1 and a free peer port.
+    pub host: Option<String>,
+    pub node_ip: Option<String>,
+    pub peer_addr: Option<String>,
 }
 
 impl Default for DaemonOptions {
@@ -33,6 +38,9 @@ impl Default for DaemonOptions {
             orphan_policy: "destroy",
             env: Vec::new(),
             launcher: Vec::new(),
+            host: None,
+            node_ip: None,
+            peer_addr: None,
         }
     }
 }
@@ -52,6 +60,13 @@ pub fn start(
     o.kubelet_port = kubelet_port;
     o.env = opts.env.clone();
     o.launcher = opts.launcher.clone();
+    o.host = opts.host.clone();
+    if let Some(ip) = &opts.node_ip {
+        o.node_ip = ip.clone();
+    }
+    if let Some(addr) = &opts.peer_addr {
+        o.peer_addr = addr.clone();
+    }
     Ok(Daemon {
         proc: e2e::daemon::start(tb, &o)?,
     })
