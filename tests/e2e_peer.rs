@@ -26,7 +26,11 @@ const IMAGE: &str = "ghcr.io/cocoonstack/ubuntu:24.04";
 
 /// `cocoon <args>` on one host, guests' commands run on the host (`vm exec`).
 fn sim_run(sim: &CocoonSim, args: &[&str]) -> Result<String> {
-    let out = sim.command().env("COCOON_SIM_EXEC", "host").args(args).output()?;
+    let out = sim
+        .command()
+        .env("COCOON_SIM_EXEC", "host")
+        .args(args)
+        .output()?;
     ensure!(
         out.status.success(),
         "cocoon {}: {}",
@@ -81,7 +85,15 @@ async fn hibernate_with_marker(
     let id = annotation(&p, "vm.cocoonstack.io/id").context("id")?;
     sim_run(
         sim,
-        &["vm", "exec", &id, "--", "sh", "-c", &format!("echo {text} > marker")],
+        &[
+            "vm",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            &format!("echo {text} > marker"),
+        ],
     )?;
     let patch = json!({"metadata": {"annotations": {"vm.cocoonstack.io/hibernate": "true"}}});
     pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -100,8 +112,7 @@ async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hibernated_vm_wakes_on_another_node_from_its_peer() -> Result<()> {
-    let mut tb =
-        Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
+    let mut tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
     tb.add_host("sim-b")?;
     let addr = tb.registry.as_ref().context("registry")?.addr.clone();
     // Both nodes serve the peer API on one port, each on its own loopback address: the client
@@ -169,14 +180,19 @@ async fn a_hibernated_vm_wakes_on_another_node_from_its_peer() -> Result<()> {
         .with_context(|| b.proc.log_tail(80))?;
     let id = annotation(&woken, "vm.cocoonstack.io/id").context("id on node-b")?;
     let text = sim_run(sim_b, &["vm", "exec", &id, "--", "cat", "marker"])?;
-    ensure!(text.trim() == "hello-peer", "marker after the peer restore: {text:?}");
+    ensure!(
+        text.trim() == "hello-peer",
+        "marker after the peer restore: {text:?}"
+    );
     ensure!(
         metric(metrics_b, "cocoon_vk_snapshot_peer_restore_total").await? == 1.0,
         "node-b counted no peer restore"
     );
     let series = daemon::metric_series(metrics_b, "cocoon_vk_snapshot_peer_restore_total").await?;
     ensure!(
-        series.iter().any(|(l, v)| l == "result=\"ok\"" && *v == 1.0),
+        series
+            .iter()
+            .any(|(l, v)| l == "result=\"ok\"" && *v == 1.0),
         "peer restore series: {series:?}"
     );
     ensure!(
@@ -205,7 +221,9 @@ async fn a_hibernated_vm_wakes_on_another_node_from_its_peer() -> Result<()> {
     );
     let series = daemon::metric_series(metrics_b, "cocoon_vk_snapshot_peer_restore_total").await?;
     ensure!(
-        series.iter().any(|(l, v)| l == "result=\"failed\"" && *v == 1.0),
+        series
+            .iter()
+            .any(|(l, v)| l == "result=\"failed\"" && *v == 1.0),
         "peer restore series after node-a left: {series:?}"
     );
     ensure!(

@@ -1522,7 +1522,12 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
             ready_wait(s, key, IpWait::Adopt)
         }
     }
-    if !running {
+    // A stopped VM is restarted (W4) unless the pod is to hibernate: then the hibernate
+    // boots it (B9), and a failed boot never evicts the pod and removes the VM.
+    let hibernating = s
+        .pod(key)
+        .is_some_and(|e| e.spec.as_ref().is_ok_and(|sp| sp.hibernate && sp.managed));
+    if !running && !hibernating {
         crate::vm_events::hint(s, key);
     }
 }

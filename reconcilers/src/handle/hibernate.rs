@@ -51,7 +51,13 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     };
     let id = running.vm.record.id.clone();
     lifecycle::set(s, key, Lifecycle::Hibernating, None);
-    let cmd = CocoonCmd::SnapshotSave { name, vm: id };
+    let (step, cmd) = match running.vm.record.is_running() {
+        true => (
+            HibernateStep::Save,
+            CocoonCmd::SnapshotSave { name, vm: id },
+        ),
+        false => (HibernateStep::Start, CocoonCmd::VmStart { id }),
+    };
     let op = s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
         Some(key.clone()),
@@ -61,7 +67,7 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     if let Some(e) = s.pods.get_mut(key) {
         e.phase = Phase::Hibernating(Hibernating {
             running,
-            step: HibernateStep::Save,
+            step,
             op,
             since: now,
             attempts,
@@ -109,6 +115,29 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     }
     use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNotFound};
     match (step, result) {
+        (HibernateStep::Start, Ok(CocoonOk::Done)) => {
+            let Some(Phase::Hibernating(h)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
+                return;
+            };
+            // Started: a rollback from here on puts back a running VM.
+            h.running.vm.record.state = "running".into();
+            let cmd = CocoonCmd::SnapshotSave {
+                name,
+                vm: h.running.vm.record.id.clone(),
+            };
+            let op = s.run_cocoon(
+                CocoonOwner::Pod { key: key.clone() },
+                Some(key.clone()),
+                cmd,
+            );
+            next(s, key, HibernateStep::Save, op);
+        }
+        (HibernateStep::Start, Err(err)) => {
+            // Not a phase of `cocoon_vk_hibernate_total`: the Warning and the update
+            // failure count it.
+            let msg = format!("hibernate: vm start {name}: {}", err.message);
+            roll_back(s, key, "ResumeStartFailed", msg);
+        }
         (HibernateStep::Save | HibernateStep::SaveAgain, Ok(CocoonOk::Done)) => {
             count(s, "snapshot", "ok");
             snapshot::saved(s, since);
@@ -190,7 +219,8 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             roll_back(s, key, "HibernateRemoveFailed", msg);
         }
         (
-            step @ (HibernateStep::Save
+            step @ (HibernateStep::Start
+            | HibernateStep::Save
             | HibernateStep::SaveAgain
             | HibernateStep::RemoveTakenSave
             | HibernateStep::Remove),

@@ -300,6 +300,9 @@ pub struct Hibernating {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HibernateStep {
+    /// B9: the VM found stopped after a restart is booted first (`vm start`), since only a
+    /// running VM can be saved.
+    Start,
     Save,
     /// The name was taken and its holder removed: the second save, whose refusal is final.
     SaveAgain,
