@@ -1,20 +1,116 @@
 //! Registry credentials from the Docker config (`$DOCKER_CONFIG/config.json`, else
-//! `~/.docker/config.json`): `auths.<host>.auth` (base64 `user:password`) or
-//! `username`/`password`. Anything else — no file, no entry, a credential helper — is anonymous.
+//! `~/.docker/config.json`), in Docker's order: a credential helper named for the host
+//! (`credHelpers.<host>`), else the default store (`credsStore`), else `auths.<host>`
+//! (`auth`, base64 `user:password`, or `username`/`password`). A helper is the program
+//! `docker-credential-<name> get` (e.g. `gcloud` for Artifact Registry with the host's
+//! application default credentials); its answers can expire, so callers resolve credentials
+//! again for each transfer. No file and no entry is anonymous.
 
+use std::io::Write;
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use oci_client::secrets::RegistryAuth;
 use serde_json::Value;
 
+/// A helper that has not answered by then is killed and the config's `auths` used instead.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub fn docker_config_auth(host: &str) -> RegistryAuth {
     let Some(path) = config_path() else {
         return RegistryAuth::Anonymous;
     };
-    match std::fs::read(&path) {
-        Ok(bytes) => auth_from_config(&bytes, host),
-        Err(_) => RegistryAuth::Anonymous,
+    let Ok(bytes) = std::fs::read(&path) else {
+        return RegistryAuth::Anonymous;
+    };
+    if let Some(helper) = helper_for(&bytes, host) {
+        match run_helper(&helper, host) {
+            Ok(auth) => return auth,
+            Err(e) => tracing::warn!(
+                helper = %helper,
+                host,
+                error = %e,
+                "registry credential helper failed; trying the config's auths"
+            ),
+        }
+    }
+    auth_from_config(&bytes, host)
+}
+
+/// The credential helper Docker would use for `host`, if any.
+pub fn helper_for(bytes: &[u8], host: &str) -> Option<String> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    let per_host = v
+        .get("credHelpers")
+        .and_then(Value::as_object)
+        .and_then(|m| m.iter().find(|(k, _)| key_host(k) == host))
+        .and_then(|(_, h)| h.as_str());
+    per_host
+        .or_else(|| v.get("credsStore").and_then(Value::as_str))
+        .filter(|h| !h.is_empty())
+        .map(str::to_string)
+}
+
+/// `docker-credential-<helper> get` with the host on stdin; answers `{"Username","Secret"}`.
+pub fn run_helper(helper: &str, host: &str) -> Result<RegistryAuth, String> {
+    // The name becomes part of a program name looked up on PATH: nothing but a plain word.
+    if !helper
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        return Err(format!("helper name {helper:?} is not a plain name"));
+    }
+    helper_answer(&format!("docker-credential-{helper}"), host)
+}
+
+fn helper_answer(program: &str, host: &str) -> Result<RegistryAuth, String> {
+    let mut child = Command::new(program)
+        .arg("get")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(host.as_bytes())
+            .map_err(|e| format!("{program}: writing the host: {e}"))?;
+    }
+    let deadline = Instant::now() + HELPER_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{program} did not answer within {HELPER_TIMEOUT:?}"
+                ));
+            }
+            Err(e) => return Err(format!("{program}: {e}")),
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} get: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{program} get answered something other than JSON: {e}"))?;
+    match (
+        v.get("Username").and_then(Value::as_str),
+        v.get("Secret").and_then(Value::as_str),
+    ) {
+        (Some(u), Some(s)) if !s.is_empty() => Ok(RegistryAuth::Basic(u.into(), s.into())),
+        _ => Err(format!("{program} get answered no Username and Secret")),
     }
 }
 
@@ -86,5 +182,54 @@ mod tests {
             auth_from_config(b"{", "x"),
             RegistryAuth::Anonymous
         ));
+    }
+
+    #[test]
+    fn a_host_helper_beats_the_store_and_the_store_beats_nothing() {
+        let cfg = br#"{"credHelpers":{"us-docker.pkg.dev":"gcloud"},"credsStore":"pass"}"#;
+        assert_eq!(
+            helper_for(cfg, "us-docker.pkg.dev").as_deref(),
+            Some("gcloud")
+        );
+        assert_eq!(helper_for(cfg, "reg.example").as_deref(), Some("pass"));
+        assert_eq!(helper_for(br#"{"auths":{}}"#, "reg.example"), None);
+    }
+
+    #[test]
+    fn a_helper_name_that_is_not_a_plain_word_is_never_run() {
+        let err = run_helper("../../bin/sh", "reg.example").unwrap_err();
+        assert!(err.contains("not a plain name"), "{err}");
+    }
+
+    #[test]
+    fn a_helper_is_asked_for_the_host_and_its_secret_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("docker-credential-test");
+        // Answers only for the host it is asked about, as real helpers do.
+        std::fs::write(
+            &program,
+            "#!/bin/sh\nread host\n[ \"$1\" = get ] && [ \"$host\" = reg.example ] && \
+             echo '{\"ServerURL\":\"reg.example\",\"Username\":\"oauth2accesstoken\",\"Secret\":\"tok\"}'\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let program = program.to_str().unwrap();
+        match helper_answer(program, "reg.example\n") {
+            Ok(RegistryAuth::Basic(u, p)) => {
+                assert_eq!((u.as_str(), p.as_str()), ("oauth2accesstoken", "tok"))
+            }
+            other => panic!("want basic, got {other:?}"),
+        }
+        assert!(helper_answer(program, "other.example\n").is_err());
+    }
+
+    #[test]
+    fn a_missing_helper_is_an_error_naming_the_program() {
+        let err = run_helper("vk-cocoon-test-absent", "reg.example").unwrap_err();
+        assert!(
+            err.contains("docker-credential-vk-cocoon-test-absent"),
+            "{err}"
+        );
     }
 }
