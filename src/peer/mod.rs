@@ -6,8 +6,14 @@
 //! config, never from anything the peer says.
 
 mod plan;
+mod server;
 
 pub use plan::{plan_dir, Plan, PlanFile, Slice};
+pub use server::{spawn, Server, SnapshotIds};
+
+const PLAN_PATH: &str = "/v1/snapshot-plan";
+const SLICE_PATH: &str = "/v1/snapshot-slice";
+const CRC_TRAILER: &str = "x-slice-crc32c";
 
 /// A single path component that cannot leave the directory it is joined to. Both ends apply
 /// it: the server to what a request names, the client to what a plan names.
