@@ -5,11 +5,18 @@
 //! carry the snapshot id the registry's config names, and `snapshot.json` is written from that
 //! config, never from anything the peer says.
 
+mod client;
 mod plan;
 mod server;
+mod staging;
 
+#[cfg(test)]
+mod protocol_tests;
+
+pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Timeouts};
 pub use plan::{plan_dir, Plan, PlanFile, Slice};
 pub use server::{spawn, Server, SnapshotIds};
+pub use staging::sweep_staging;
 
 const PLAN_PATH: &str = "/v1/snapshot-plan";
 const SLICE_PATH: &str = "/v1/snapshot-slice";
