@@ -8,6 +8,7 @@
 mod client;
 mod plan;
 mod server;
+mod source;
 mod staging;
 
 #[cfg(test)]
@@ -16,6 +17,7 @@ mod protocol_tests;
 pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Timeouts};
 pub use plan::{plan_dir, Plan, PlanFile, Slice};
 pub use server::{spawn, Server, SnapshotIds};
+pub use source::{hibernate_source, HibernateSource, HIBERNATE_TAG};
 pub use staging::sweep_staging;
 
 const PLAN_PATH: &str = "/v1/snapshot-plan";
