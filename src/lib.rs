@@ -6,6 +6,7 @@ pub mod journal;
 pub mod kubelet;
 pub mod metrics;
 pub mod node_resources;
+pub mod peer;
 pub mod registry;
 pub mod replay;
 pub mod runtime;

@@ -30,7 +30,7 @@ use oci_client::{Reference, RegistryOperation};
 
 pub use classify::{ArtifactKind, Format};
 pub use manifest::{ConfigBlob, Descriptor, Manifest};
-pub use pull::PullOutcome;
+pub use pull::{valid_snapshot_name, PullOutcome};
 pub use push::{PushKnobs, PushOutcome};
 pub use reference::{Base, RelativeRef, Target};
 

@@ -1,0 +1,50 @@
+//! Peer snapshot restore (hibernation spec §7): every node serves the raw files of its local
+//! cocoon snapshots over plain HTTP, and a waking node copies them straight into a staging
+//! directory for `cocoon vm clone --from-dir`, which beats a registry pull whenever the node
+//! that hibernated the VM is still up. The registry stays the identity anchor: the copy must
+//! carry the snapshot id the registry's config names, and `snapshot.json` is written from that
+//! config, never from anything the peer says.
+
+mod client;
+mod plan;
+mod server;
+mod source;
+mod staging;
+
+#[cfg(test)]
+mod protocol_tests;
+
+pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Timeouts};
+pub use plan::{plan_dir, Plan, PlanFile, Slice};
+pub use server::{spawn, Server, SnapshotIds};
+pub use source::{hibernate_source, HibernateSource, HIBERNATE_TAG};
+pub use staging::sweep_staging;
+
+const PLAN_PATH: &str = "/v1/snapshot-plan";
+const SLICE_PATH: &str = "/v1/snapshot-slice";
+const CRC_TRAILER: &str = "x-slice-crc32c";
+
+/// A single path component that cannot leave the directory it is joined to. Both ends apply
+/// it: the server to what a request names, the client to what a plan names.
+pub fn plain_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0'])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn plain_names_are_single_components() {
+        for ok in [
+            "memory-ranges",
+            "overlay.qcow2",
+            "..x",
+            "a..b",
+            "Q3ZK7M2XW4JH5N6P7R8S9T2UVA",
+        ] {
+            assert!(super::plain_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "/etc", "../x", "a\0b"] {
+            assert!(!super::plain_name(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,673 @@
+//! The real server and client on 127.0.0.1, a temporary snapshot store, and a proxy between
+//! them that damages slice responses the ways a network or a dying peer can.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, BodyStream, Empty, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, Uri};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+use crate::effects::cocoon::CocoonCli;
+
+const ID: &str = "M4XW2HQ7K3ZT5N6R7P8S9JV2UA";
+const MIB: u64 = 1 << 20;
+const MEMORY_SIZE: u64 = 200 * MIB;
+
+struct Ids(HashMap<String, String>);
+
+impl SnapshotIds for Ids {
+    fn id_of<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move { Ok(self.0.get(name).cloned()) })
+    }
+}
+
+struct BrokenIds;
+
+impl SnapshotIds for BrokenIds {
+    fn id_of<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async { Err("cocoon is not answering".to_string()) })
+    }
+}
+
+fn ids() -> Arc<dyn SnapshotIds> {
+    Arc::new(Ids(HashMap::from([("vm-a".to_string(), ID.to_string())])))
+}
+
+/// Deterministic noise: data that no hole, zero run or merge can fake.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A snapshot directory as cocoon's localfile store holds one: a sparse memory file with
+/// several data extents far apart (one containing explicitly written zeros), small files,
+/// an empty one.
+fn write_snapshot(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let m = std::fs::File::create(dir.join("memory-ranges")).unwrap();
+    m.set_len(MEMORY_SIZE).unwrap();
+    m.write_all_at(&noise(1, 64 << 10), 0).unwrap();
+    m.write_all_at(&noise(2, (MIB + 4096) as usize), 20 * MIB)
+        .unwrap();
+    m.write_all_at(&noise(3, MIB as usize), 60 * MIB).unwrap();
+    m.write_all_at(&vec![0u8; 2 * MIB as usize], 61 * MIB)
+        .unwrap();
+    m.write_all_at(&noise(4, MIB as usize), 63 * MIB).unwrap();
+    m.write_all_at(&noise(5, 8192), 100 * MIB).unwrap();
+    m.write_all_at(&noise(6, MIB as usize), MEMORY_SIZE - MIB)
+        .unwrap();
+    std::fs::write(dir.join("overlay.qcow2"), noise(7, MIB as usize + 3)).unwrap();
+    std::fs::write(dir.join("config.json"), br#"{"cpus":2}"#).unwrap();
+    std::fs::write(dir.join("vector.bin"), b"123456789").unwrap();
+    std::fs::File::create(dir.join("empty")).unwrap();
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    store: PathBuf,
+    staging: PathBuf,
+    addr: SocketAddr,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = tmp.path().join("snapshots");
+        write_snapshot(&store.join(ID));
+        Fixture {
+            staging: tmp.path().join("staging"),
+            store,
+            _tmp: tmp,
+            addr: "127.0.0.1:0".parse().unwrap(),
+        }
+    }
+
+    async fn serve(mut self, ids: Arc<dyn SnapshotIds>, limit: Option<usize>) -> Fixture {
+        let mut server = Server::bind(self.addr, self.store.clone(), ids).unwrap();
+        if let Some(n) = limit {
+            server = server.with_stream_limit(n);
+        }
+        self.addr = server.local_addr().unwrap();
+        server.spawn();
+        self
+    }
+
+    async fn started() -> Fixture {
+        Fixture::new().serve(ids(), None).await
+    }
+
+    fn request(&self, peer: SocketAddr) -> RestoreRequest {
+        RestoreRequest {
+            peer: format!("http://{peer}"),
+            snapshot_name: "vm-a".into(),
+            snapshot_id: ID.into(),
+            staging_root: self.staging.clone(),
+            leaf: "vm-a".into(),
+            snapshot_json: b"{\"version\": 1}\n".to_vec(),
+            timeouts: Timeouts::default(),
+        }
+    }
+
+    fn leaf(&self) -> PathBuf {
+        self.staging.join("vm-a")
+    }
+}
+
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    let (mut ba, mut bb) = (vec![0u8; MIB as usize], vec![0u8; MIB as usize]);
+    loop {
+        let na = read_full(&mut fa, &mut ba);
+        let nb = read_full(&mut fb, &mut bb);
+        if na != nb || ba[..na] != bb[..nb] {
+            return false;
+        }
+        if na == 0 {
+            return true;
+        }
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).unwrap() {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
+}
+
+fn allocated(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+#[tokio::test]
+async fn a_sparse_snapshot_round_trips_byte_identical_and_stays_sparse() {
+    let fx = Fixture::started().await;
+    let dir = restore(fx.request(fx.addr)).await.unwrap();
+    assert_eq!(dir, fx.leaf());
+
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "empty",
+            "memory-ranges",
+            "overlay.qcow2",
+            "snapshot.json",
+            "vector.bin"
+        ]
+    );
+    let src = fx.store.join(ID);
+    for n in names.iter().filter(|n| *n != "snapshot.json") {
+        assert!(same_bytes(&src.join(n), &dir.join(n)), "{n} differs");
+        let mode = std::fs::metadata(dir.join(n)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640, "{n}");
+    }
+    assert_eq!(
+        std::fs::read(dir.join("snapshot.json")).unwrap(),
+        b"{\"version\": 1}\n"
+    );
+
+    let staged = allocated(&dir.join("memory-ranges"));
+    let source = allocated(&src.join("memory-ranges"));
+    assert_eq!(
+        std::fs::metadata(dir.join("memory-ranges")).unwrap().len(),
+        MEMORY_SIZE
+    );
+    assert!(
+        staged < MEMORY_SIZE / 16,
+        "staged copy allocates {staged} bytes"
+    );
+    // The explicitly written 2 MiB of zeros in the source were not written again.
+    assert!(staged + MIB < source, "staged {staged}, source {source}");
+}
+
+#[tokio::test]
+async fn an_existing_staging_leaf_is_replaced() {
+    let fx = Fixture::started().await;
+    std::fs::create_dir_all(fx.leaf()).unwrap();
+    std::fs::write(fx.leaf().join("memory-ranges"), b"stale").unwrap();
+    std::fs::write(fx.leaf().join("leftover"), b"stale").unwrap();
+    let dir = restore(fx.request(fx.addr)).await.unwrap();
+    assert!(!dir.join("leftover").exists());
+    assert!(same_bytes(
+        &fx.store.join(ID).join("memory-ranges"),
+        &dir.join("memory-ranges")
+    ));
+}
+
+#[tokio::test]
+async fn a_different_snapshot_id_fails_and_leaves_no_staging_dir() {
+    let fx = Fixture::started().await;
+    let mut req = fx.request(fx.addr);
+    req.snapshot_id = "AAAAAAAAAAAAAAAAAAAAAAAAAA".into();
+    let err = restore(req).await.unwrap_err();
+    assert_eq!(
+        err,
+        PeerError::IdMismatch {
+            expected: "AAAAAAAAAAAAAAAAAAAAAAAAAA".into(),
+            offered: ID.into()
+        }
+    );
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn an_unknown_snapshot_fails_with_404() {
+    let fx = Fixture::started().await;
+    let mut req = fx.request(fx.addr);
+    req.snapshot_name = "vm-b".into();
+    match restore(req).await.unwrap_err() {
+        PeerError::Status { status: 404, .. } => {}
+        other => panic!("{other}"),
+    }
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_flipped_byte_fails_the_checksum() {
+    let fx = Fixture::started().await;
+    let proxy = tamper_proxy(fx.addr, Tamper::FlipByte).await;
+    let err = restore(fx.request(proxy)).await.unwrap_err();
+    assert_eq!(err.kind(), "checksum", "{err}");
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_missing_checksum_trailer_fails() {
+    let fx = Fixture::started().await;
+    let proxy = tamper_proxy(fx.addr, Tamper::DropTrailer).await;
+    let err = restore(fx.request(proxy)).await.unwrap_err();
+    assert_eq!(err.kind(), "checksum", "{err}");
+    assert!(
+        err.to_string().contains("no x-slice-crc32c trailer"),
+        "{err}"
+    );
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_body_shorter_than_its_slice_is_detected() {
+    let fx = Fixture::started().await;
+    let proxy = tamper_proxy(fx.addr, Tamper::EndEarly).await;
+    let err = restore(fx.request(proxy)).await.unwrap_err();
+    assert_eq!(err.kind(), "truncated", "{err}");
+    assert!(err.to_string().contains(" of "), "a byte count: {err}");
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_broken_connection_mid_slice_is_detected() {
+    let fx = Fixture::started().await;
+    let proxy = tamper_proxy(fx.addr, Tamper::Break).await;
+    let err = restore(fx.request(proxy)).await.unwrap_err();
+    assert_eq!(err.kind(), "truncated", "{err}");
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_silent_peer_fails_on_the_stall_timeout() {
+    let fx = Fixture::started().await;
+    let proxy = tamper_proxy(fx.addr, Tamper::Stall).await;
+    let mut req = fx.request(proxy);
+    req.timeouts.stall = Duration::from_millis(200);
+    let err = restore(req).await.unwrap_err();
+    assert_eq!(err.kind(), "stalled", "{err}");
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_peer_without_an_answer_fails_on_the_header_timeout() {
+    let fx = Fixture::new();
+    // Connections complete in the backlog; nobody ever reads the request.
+    let mute = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut req = fx.request(mute.local_addr().unwrap());
+    req.timeouts.response_header = Duration::from_millis(200);
+    let err = restore(req).await.unwrap_err();
+    assert_eq!(err.kind(), "unreachable", "{err}");
+    assert!(err.to_string().contains("no response within"), "{err}");
+}
+
+#[tokio::test]
+async fn a_closed_port_is_unreachable() {
+    let fx = Fixture::new();
+    let gone = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = restore(fx.request(gone)).await.unwrap_err();
+    assert_eq!(err.kind(), "unreachable", "{err}");
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_saturated_peer_fails_the_restore_with_503() {
+    let fx = Fixture::new().serve(ids(), Some(0)).await;
+    match restore(fx.request(fx.addr)).await.unwrap_err() {
+        PeerError::Status { status: 503, .. } => {}
+        other => panic!("{other}"),
+    }
+    assert!(!fx.leaf().exists());
+}
+
+// ---- the wire, request by request ----
+
+/// One request on its own connection; the whole response as text (bodies here are ASCII or
+/// short).
+async fn raw(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {target} HTTP/1.1\r\nHost: peer\r\nTE: trailers\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+fn slice_target(id: &str, file: &str, offset: &str, length: &str) -> String {
+    let q = form_urlencoded::Serializer::new(String::new())
+        .append_pair("id", id)
+        .append_pair("file", file)
+        .append_pair("offset", offset)
+        .append_pair("length", length)
+        .finish();
+    format!("/v1/snapshot-slice?{q}")
+}
+
+#[tokio::test]
+async fn a_slice_ends_in_a_crc32c_trailer() {
+    let fx = Fixture::started().await;
+    let (status, text) = raw(fx.addr, "GET", &slice_target(ID, "vector.bin", "0", "9")).await;
+    assert_eq!(status, 200, "{text}");
+    let lower = text.to_ascii_lowercase();
+    assert!(
+        lower.contains("content-type: application/octet-stream\r\n"),
+        "{text}"
+    );
+    assert!(lower.contains("trailer: x-slice-crc32c\r\n"), "{text}");
+    // CRC-32C("123456789") is the Castagnoli check value.
+    assert!(
+        text.ends_with("9\r\n123456789\r\n0\r\nx-slice-crc32c: e3069283\r\n\r\n"),
+        "{text}"
+    );
+    let (status, text) = raw(fx.addr, "GET", &slice_target(ID, "vector.bin", "3", "2")).await;
+    assert_eq!(status, 200);
+    let want = format!(
+        "2\r\n45\r\n0\r\nx-slice-crc32c: {:x}\r\n\r\n",
+        crc32c::crc32c(b"45")
+    );
+    assert!(text.ends_with(&want), "{text}");
+}
+
+#[tokio::test]
+async fn a_short_read_truncates_the_body_without_a_trailer() {
+    let fx = Fixture::started().await;
+    // overlay.qcow2 has 1 MiB + 3 bytes: the stream starts, then runs out.
+    let t = slice_target(ID, "overlay.qcow2", "0", &(2 * MIB).to_string());
+    let (status, text) = raw(fx.addr, "GET", &t).await;
+    assert_eq!(status, 200, "{}", &text[..text.len().min(200)]);
+    let body = text.split_once("\r\n\r\n").unwrap().1;
+    assert!(!body.to_ascii_lowercase().contains("x-slice-crc32c"));
+    assert!(
+        !body.starts_with("0\r\n") && !body.contains("\r\n0\r\n"),
+        "no last chunk"
+    );
+}
+
+#[tokio::test]
+async fn bad_slice_parameters_are_400() {
+    let fx = Fixture::started().await;
+    let targets = [
+        slice_target(ID, "..", "0", "1"),
+        slice_target(ID, ".", "0", "1"),
+        slice_target(ID, "a/b", "0", "1"),
+        slice_target(ID, "", "0", "1"),
+        slice_target(ID, "vector.bin\0", "0", "1"),
+        slice_target("..", "vector.bin", "0", "1"),
+        slice_target("x/..", "vector.bin", "0", "1"),
+        slice_target(ID, "vector.bin", "-1", "1"),
+        slice_target(ID, "vector.bin", "0", "0"),
+        slice_target(ID, "vector.bin", "zero", "1"),
+        slice_target(ID, "vector.bin", "0", &(257 * MIB).to_string()),
+        slice_target(ID, "vector.bin", &u64::MAX.to_string(), "1"),
+        format!("/v1/snapshot-slice?id={ID}&file=vector.bin&offset=0"),
+        "/v1/snapshot-slice?file=vector.bin&offset=0&length=1".to_string(),
+        "/v1/snapshot-slice".to_string(),
+    ];
+    for t in targets {
+        let (status, text) = raw(fx.addr, "GET", &t).await;
+        assert_eq!(status, 400, "{t}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_file_or_snapshot_dir_is_404() {
+    let fx = Fixture::started().await;
+    for t in [
+        slice_target(ID, "nope", "0", "1"),
+        slice_target("AAAAAAAAAAAAAAAAAAAAAAAAAA", "vector.bin", "0", "1"),
+    ] {
+        let (status, text) = raw(fx.addr, "GET", &t).await;
+        assert_eq!(status, 404, "{t}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn plan_answers() {
+    let fx = Fixture::started().await;
+    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text
+        .to_ascii_lowercase()
+        .contains("content-type: application/json"));
+    let plan: Plan = serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(plan.snapshot_id, ID);
+    let memory = plan
+        .files
+        .iter()
+        .find(|f| f.name == "memory-ranges")
+        .unwrap();
+    assert_eq!(memory.size, MEMORY_SIZE);
+    let offsets: Vec<u64> = memory.slices.iter().map(|s| s.offset).collect();
+    assert_eq!(
+        offsets,
+        [0, 20 * MIB, 60 * MIB, 100 * MIB, MEMORY_SIZE - MIB]
+    );
+
+    for (target, want) in [
+        ("/v1/snapshot-plan", 400),
+        ("/v1/snapshot-plan?name=", 400),
+        ("/v1/snapshot-plan?name=-rf", 400),
+        ("/v1/snapshot-plan?name=vm-b", 404),
+        ("/v1/other", 404),
+        ("/", 404),
+    ] {
+        let (status, text) = raw(fx.addr, "GET", target).await;
+        assert_eq!(status, want, "{target}: {text}");
+    }
+    let (status, text) = raw(fx.addr, "POST", "/v1/snapshot-plan?name=vm-a").await;
+    assert_eq!(status, 405, "{text}");
+    assert!(text.to_ascii_lowercase().contains("allow: get"), "{text}");
+}
+
+#[tokio::test]
+async fn a_known_snapshot_without_a_store_dir_is_404_and_a_failing_lookup_500() {
+    let fx = Fixture::new();
+    std::fs::remove_dir_all(fx.store.join(ID)).unwrap();
+    let fx = fx.serve(ids(), None).await;
+    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    assert_eq!(status, 404, "{text}");
+
+    let fx = Fixture::new().serve(Arc::new(BrokenIds), None).await;
+    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("cocoon is not answering"), "{text}");
+}
+
+#[tokio::test]
+async fn streams_over_the_limit_are_503() {
+    let fx = Fixture::new().serve(ids(), Some(1)).await;
+    // 64 MiB cannot sit in socket buffers: unread, this stream keeps its slot.
+    let mut held = TcpStream::connect(fx.addr).await.unwrap();
+    let target = slice_target(ID, "memory-ranges", "0", &(64 * MIB).to_string());
+    held.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: peer\r\nTE: trailers\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 12];
+    held.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    let (status, text) = raw(fx.addr, "GET", &slice_target(ID, "vector.bin", "0", "9")).await;
+    assert_eq!(status, 503, "{text}");
+    // Plans are not streams.
+    let (status, _) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    assert_eq!(status, 200);
+    drop(held);
+}
+
+#[tokio::test]
+async fn names_resolve_through_cocoon_snapshot_inspect() {
+    let fx = Fixture::new();
+    let script = fx.staging.with_file_name("cocoon");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             [ \"$1 $2 $3\" = \"snapshot inspect vm-a\" ] && {{ printf '{{\"id\":\"{ID}\",\"name\":\"vm-a\"}}\\n'; exit 0; }}\n\
+             echo 'Error: inspect: snapshot not found' >&2\nexit 1\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cocoon = CocoonCli::new(script.to_str().unwrap());
+    let fx = fx.serve(Arc::new(cocoon), None).await;
+    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(ID));
+    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-b").await;
+    assert_eq!(status, 404, "{text}");
+}
+
+#[tokio::test]
+async fn a_taken_address_is_an_error_naming_vk_peer_addr() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = spawn(
+        addr,
+        PathBuf::from("/nonexistent"),
+        CocoonCli::new("cocoon"),
+    )
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("VK_PEER_ADDR") && msg.contains(&addr.to_string()),
+        "{msg}"
+    );
+}
+
+// ---- the tampering proxy ----
+
+#[derive(Clone, Copy, Debug)]
+enum Tamper {
+    /// Invert the first byte of every slice body.
+    FlipByte,
+    /// Forward the data, drop the CRC trailer.
+    DropTrailer,
+    /// Forward the first data frame less its last byte, then end the body as if complete.
+    EndEarly,
+    /// Forward the first data frame, then break the connection.
+    Break,
+    /// Forward the head, then send nothing.
+    Stall,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn stream_body<S>(s: S) -> BoxBody<Bytes, BoxError>
+where
+    S: futures::Stream<Item = Result<Frame<Bytes>, BoxError>> + Send + Sync + 'static,
+{
+    BodyExt::boxed(StreamBody::new(s))
+}
+
+/// Forwards every request to `upstream`, damaging 200 slice answers as `tamper` says.
+async fn tamper_proxy(upstream: SocketAddr, tamper: Tamper) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                        Ok::<_, Infallible>(forward(upstream, req.uri().clone(), tamper).await)
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn forward(
+    upstream: SocketAddr,
+    uri: Uri,
+    tamper: Tamper,
+) -> Response<BoxBody<Bytes, BoxError>> {
+    let stream = TcpStream::connect(upstream).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(uri.clone())
+        .header("host", "peer")
+        .header("te", "trailers")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let res = sender.send_request(req).await.unwrap();
+    let damage = uri.path() == "/v1/snapshot-slice" && res.status() == 200;
+    let (parts, body) = res.into_parts();
+    let mut out = Response::builder().status(parts.status);
+    for (k, v) in &parts.headers {
+        if k != "content-length" && k != "transfer-encoding" {
+            out = out.header(k, v);
+        }
+    }
+    let frames = BodyStream::new(body).map(|f| f.map_err(BoxError::from));
+    let body = match (damage, tamper) {
+        (false, _) => stream_body(frames),
+        (true, Tamper::Stall) => stream_body(futures::stream::pending()),
+        (true, Tamper::DropTrailer) => stream_body(
+            frames.filter(|f| futures::future::ready(!matches!(f, Ok(f) if f.is_trailers()))),
+        ),
+        (true, Tamper::FlipByte) => {
+            let mut first = true;
+            stream_body(frames.map(move |f| match f?.into_data() {
+                Ok(d) if first && !d.is_empty() => {
+                    first = false;
+                    let mut b = BytesMut::from(&d[..]);
+                    b[0] ^= 0xff;
+                    Ok(Frame::data(b.freeze()))
+                }
+                Ok(d) => Ok(Frame::data(d)),
+                Err(f) => Ok(f),
+            }))
+        }
+        (true, Tamper::EndEarly) => stream_body(frames.take(1).map(|f| match f?.into_data() {
+            Ok(d) => Ok(Frame::data(d.slice(..d.len().saturating_sub(1)))),
+            Err(f) => Ok(f),
+        })),
+        (true, Tamper::Break) => stream_body(frames.take(1).chain(futures::stream::once(async {
+            Err::<Frame<Bytes>, BoxError>("cut".into())
+        }))),
+    };
+    out.body(body).unwrap()
+}
