@@ -1,9 +1,13 @@
 //! The core's registry calls, carried out: inspect a tag, push a local cocoon snapshot
 //! (streamed out of `cocoon snapshot export`), pull a tag into a local snapshot (streamed into
-//! `cocoon snapshot import`), delete a tag. Every answer returns to the core as the outcome
-//! of its call; nothing here decides what happens next.
+//! `cocoon snapshot import`), delete a tag, and copy a hibernate snapshot from the node that
+//! pushed it (the peer API) into a staging directory. Every answer returns to the core as the
+//! outcome of its call; nothing here decides what happens next.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 
 use reconcilers::action::RegistryCall;
 use reconcilers::event::{
@@ -19,6 +23,16 @@ pub struct Transfers {
     cocoon: CocoonCli,
     node: String,
     knobs: PushKnobs,
+    peers: Peers,
+}
+
+/// What a peer restore needs: the API to find a node's address, this node's peer port (every
+/// node serves on the same one), `VK_STAGING_DIR`, and the per-node limit of 2 at a time.
+pub struct Peers {
+    pub client: kube::Client,
+    pub port: u16,
+    pub staging: PathBuf,
+    pub limiter: crate::peer::Limiter,
 }
 
 impl Transfers {
@@ -29,6 +43,7 @@ impl Transfers {
         transfer: &SnapshotTransfer,
         cocoon: CocoonCli,
         node: String,
+        peers: Peers,
     ) -> Result<Transfers, registry::RegistryError> {
         std::fs::create_dir_all(staging).map_err(|e| {
             registry::RegistryError::Local(format!(
@@ -44,6 +59,7 @@ impl Transfers {
             cocoon,
             node,
             knobs: PushKnobs::from(transfer),
+            peers,
         })
     }
 
@@ -112,14 +128,111 @@ impl Transfers {
                 self.registry.delete_tag(name, tag).await.map_err(to_core)?;
                 Ok(RegistryOk::Deleted)
             }
-            RegistryCall::PeerRestore { .. } | RegistryCall::RemoveStaging { .. } => {
-                Err(RegistryError {
-                    kind: RegistryErrorKind::Failed,
-                    message: "peer restore is not wired yet".into(),
+            RegistryCall::PeerRestore {
+                name,
+                tag,
+                node,
+                snapshot_id,
+                staging,
+            } => {
+                let dir = self
+                    .peer_restore(name, tag, node, snapshot_id, staging)
+                    .await
+                    .map_err(|message| RegistryError {
+                        kind: RegistryErrorKind::Failed,
+                        message,
+                    })?;
+                Ok(RegistryOk::Staged {
+                    dir: dir.display().to_string(),
                 })
+            }
+            RegistryCall::RemoveStaging { staging } => {
+                let dir = self.staging_dir(staging).map_err(|message| RegistryError {
+                    kind: RegistryErrorKind::Refused,
+                    message,
+                })?;
+                match tokio::fs::remove_dir_all(&dir).await {
+                    Ok(()) => Ok(RegistryOk::Deleted),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RegistryOk::Deleted),
+                    Err(e) => Err(RegistryError {
+                        kind: RegistryErrorKind::Failed,
+                        message: format!("remove {}: {e}", dir.display()),
+                    }),
+                }
             }
         }
     }
+}
+
+impl Transfers {
+    /// Only a plain name under `VK_STAGING_DIR` is ever written or removed.
+    fn staging_dir(&self, leaf: &str) -> Result<PathBuf, String> {
+        if !crate::peer::plain_name(leaf) {
+            return Err(format!("staging name {leaf:?} is not a plain name"));
+        }
+        Ok(self.peers.staging.join(leaf))
+    }
+
+    /// U6: the registry's `<name>:<tag>` must still be `snapshot_id` (its config is what the
+    /// staged `snapshot.json` is written from), then `node`'s copy is fetched.
+    async fn peer_restore(
+        &self,
+        name: &str,
+        tag: &str,
+        node: &str,
+        snapshot_id: &str,
+        staging: &str,
+    ) -> Result<PathBuf, String> {
+        self.staging_dir(staging)?;
+        if tag != crate::peer::HIBERNATE_TAG {
+            return Err(format!(
+                "peer restore of {name}:{tag}: only hibernate snapshots are served"
+            ));
+        }
+        let source = crate::peer::hibernate_source(&self.registry, name, name)
+            .await
+            .map_err(|e| format!("{name}:{tag}: {e}"))?;
+        if source.snapshot_id != snapshot_id {
+            return Err(format!(
+                "{name}:{tag} now holds snapshot {}, not {snapshot_id}",
+                source.snapshot_id
+            ));
+        }
+        let ip = node_ip(&self.peers.client, node).await?;
+        let peer = match ip {
+            std::net::IpAddr::V4(v4) => format!("http://{v4}:{}", self.peers.port),
+            std::net::IpAddr::V6(v6) => format!("http://[{v6}]:{}", self.peers.port),
+        };
+        let req = crate::peer::RestoreRequest {
+            peer,
+            snapshot_name: name.to_string(),
+            snapshot_id: snapshot_id.to_string(),
+            staging_root: self.peers.staging.clone(),
+            leaf: staging.to_string(),
+            snapshot_json: source.snapshot_json,
+            timeouts: crate::peer::Timeouts::default(),
+        };
+        self.peers
+            .limiter
+            .restore(req)
+            .await
+            .map_err(|e| format!("peer {node}: {e}"))
+    }
+}
+
+/// The node's `InternalIP`: where its peer API listens.
+async fn node_ip(client: &kube::Client, node: &str) -> Result<std::net::IpAddr, String> {
+    let n = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .map_err(|e| format!("node {node}: {e}"))?;
+    n.status
+        .and_then(|s| s.addresses)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok())
+        .ok_or_else(|| format!("node {node} has no InternalIP"))
 }
 
 fn to_core(e: registry::RegistryError) -> RegistryError {

@@ -36,6 +36,10 @@ pub struct Settings {
     /// `OCI_REGISTRY`.
     pub registry: Option<String>,
     pub staging_dir: PathBuf,
+    /// `VK_COCOON_SNAPSHOT_DIR`: cocoon's local snapshot store, served to peers.
+    pub snapshot_dir: PathBuf,
+    /// `VK_PEER_ADDR`.
+    pub peer_addr: SocketAddr,
     pub snapshot: crate::config::SnapshotTransfer,
 }
 
@@ -59,6 +63,27 @@ pub async fn run(settings: Settings) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
+    // B10: what a killed process left half-staged is never a source, so it goes before anything
+    // can look at it.
+    match crate::peer::sweep_staging(&settings.staging_dir) {
+        Ok((0, _)) => {}
+        Ok((n, bytes)) => tracing::info!(
+            dir = %settings.staging_dir.display(),
+            "removed {n} stale staging entries ({} MiB)",
+            bytes / (1 << 20)
+        ),
+        Err(e) => tracing::warn!(
+            dir = %settings.staging_dir.display(),
+            error = %e,
+            "could not sweep the staging directory (VK_STAGING_DIR)"
+        ),
+    }
+    // K7: a peer API that cannot listen is fatal, like every listener.
+    crate::peer::spawn(
+        settings.peer_addr,
+        settings.snapshot_dir.clone(),
+        settings.cocoon.clone(),
+    )?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let metrics = Metrics::new();
     let views = views::Views::default();
@@ -108,6 +133,12 @@ pub async fn run(settings: Settings) -> Result<()> {
                 &settings.snapshot,
                 settings.cocoon.clone(),
                 settings.node.name.clone(),
+                crate::effects::registry::Peers {
+                    client: client.clone(),
+                    port: settings.peer_addr.port(),
+                    staging: settings.staging_dir.clone(),
+                    limiter: crate::peer::Limiter::per_node(),
+                },
             )
             .with_context(|| format!("OCI_REGISTRY={base:?}"))?,
         )),

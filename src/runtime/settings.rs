@@ -47,6 +47,8 @@ impl Settings {
             dhcp_release_socket: c.cocoon_net_control_socket.clone(),
             registry: c.oci_registry.clone(),
             staging_dir: c.staging_dir.clone(),
+            snapshot_dir: c.cocoon_snapshot_dir.clone(),
+            peer_addr: c.peer_addr,
             snapshot: c.snapshot.clone(),
         })
     }
