@@ -38,6 +38,17 @@ pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
         }
         return false;
     }
+    // DEC-8: the push could only fail, so nothing is saved; the VM runs on.
+    if s.config.registry.is_none() {
+        let msg = "hibernate: OCI_REGISTRY is not set, so the VM's state has nowhere to go; \
+                   the VM keeps running"
+            .to_string();
+        if e.intent.state != Some(Lifecycle::Failed) {
+            create::warn_event(s, key, "HibernatePushFailed", &msg);
+            lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+        }
+        return false;
+    }
     true
 }
 
