@@ -39,6 +39,56 @@ pub fn docker_config_auth(host: &str) -> RegistryAuth {
     auth_from_config(&bytes, host)
 }
 
+/// A credential helper's answer is good for this long; then the config is read again, since
+/// helpers hand out short-lived tokens (an hour for `gcloud`).
+const REFRESH: Duration = Duration::from_secs(300);
+
+/// The credentials a registry's calls use: fixed, or read from the Docker config and read
+/// again once `REFRESH` has passed.
+#[derive(Clone)]
+pub struct Credentials {
+    host: Option<String>,
+    cached: std::sync::Arc<std::sync::Mutex<(Option<Instant>, RegistryAuth)>>,
+}
+
+impl Credentials {
+    pub fn fixed(auth: RegistryAuth) -> Credentials {
+        Credentials {
+            host: None,
+            cached: std::sync::Arc::new(std::sync::Mutex::new((None, auth))),
+        }
+    }
+
+    pub fn docker_config(host: &str) -> Credentials {
+        let auth = docker_config_auth(host);
+        Credentials {
+            host: Some(host.to_string()),
+            cached: std::sync::Arc::new(std::sync::Mutex::new((Some(Instant::now()), auth))),
+        }
+    }
+
+    pub async fn get(&self) -> RegistryAuth {
+        let fresh = {
+            let c = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+            match (&self.host, c.0) {
+                (Some(_), Some(at)) if at.elapsed() >= REFRESH => None,
+                _ => Some(c.1.clone()),
+            }
+        };
+        if let Some(auth) = fresh {
+            return auth;
+        }
+        let host = self.host.clone().unwrap_or_default();
+        // A helper is a process that may take seconds: off the async workers.
+        let auth = tokio::task::spawn_blocking(move || docker_config_auth(&host))
+            .await
+            .unwrap_or(RegistryAuth::Anonymous);
+        let mut c = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        *c = (Some(Instant::now()), auth.clone());
+        auth
+    }
+}
+
 /// The credential helper Docker would use for `host`, if any.
 pub fn helper_for(bytes: &[u8], host: &str) -> Option<String> {
     let v: Value = serde_json::from_slice(bytes).ok()?;

@@ -99,7 +99,7 @@ pub struct Registry {
     base: Base,
     client: oci_client::Client,
     http: reqwest::Client,
-    auth: RegistryAuth,
+    auth: auth::Credentials,
     spool_dir: PathBuf,
     /// Largest zstd window a pulled frame may ask for, from the pull budget.
     window_log_max: u32,
@@ -145,7 +145,7 @@ impl Registry {
             .read_timeout(STALL_TIMEOUT)
             .build()
             .map_err(|e| RegistryError::Transport(format!("HTTP client: {e}")))?;
-        let auth = auth::docker_config_auth(&base.host);
+        let auth = auth::Credentials::docker_config(&base.host);
         Ok(Registry {
             base,
             client,
@@ -171,7 +171,7 @@ impl Registry {
     }
 
     pub fn with_auth(mut self, auth: RegistryAuth) -> Self {
-        self.auth = auth;
+        self.auth = auth::Credentials::fixed(auth);
         self
     }
 
@@ -215,7 +215,7 @@ impl Registry {
     ) -> Result<(Manifest, Vec<u8>, String), RegistryError> {
         let (body, digest) = self
             .client
-            .pull_manifest_raw(r, &self.auth, media::MANIFEST_ACCEPT)
+            .pull_manifest_raw(r, &self.auth.get().await, media::MANIFEST_ACCEPT)
             .await
             .map_err(|e| oci_error(&format!("GET manifest {r}"), e))?;
         if body.len() > MAX_MANIFEST_BYTES {
@@ -338,7 +338,8 @@ impl Registry {
         match self.delete_manifest(&r, target.as_str()).await? {
             DeleteAnswer::Done(d) => Ok(d),
             DeleteAnswer::Unsupported(why) => {
-                let digest = match self.client.fetch_manifest_digest(&r, &self.auth).await {
+                let auth = self.auth.get().await;
+                let digest = match self.client.fetch_manifest_digest(&r, &auth).await {
                     Ok(d) => d,
                     Err(e) => match oci_error(&format!("HEAD manifest {r}"), e) {
                         RegistryError::Absent(_) => return Ok(Deleted::WasAbsent),
@@ -368,15 +369,16 @@ impl Registry {
             r.repository()
         );
         let mut req = self.http.delete(&url);
+        let auth = self.auth.get().await;
         match self
             .client
-            .auth(r, &self.auth, RegistryOperation::Push)
+            .auth(r, &auth, RegistryOperation::Push)
             .await
             .map_err(|e| RegistryError::Transport(format!("auth for DELETE {url}: {e}")))?
         {
             Some(token) => req = req.bearer_auth(token),
             None => {
-                if let RegistryAuth::Basic(u, p) = &self.auth {
+                if let RegistryAuth::Basic(u, p) = &auth {
                     req = req.basic_auth(u, Some(p));
                 }
             }

@@ -344,7 +344,7 @@ impl Registry {
         S: futures::Stream<Item = oci_client::errors::Result<Bytes>> + Send + 'static,
     {
         self.client
-            .store_auth_if_needed(r.resolve_registry(), &self.auth)
+            .store_auth_if_needed(r.resolve_registry(), &self.auth.get().await)
             .await;
         let present = self
             .client
