@@ -19,6 +19,7 @@ mod reader_tests;
 pub mod reference;
 mod spool;
 pub mod tar_stream;
+mod upload;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -357,6 +358,31 @@ impl Registry {
         }
     }
 
+    /// `req` with push rights on `r`'s repository: the registry's bearer token when it uses
+    /// token auth, else the Basic credentials, else nothing.
+    async fn authorized(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        r: &Reference,
+        what: &str,
+    ) -> Result<reqwest::RequestBuilder, RegistryError> {
+        let auth = self.auth.get().await;
+        match self
+            .client
+            .auth(r, &auth, RegistryOperation::Push)
+            .await
+            .map_err(|e| RegistryError::Transport(format!("auth for {what}: {e}")))?
+        {
+            Some(token) => req = req.bearer_auth(token),
+            None => {
+                if let RegistryAuth::Basic(u, p) = &auth {
+                    req = req.basic_auth(u, Some(p));
+                }
+            }
+        }
+        Ok(req)
+    }
+
     async fn delete_manifest(
         &self,
         r: &Reference,
@@ -368,21 +394,9 @@ impl Registry {
             self.base.host,
             r.repository()
         );
-        let mut req = self.http.delete(&url);
-        let auth = self.auth.get().await;
-        match self
-            .client
-            .auth(r, &auth, RegistryOperation::Push)
-            .await
-            .map_err(|e| RegistryError::Transport(format!("auth for DELETE {url}: {e}")))?
-        {
-            Some(token) => req = req.bearer_auth(token),
-            None => {
-                if let RegistryAuth::Basic(u, p) = &auth {
-                    req = req.basic_auth(u, Some(p));
-                }
-            }
-        }
+        let req = self
+            .authorized(self.http.delete(&url), r, &format!("DELETE {url}"))
+            .await?;
         let res = req
             .send()
             .await

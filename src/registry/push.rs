@@ -14,7 +14,7 @@ use tokio::io::AsyncRead;
 use super::classify::{self, Format};
 use super::manifest::{ConfigBlob, Descriptor, FileMeta, Manifest};
 use super::tar_stream::{self, EntryHeader, TarReader};
-use super::{encode, media, oci_error, spool, Registry, RegistryError, Target};
+use super::{encode, media, oci_error, Registry, RegistryError, Target};
 use crate::config::SnapshotTransfer;
 
 /// The writer knobs; all zero selects the v1 format.
@@ -310,8 +310,8 @@ impl Registry {
         Ok(digest)
     }
 
-    /// One tar entry body as one blob: hashed while it is read (in memory when small, else
-    /// through a temp file), then HEAD and upload from the spooled copy.
+    /// One tar entry body as one blob: a small one hashed in memory, HEAD, then uploaded
+    /// unless present; a large one streamed into the registry as it is read.
     async fn push_body<R: AsyncRead + Unpin>(
         &self,
         r: &Reference,
@@ -326,10 +326,7 @@ impl Registry {
                 .map_err(|e| local("reading the export", e))?;
             return self.push_bytes(r, Bytes::from(body), counters).await;
         }
-        let (file, digest) = spool::spool_body(&self.spool_dir, tar).await?;
-        self.upload_if_missing(r, &digest, size, spool::file_body(file), counters)
-            .await?;
-        Ok(digest)
+        self.stream_body(r, tar, size, counters).await
     }
 
     pub(crate) async fn upload_if_missing<S>(
