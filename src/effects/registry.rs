@@ -36,7 +36,8 @@ pub struct Peers {
 }
 
 impl Transfers {
-    /// `base` is `OCI_REGISTRY`; v1 blobs are spooled under `staging` while they are hashed.
+    /// `base` is `OCI_REGISTRY`; v2 chunks are staged under `staging` while they are compressed
+    /// and hashed (one chunk each).
     pub fn new(
         base: &str,
         staging: &Path,

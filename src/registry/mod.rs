@@ -48,7 +48,7 @@ pub enum RegistryError {
     /// The registry could not be reached or answered something other than the contract's
     /// statuses; the state of the tag is unknown.
     Transport(String),
-    /// The local side failed: the export stream, the spool file, the sink.
+    /// The local side failed: the export stream, a chunk's temp file, the sink.
     Local(String),
     /// cocoon's export or import failed; classified as every cocoon error is.
     Cocoon(CocoonError),
@@ -157,7 +157,7 @@ impl Registry {
         })
     }
 
-    /// Where v1 blobs are spooled while they are hashed (`VK_STAGING_DIR` in the daemon).
+    /// Where a v2 chunk waits, compressed, for its digest (`VK_STAGING_DIR` in the daemon).
     pub fn with_spool_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spool_dir = dir.into();
         self

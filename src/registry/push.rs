@@ -69,7 +69,8 @@ pub struct PushOutcome {
     pub from_node_added: bool,
 }
 
-/// Bodies up to this size are hashed in memory; larger ones are spooled to one temp file.
+/// Bodies up to this size are hashed in memory (and skipped when present); larger ones stream
+/// straight into an upload.
 const IN_MEMORY_MAX: u64 = 1 << 20;
 /// Read and upload granularity.
 pub(crate) const IO_CHUNK: usize = 1 << 20;
