@@ -13,7 +13,9 @@ use crate::names;
 use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Purpose, Retry, Running, Scratch};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Mode, Os, VmSpec};
-use crate::state::{CocoonOwner, ForkSave, Lifecycle, RegistryOwner, State, Tracked, VmOwner};
+use crate::state::{
+    CocoonOwner, Lifecycle, Making, RegistryOwner, SnapshotClaim, State, Tracked, VmOwner,
+};
 use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{delete, keys, lifecycle, outcome, probe, tracking};
@@ -544,7 +546,7 @@ fn wait_for_other(s: &mut State, key: &PodKey, next: CreateStep) {
 /// The outcome of the step's call (the router checked it is this step's).
 pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
     advance(s, key, result);
-    settle_fork_claim(s, key);
+    settle_snapshot_claim(s, key);
 }
 
 fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
@@ -583,7 +585,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
-            | CreateStep::AwaitForkSave { .. } => {
+            | CreateStep::AwaitSnapshot { .. } => {
                 if let Err(err) = &result {
                     count_clone_from_dir_failure(s, &current, &spec, err);
                 }
@@ -730,7 +732,7 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
-            | CreateStep::AwaitForkSave { .. }),
+            | CreateStep::AwaitSnapshot { .. }),
             Ok(other),
         ) => {
             let label = step_label(&failed_step, &spec);
@@ -776,7 +778,7 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
             format!("snapshot save {}", fork())
         }
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
-        CreateStep::AwaitForkSave { name } => format!("snapshot save {name}"),
+        CreateStep::AwaitSnapshot { name } => format!("snapshot save {name}"),
         CreateStep::PullSnapshot { repo, tag, .. } => format!("pull {repo}:{tag}"),
         CreateStep::CheckEvidence => format!("inspect {}:hibernate", spec.vm_name),
         CreateStep::InspectLocal { name } => format!("snapshot inspect {name}"),
@@ -899,6 +901,23 @@ fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
         );
         return fail(s, key, msg);
     }
+    // Another clone of this base is pulling it: clone from that pull, never a second import
+    // that would replace the snapshot under the first pod's clone.
+    match s.snapshot_claims.get_mut(&name) {
+        Some(claim) if claim.maker != *key => {
+            claim.waiting.insert(key.clone());
+            return wait_for_other(s, key, CreateStep::AwaitSnapshot { name });
+        }
+        Some(_) => {}
+        None => {
+            let claim = SnapshotClaim {
+                maker: key.clone(),
+                how: Making::Pull,
+                waiting: Default::default(),
+            };
+            s.snapshot_claims.insert(name.clone(), claim);
+        }
+    }
     let (_, repo, tag) = names::image_snapshot_name(&spec.image);
     let call = RegistryCall::Pull {
         name: repo.clone(),
@@ -924,6 +943,11 @@ pub(crate) fn registry_step_done(
     key: &PodKey,
     result: Result<RegistryOk, RegistryError>,
 ) {
+    registry_advance(s, key, result);
+    settle_snapshot_claim(s, key);
+}
+
+fn registry_advance(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
     let Some(e) = s.pod(key) else { return };
     let Phase::Creating(c) = &e.phase else { return };
     let (step_now, since, cancel, purpose) = (c.step.clone(), c.step_since, c.cancel, c.purpose);
@@ -1076,20 +1100,21 @@ fn snapshot_found(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, snap
 
 fn fork_source(s: &mut State, key: &PodKey, source: &str) {
     let name = names::fork_snapshot(source);
-    match s.fork_saves.get_mut(&name) {
+    match s.snapshot_claims.get_mut(&name) {
         // Another fork of this source is saving it: clone from that save, never a second one
         // that would replace the snapshot under the first pod's clone.
-        Some(save) if save.saver != *key => {
+        Some(save) if save.maker != *key => {
             save.waiting.insert(key.clone());
-            return wait_for_other(s, key, CreateStep::AwaitForkSave { name });
+            return wait_for_other(s, key, CreateStep::AwaitSnapshot { name });
         }
         Some(_) => {}
         None => {
-            let save = ForkSave {
-                saver: key.clone(),
+            let save = SnapshotClaim {
+                maker: key.clone(),
+                how: Making::ForkSave,
                 waiting: Default::default(),
             };
-            s.fork_saves.insert(name, save);
+            s.snapshot_claims.insert(name, save);
         }
     }
     let tracked = s
@@ -1116,13 +1141,14 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
 /// A pod that claimed a fork save and has left the steps of that save: the save is done
 /// (the pod clones from it) or abandoned. Either way the pods waiting for it move on: to
 /// clone from it, or to look for the snapshot again (and perhaps save it themselves).
-fn settle_fork_claim(s: &mut State, key: &PodKey) {
+fn settle_snapshot_claim(s: &mut State, key: &PodKey) {
     let saving = match s.pod(key).map(|e| &e.phase) {
         Some(Phase::Creating(c)) => match &c.step {
             CreateStep::InspectSnapshot { .. }
             | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
-            | CreateStep::RemoveTakenFork { .. } => true,
+            | CreateStep::RemoveTakenFork { .. }
+            | CreateStep::PullSnapshot { .. } => true,
             CreateStep::Clone => false,
             CreateStep::RemoveFork
             | CreateStep::PullImage
@@ -1131,13 +1157,12 @@ fn settle_fork_claim(s: &mut State, key: &PodKey) {
             | CreateStep::Run
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::InspectNameTaken
-            | CreateStep::PullSnapshot { .. }
             | CreateStep::CheckEvidence
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
-            | CreateStep::AwaitForkSave { .. } => false,
+            | CreateStep::AwaitSnapshot { .. } => false,
         },
         Some(_) | None => false,
     };
@@ -1151,25 +1176,25 @@ fn settle_fork_claim(s: &mut State, key: &PodKey) {
             ..
         }))
     );
-    release_fork_claims(s, key, saved);
+    release_snapshot_claims(s, key, saved);
 }
 
-/// Ends every fork save `key` holds; `saved`: the snapshot is there to clone from.
-pub(crate) fn release_fork_claims(s: &mut State, key: &PodKey, saved: bool) {
+/// Ends every snapshot claim `key` holds; `saved`: the snapshot is there to clone from.
+pub(crate) fn release_snapshot_claims(s: &mut State, key: &PodKey, saved: bool) {
     let held: Vec<String> = s
-        .fork_saves
+        .snapshot_claims
         .iter()
-        .filter(|(_, f)| f.saver == *key)
+        .filter(|(_, f)| f.maker == *key)
         .map(|(name, _)| name.clone())
         .collect();
     for name in held {
-        let Some(save) = s.fork_saves.remove(&name) else {
+        let Some(save) = s.snapshot_claims.remove(&name) else {
             continue;
         };
         for waiter in save.waiting {
             let waits = matches!(
                 s.pod(&waiter).map(|e| &e.phase),
-                Some(Phase::Creating(Creating { step: CreateStep::AwaitForkSave { name: n }, op: None, .. })) if *n == name
+                Some(Phase::Creating(Creating { step: CreateStep::AwaitSnapshot { name: n }, op: None, .. })) if *n == name
             );
             if !waits {
                 continue;
@@ -1177,7 +1202,9 @@ pub(crate) fn release_fork_claims(s: &mut State, key: &PodKey, saved: bool) {
             let Some(spec) = s.pod(&waiter).and_then(|e| e.spec.clone().ok()) else {
                 continue;
             };
-            if saved {
+            // A pulled base is inspected first, as the puller did: its record decides the
+            // backend check and `--pull` (C8.6); a fork snapshot is this node's own save.
+            if saved && save.how == Making::ForkSave {
                 let cmd = clone_cmd(s, &spec, CloneSource::Snapshot(name.clone()), false);
                 step(s, &waiter, CreateStep::Clone, cmd);
             } else {
@@ -1195,7 +1222,7 @@ pub(crate) fn release_fork_claims(s: &mut State, key: &PodKey, saved: bool) {
 
 /// A pod waiting for another pod's fork save stops waiting (it is deleted or gone).
 pub(crate) fn stop_waiting(s: &mut State, key: &PodKey) {
-    for save in s.fork_saves.values_mut() {
+    for save in s.snapshot_claims.values_mut() {
         save.waiting.remove(key);
     }
 }
@@ -1578,7 +1605,7 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
                 | CreateStep::VerifyRemote { .. }
                 | CreateStep::PeerRestore { .. }
                 | CreateStep::PullHibernate { .. }
-                | CreateStep::AwaitForkSave { .. } => "WakePullFailed",
+                | CreateStep::AwaitSnapshot { .. } => "WakePullFailed",
             };
             match c.purpose {
                 Purpose::Fresh => (c.purpose, reason.unwrap_or("CreateBringUpFailed")),

@@ -190,7 +190,7 @@ pub enum CreateStep {
     },
     /// Another pod of the same fork source is saving `name`: this one clones from it once
     /// that save is done, instead of saving (and replacing) it again.
-    AwaitForkSave {
+    AwaitSnapshot {
         name: String,
     },
 }

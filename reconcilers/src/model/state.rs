@@ -55,10 +55,11 @@ pub struct State {
     pub restarts: BTreeMap<String, Millis>,
     /// UIDs vk deleted itself, so a late watch echo does not resurrect the pod.
     pub tombstones: BTreeMap<String, PodKey>,
-    /// Fork snapshots being saved, by name: the pod saving it and the pods waiting to clone
-    /// from it (C9: forks of one source share one fork snapshot).
+    /// Local snapshots being made, by name: the pod making it and the pods waiting to clone
+    /// from it (C9: forks of one source share one fork snapshot; C8.3: clones of one base
+    /// share one pull).
     #[serde(default)]
-    pub fork_saves: BTreeMap<String, ForkSave>,
+    pub snapshot_claims: BTreeMap<String, SnapshotClaim>,
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
@@ -66,9 +67,22 @@ pub struct State {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForkSave {
-    pub saver: PodKey,
+/// A local snapshot one pod is making for others to use too: a fork snapshot it saves, or a
+/// clone base it pulls. The other pods that need it wait instead of making it again (which
+/// would replace it under the first pod's clone).
+pub struct SnapshotClaim {
+    pub maker: PodKey,
+    pub how: Making,
     pub waiting: BTreeSet<PodKey>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Making {
+    /// `snapshot save` of a fork source (C9).
+    ForkSave,
+    /// A registry pull of a clone base (C8.3).
+    Pull,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,7 +155,7 @@ impl State {
             dhcp_macs: BTreeMap::new(),
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
-            fork_saves: BTreeMap::new(),
+            snapshot_claims: BTreeMap::new(),
             out: Vec::new(),
             touched: Touched::default(),
         }
