@@ -30,6 +30,7 @@ pub struct Metrics {
     pull_duration: Histogram,
     peer_restore_duration: Histogram,
     peer_restore: IntCounterVec,
+    wake_renew_nudge: IntCounterVec,
     clone_from_dir: IntCounterVec,
     startup_resume: IntCounterVec,
     boot_duration: HistogramVec,
@@ -116,6 +117,12 @@ impl Metrics {
                 &r,
                 "cocoon_vk_snapshot_peer_restore_total",
                 "Wake-time copies of a hibernate snapshot from the node that pushed it",
+                &["result"],
+            ),
+            wake_renew_nudge: counter_vec(
+                &r,
+                "cocoon_vk_wake_renew_nudge_total",
+                "ipconfig /renew nudges sent to woken Windows guests still without a lease",
                 &["result"],
             ),
             pod_lifecycle: counter_vec(
@@ -278,6 +285,9 @@ impl Metrics {
             }
             Counter::SnapshotPeerRestore { result } => {
                 self.peer_restore.with_label_values(&[result]).inc()
+            }
+            Counter::WakeRenewNudge { result } => {
+                self.wake_renew_nudge.with_label_values(&[result]).inc()
             }
         }
     }

@@ -19,6 +19,7 @@ fn timer_key(t: &Timer) -> Option<&PodKey> {
         Timer::CreateRetry { key, .. }
         | Timer::Recheck { key, .. }
         | Timer::IpWait { key, .. }
+        | Timer::RenewNudge { key, .. }
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
         | Timer::EvictRetry { key, .. }

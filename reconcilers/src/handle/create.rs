@@ -262,7 +262,7 @@ fn wake_source(
             if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
                 c.scratch = Some(Scratch::Snapshot(import.clone()));
             }
-            let cmd = clone_cmd(
+            let cmd = wake_clone_cmd(
                 s,
                 spec,
                 CloneSource::Snapshot(import),
@@ -360,7 +360,7 @@ fn wake_registry(
             if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
                 c.scratch = Some(Scratch::Staging(staging));
             }
-            let cmd = clone_cmd(s, spec, CloneSource::FromDir(dir), true);
+            let cmd = wake_clone_cmd(s, spec, CloneSource::FromDir(dir), true);
             step(s, key, CreateStep::Clone, cmd);
         }
         // Any failure of the peer falls through to the registry.
@@ -478,8 +478,17 @@ fn verified(s: &mut State, result: &str) {
 }
 
 fn clone_local(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, pull: bool) {
-    let cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
+    let cmd = wake_clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
     step(s, key, CreateStep::Clone, cmd);
+}
+
+/// A wake's clone: a cloud-hypervisor Windows snapshot has no NIC, so the clone adds one (U7).
+fn wake_clone_cmd(s: &State, spec: &VmSpec, source: CloneSource, pull: bool) -> CocoonCmd {
+    let mut cmd = clone_cmd(s, spec, source, pull);
+    if let CocoonCmd::VmClone { nics, .. } = &mut cmd {
+        *nics = spec.drops_nic().then_some(1);
+    }
+    cmd
 }
 
 fn pull_hibernate(s: &mut State, key: &PodKey, name: String) {
@@ -1278,6 +1287,7 @@ fn clone_cmd(s: &State, spec: &VmSpec, source: CloneSource, pull: bool) -> Cocoo
         pull,
         restore_mode,
         cpu_policy: spec.cpu,
+        nics: None,
     }
 }
 
@@ -1365,6 +1375,16 @@ pub(crate) fn ready_wait(s: &mut State, key: &PodKey, wait: IpWait) {
         ip_arrived(s, key);
     } else if wait.has_deadline() {
         let uid = e.pod.uid.clone();
+        let nudge = wait == IpWait::Wake && e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
+        if nudge {
+            s.emit(Action::ArmTimer {
+                timer: Timer::RenewNudge {
+                    key: key.clone(),
+                    uid: uid.clone(),
+                },
+                after_ms: RENEW_NUDGE_MS,
+            });
+        }
         s.emit(Action::ArmTimer {
             timer: Timer::IpWait {
                 key: key.clone(),
@@ -1373,6 +1393,50 @@ pub(crate) fn ready_wait(s: &mut State, key: &PodKey, wait: IpWait) {
             after_ms: crate::dhcp::IP_WAIT_MS,
         });
     }
+}
+
+/// U7: 30 s into the 45 s lease wait.
+const RENEW_NUDGE_MS: u64 = 30_000;
+
+/// U7: a woken Windows guest still without a lease is asked once to renew it.
+pub(crate) fn renew_nudge(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    let id = match &e.phase {
+        Phase::Running(r) if r.ip_wait == Some(IpWait::Wake) && r.vm.ip.is_none() => {
+            r.vm.record.id.clone()
+        }
+        Phase::Running(_)
+        | Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => return,
+    };
+    let cmd = CocoonCmd::VmExec {
+        id,
+        argv: vec!["ipconfig".into(), "/renew".into()],
+    };
+    s.run_cocoon(
+        CocoonOwner::RenewNudge { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    );
+}
+
+/// The nudge's outcome: counted only; the lease wait decides (a failed exec may still have
+/// renewed the lease in the guest).
+pub(crate) fn nudged(s: &mut State, _key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    s.emit(Action::Count {
+        counter: Counter::WakeRenewNudge {
+            result: if result.is_ok() { "ok" } else { "failed" }.into(),
+        },
+    });
 }
 
 pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {

@@ -7,7 +7,7 @@ use crate::action::{Action, Counter, EventType, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
-use crate::phase::{HibernateStep, Hibernating, Object, Phase, Running};
+use crate::phase::{Failure, HibernateStep, Hibernating, NicStage, Object, Phase, Running};
 use crate::pod::PodKey;
 use crate::spec::Os;
 use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
@@ -61,13 +61,15 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
         return;
     };
     let id = running.vm.record.id.clone();
+    let drops_nic = e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
     lifecycle::set(s, key, Lifecycle::Hibernating, None);
-    let (step, cmd) = match running.vm.record.is_running() {
-        true => (
+    let (step, cmd) = match (running.vm.record.is_running(), drops_nic) {
+        (false, _) => (HibernateStep::Start, CocoonCmd::VmStart { id }),
+        (true, true) => (HibernateStep::ReleaseLease, guest(&id, "/release")),
+        (true, false) => (
             HibernateStep::Save,
             CocoonCmd::SnapshotSave { name, vm: id },
         ),
-        false => (HibernateStep::Start, CocoonCmd::VmStart { id }),
     };
     let op = s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
@@ -85,6 +87,43 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
             cancel: None,
         });
     }
+}
+
+/// `ipconfig <arg>` in the Windows guest.
+fn guest(id: &str, arg: &str) -> CocoonCmd {
+    CocoonCmd::VmExec {
+        id: id.to_string(),
+        argv: vec!["ipconfig".into(), arg.into()],
+    }
+}
+
+/// The next step's call.
+fn call(s: &mut State, key: &PodKey, step: HibernateStep, cmd: CocoonCmd) {
+    let op = s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    );
+    next(s, key, step, op);
+}
+
+/// Whether the VM is without its NIC at this step (U4 puts it back).
+fn nic_dropped(s: &State, key: &PodKey, step: &HibernateStep) -> bool {
+    let drops = s
+        .pod(key)
+        .is_some_and(|e| e.spec.as_ref().is_ok_and(|sp| sp.drops_nic()));
+    drops
+        && match step {
+            HibernateStep::Save
+            | HibernateStep::SaveAgain
+            | HibernateStep::RemoveTakenSave
+            | HibernateStep::Push
+            | HibernateStep::Remove => true,
+            HibernateStep::Start
+            | HibernateStep::ReleaseLease
+            | HibernateStep::DropNic
+            | HibernateStep::RestoreNic { .. } => false,
+        }
 }
 
 fn next(s: &mut State, key: &PodKey, step: HibernateStep, op: crate::action::OpId) {
@@ -112,7 +151,12 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     let Phase::Hibernating(h) = &e.phase else {
         return;
     };
-    let (step, since, cancel) = (h.step, h.since, h.cancel);
+    let (step, since, cancel, id) = (
+        h.step.clone(),
+        h.since,
+        h.cancel,
+        h.running.vm.record.id.clone(),
+    );
     let Some(name) = e.vm_name().map(str::to_string) else {
         return;
     };
@@ -127,21 +171,61 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNotFound};
     match (step, result) {
         (HibernateStep::Start, Ok(CocoonOk::Done)) => {
-            let Some(Phase::Hibernating(h)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-                return;
-            };
-            // Started: a rollback from here on puts back a running VM.
-            h.running.vm.record.state = "running".into();
-            let cmd = CocoonCmd::SnapshotSave {
-                name,
-                vm: h.running.vm.record.id.clone(),
-            };
-            let op = s.run_cocoon(
-                CocoonOwner::Pod { key: key.clone() },
-                Some(key.clone()),
-                cmd,
+            let drops_nic = s
+                .pod(key)
+                .is_some_and(|e| e.spec.as_ref().is_ok_and(|sp| sp.drops_nic()));
+            if let Some(Phase::Hibernating(h)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+                // Started: a rollback from here on puts back a running VM.
+                h.running.vm.record.state = "running".into();
+            }
+            match drops_nic {
+                true => call(s, key, HibernateStep::ReleaseLease, guest(&id, "/release")),
+                false => call(
+                    s,
+                    key,
+                    HibernateStep::Save,
+                    CocoonCmd::SnapshotSave { name, vm: id },
+                ),
+            }
+        }
+        // Best effort: a guest that cannot give its lease back loses it with the NIC anyway.
+        (HibernateStep::ReleaseLease, result) => {
+            count(
+                s,
+                "dhcp_release",
+                if result.is_ok() { "ok" } else { "failed" },
             );
-            next(s, key, HibernateStep::Save, op);
+            call(
+                s,
+                key,
+                HibernateStep::DropNic,
+                CocoonCmd::VmNet { id, nics: 0 },
+            );
+        }
+        (HibernateStep::DropNic, Ok(CocoonOk::Done)) => {
+            count(s, "netresize", "ok");
+            call(
+                s,
+                key,
+                HibernateStep::Save,
+                CocoonCmd::SnapshotSave { name, vm: id },
+            );
+        }
+        // The NIC is still there: only the released lease is renewed.
+        (HibernateStep::DropNic, Err(err)) => {
+            count(s, "netresize", "failed");
+            let failed = Failure {
+                reason: "HibernateNetResizeFailed".into(),
+                message: format!("hibernate: vm net --nics 0 {name}: {}", err.message),
+            };
+            let step = HibernateStep::RestoreNic {
+                stage: NicStage::Renew,
+                failed,
+            };
+            call(s, key, step, guest(&id, "/renew"));
+        }
+        (HibernateStep::RestoreNic { stage, failed }, result) => {
+            restore_nic(s, key, &id, stage, failed, result)
         }
         (HibernateStep::Start, Err(err)) => {
             // Not a phase of `cocoon_vk_hibernate_total`: the Warning and the update
@@ -231,6 +315,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
         }
         (
             step @ (HibernateStep::Start
+            | HibernateStep::DropNic
             | HibernateStep::Save
             | HibernateStep::SaveAgain
             | HibernateStep::RemoveTakenSave
@@ -331,6 +416,79 @@ fn hibernated(s: &mut State, key: &PodKey) {
 /// U4: back to Running as it was (its `id` and `ip` re-applied by the next publish),
 /// lifecycle `failed`, a Warning, and a retry with backoff while `hibernate=true` remains.
 fn roll_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
+    let step = match s.pod(key).map(|e| &e.phase) {
+        Some(Phase::Hibernating(h)) => h.step.clone(),
+        Some(_) | None => return,
+    };
+    if nic_dropped(s, key, &step) {
+        let Some(id) = s.pod(key).and_then(|e| e.vm()).map(|v| v.record.id.clone()) else {
+            return;
+        };
+        let failed = Failure {
+            reason: reason.into(),
+            message: msg,
+        };
+        let step = HibernateStep::RestoreNic {
+            stage: NicStage::Add,
+            failed,
+        };
+        return call(s, key, step, CocoonCmd::VmNet { id, nics: 1 });
+    }
+    rolled_back(s, key, reason, msg)
+}
+
+/// U4 after a NIC drop: the NIC back, the VM's new MAC, a lease renewal, each best effort
+/// (a VM left without its NIC still runs, and a failed lifecycle says why); then the pod
+/// goes back to Running.
+fn restore_nic(
+    s: &mut State,
+    key: &PodKey,
+    id: &str,
+    stage: NicStage,
+    failed: Failure,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    if let Err(err) = &result {
+        s.emit(Action::Log {
+            level: Level::Warn,
+            message: format!("pod {key}: rollback {stage:?} of the NIC: {}", err.message),
+        });
+    }
+    match (stage, result) {
+        (NicStage::Add, Ok(_) | Err(_)) => {
+            let step = HibernateStep::RestoreNic {
+                stage: NicStage::Inspect,
+                failed,
+            };
+            call(s, key, step, CocoonCmd::VmInspect { vm: id.to_string() });
+        }
+        (NicStage::Inspect, Ok(CocoonOk::Vm { vm })) => {
+            // The new NIC has a new MAC: the old one's index and IP go until its lease shows.
+            if let Some(old) = s.pod(key).and_then(|e| e.vm()).cloned() {
+                tracking::unindex(s, key, &old);
+            }
+            if let Some(Phase::Hibernating(h)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+                h.running.vm.record = vm;
+                h.running.vm.ip = None;
+            }
+            let step = HibernateStep::RestoreNic {
+                stage: NicStage::Renew,
+                failed,
+            };
+            call(s, key, step, guest(id, "/renew"));
+        }
+        (NicStage::Inspect, Ok(_) | Err(_)) => {
+            let step = HibernateStep::RestoreNic {
+                stage: NicStage::Renew,
+                failed,
+            };
+            call(s, key, step, guest(id, "/renew"));
+        }
+        (NicStage::Renew, Ok(_) | Err(_)) => rolled_back(s, key, &failed.reason, failed.message),
+    }
+}
+
+fn rolled_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Hibernating(h) = &e.phase else {
         return;
@@ -338,7 +496,8 @@ fn roll_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     let (running, attempts) = (h.running.clone(), h.attempts + 1);
     e.phase = Phase::Running(running);
     let uid = e.pod.uid.clone();
-    s.touched.insert(key);
+    // The VM may have come back with another NIC (U4): index what it has now.
+    tracking::indexed(s, key);
     create::warn_event(s, key, reason, &msg);
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
     s.emit(Action::Count {

@@ -9,6 +9,7 @@ pub fn fired(s: &mut State, timer: Timer) {
         Timer::CreateRetry { key, uid } => create::retry(s, &key, &uid),
         Timer::Recheck { key, uid } => vm_events::recheck(s, &key, &uid),
         Timer::IpWait { key, uid } => create::ip_wait_expired(s, &key, &uid),
+        Timer::RenewNudge { key, uid } => create::renew_nudge(s, &key, &uid),
         Timer::KubeRetry { key, uid } => publish::retry(s, &key, &uid),
         Timer::DeleteRetry { key, uid } => delete::retry(s, &key, &uid),
         Timer::EvictRetry { key, uid } => evict::retry(s, &key, &uid),

@@ -43,7 +43,7 @@ impl<'a> Wanted<'a> {
         // U3 step 5, U5 step 2: while a VM is handed to the registry and until its successor
         // runs, the pod must not name one (the operator's wake gate reads `id`).
         let withdrawn = match &e.phase {
-            Phase::Hibernating(h) => h.step == HibernateStep::Remove,
+            Phase::Hibernating(h) => matches!(h.step, HibernateStep::Remove),
             Phase::Hibernated => true,
             Phase::Creating(c) => c.purpose != Purpose::Fresh,
             Phase::Waiting

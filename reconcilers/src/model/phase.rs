@@ -297,12 +297,17 @@ pub struct Hibernating {
     pub cancel: Option<Object>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
 pub enum HibernateStep {
     /// B9: the VM found stopped after a restart is booted first (`vm start`), since only a
     /// running VM can be saved.
     Start,
+    /// U3, cloud-hypervisor + Windows: the guest gives its lease back (`ipconfig /release`),
+    /// best effort.
+    ReleaseLease,
+    /// U3, cloud-hypervisor + Windows: the NIC is hot-removed, so the snapshot has none.
+    DropNic,
     Save,
     /// The name was taken and its holder removed: the second save, whose refusal is final.
     SaveAgain,
@@ -310,6 +315,31 @@ pub enum HibernateStep {
     Push,
     /// `vm rm`: the `id` and `ip` annotations are already withdrawn.
     Remove,
+    /// U4: a step failed after the NIC was dropped (or the drop itself failed): the NIC is
+    /// put back, the VM inspected for its new MAC and the guest asked to renew its lease, and
+    /// then the pod goes back to Running with `failed`.
+    RestoreNic {
+        stage: NicStage,
+        failed: Failure,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NicStage {
+    /// `vm net --nics 1`.
+    Add,
+    /// `vm inspect`: the new NIC's MAC.
+    Inspect,
+    /// `ipconfig /renew` in the guest.
+    Renew,
+}
+
+/// Why a hibernate is rolled back: the Warning's reason and the lifecycle message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub reason: String,
+    pub message: String,
 }
 
 /// Why a pod was evicted: the container's terminated reason (S6).

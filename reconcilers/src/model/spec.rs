@@ -98,6 +98,12 @@ pub enum Role {
 }
 
 impl VmSpec {
+    /// U3, U7: a cloud-hypervisor Windows guest hibernates without its NIC (the snapshot
+    /// holds none), and its wake hot-adds a fresh one.
+    pub fn drops_nic(&self) -> bool {
+        self.os == Os::Windows && self.backend == Backend::CloudHypervisor
+    }
+
     /// ANN-2.4: slot N of `vk-<namespace>-<cocoonset>-<N>` under a CocoonSet owner; slot 0 is
     /// the main agent, any other slot a sub-agent, anything else a toolbox.
     pub fn role(&self, pod: &PodView) -> Role {

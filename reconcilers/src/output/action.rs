@@ -20,6 +20,9 @@ pub enum Timer {
     Recheck { key: PodKey, uid: String },
     /// The wait for a clone's DHCP lease ran out (C16).
     IpWait { key: PodKey, uid: String },
+    /// U7: a cloud-hypervisor Windows guest woken with a fresh NIC and still without a lease
+    /// is nudged once (`ipconfig /renew`).
+    RenewNudge { key: PodKey, uid: String },
     /// Retry a Kubernetes write that failed with a transient error.
     KubeRetry { key: PodKey, uid: String },
     /// Retry a failed VM removal of a pod being deleted.
@@ -125,6 +128,9 @@ pub enum Counter {
         verdict: String,
     },
     SnapshotPeerRestore {
+        result: String,
+    },
+    WakeRenewNudge {
         result: String,
     },
 }

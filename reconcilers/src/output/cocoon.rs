@@ -52,6 +52,10 @@ pub enum CocoonCmd {
         pull: bool,
         restore_mode: Option<RestoreMode>,
         cpu_policy: CpuPolicy,
+        /// `--nics`: a cloud-hypervisor + Windows hibernate snapshot has none, and its clone
+        /// hot-adds one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nics: Option<u32>,
     },
     VmInspect {
         vm: String,
@@ -62,6 +66,16 @@ pub enum CocoonCmd {
     },
     VmStart {
         id: String,
+    },
+    /// A command in the guest through cocoon's agent; only its exit status is used.
+    VmExec {
+        id: String,
+        argv: Vec<String>,
+    },
+    /// Hot-resizes the VM's NIC count.
+    VmNet {
+        id: String,
+        nics: u32,
     },
     SnapshotInspect {
         name: String,
@@ -143,9 +157,14 @@ impl CocoonCmd {
                 pull,
                 restore_mode,
                 cpu_policy,
+                nics,
             } => {
                 for s in ["vm", "clone", "--output", "json", "--name", name] {
                     push(s);
+                }
+                if let Some(n) = nics {
+                    push("--nics");
+                    push(&n.to_string());
                 }
                 if let Some(n) = network {
                     push("--network");
@@ -190,6 +209,19 @@ impl CocoonCmd {
                     push(s);
                 }
             }
+            CocoonCmd::VmExec { id, argv } => {
+                for s in ["vm", "exec", id, "--"] {
+                    push(s);
+                }
+                for s in argv {
+                    push(s);
+                }
+            }
+            CocoonCmd::VmNet { id, nics } => {
+                for s in ["vm", "net", "--nics", &nics.to_string(), id] {
+                    push(s);
+                }
+            }
             CocoonCmd::SnapshotInspect { name } => {
                 for s in ["snapshot", "inspect", name] {
                     push(s);
@@ -226,6 +258,8 @@ impl CocoonCmd {
             CocoonCmd::ImagePull { .. }
             | CocoonCmd::VmRm { .. }
             | CocoonCmd::VmStart { .. }
+            | CocoonCmd::VmExec { .. }
+            | CocoonCmd::VmNet { .. }
             | CocoonCmd::SnapshotRm { .. }
             | CocoonCmd::SnapshotSave { .. } => Output::Nothing,
         }

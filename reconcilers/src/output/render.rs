@@ -46,6 +46,7 @@ pub fn timer(t: &Timer) -> String {
         Timer::CreateRetry { key, .. } => ("create-retry", key),
         Timer::Recheck { key, .. } => ("recheck", key),
         Timer::IpWait { key, .. } => ("lease-wait", key),
+        Timer::RenewNudge { key, .. } => ("renew-nudge", key),
         Timer::KubeRetry { key, .. } => ("kube-retry", key),
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
@@ -84,6 +85,7 @@ pub fn counter(c: &Counter) -> String {
         Counter::SnapshotPeerRestore { result } => {
             format!("snapshot_peer_restore{{result={result}}}")
         }
+        Counter::WakeRenewNudge { result } => format!("wake_renew_nudge{{result={result}}}"),
         Counter::HibernateEvidence { verdict } => {
             format!("hibernate_evidence{{verdict={verdict}}}")
         }

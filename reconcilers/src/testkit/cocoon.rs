@@ -158,6 +158,32 @@ impl FakeCocoon {
                 }
                 None => fail(format!("Error: vm {id}: VM not found")),
             },
+            CocoonCmd::VmExec { id, .. } => match self.find(id) {
+                Some(vm) if vm.is_running() => Ok(CocoonOk::Done),
+                Some(_) => fail("Error: exec: VM not running".into()),
+                None => fail(format!("Error: vm {id}: VM not found")),
+            },
+            // The record shows the first NIC only: none after a drop, a fresh MAC after an add.
+            CocoonCmd::VmNet { id, nics } => {
+                self.next_id += 1;
+                let fresh = format!(
+                    "02:00:00:00:{:02x}:{:02x}",
+                    (self.next_id >> 8) & 0xff,
+                    self.next_id & 0xff
+                );
+                match self.vms.get_mut(id) {
+                    Some(vm) if vm.is_running() => {
+                        match (*nics, vm.mac.is_some()) {
+                            (0, _) => vm.mac = None,
+                            (_, false) => vm.mac = Some(fresh),
+                            (_, true) => {}
+                        }
+                        Ok(CocoonOk::Done)
+                    }
+                    Some(_) => fail("Error: vm net: VM not running".into()),
+                    None => fail(format!("Error: vm {id}: VM not found")),
+                }
+            }
             CocoonCmd::VmStart { id } => {
                 self.next_id += 1;
                 let pid = 5000 + self.next_id as i64;
