@@ -49,7 +49,7 @@ fn the_demo_run_creates_three_pods_evicts_one_and_deletes_one() {
     let web = rendered_for(&w, "default/web");
     assert!(w.log.iter().flat_map(|(_, a)| a).any(|a| matches!(a,
         Action::RunCocoon { key: Some(k), cmd, .. }
-            if k.name() == "web" && cmd.argv().join(" ") == "vm rm --force V001")));
+            if k.name() == "web" && cmd.argv().join(" ") == "vm rm --force -- V001")));
     assert!(web.iter().any(|l| l.contains("phase=Succeeded")));
     assert_eq!(
         w.counters.get("pod_lifecycle{op=create,result=ok,reason=}"),

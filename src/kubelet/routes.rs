@@ -122,7 +122,7 @@ pub async fn container_logs(
             format!("vk-cocoon: Windows guest: use RDP to {ip}\n"),
         );
     }
-    let argv = ["vm", "logs", "--tail", &tail.to_string(), &vm.vm_id].map(str::to_string);
+    let argv = ["vm", "logs", "--tail", &tail.to_string(), "--", &vm.vm_id].map(str::to_string);
     match ctx.cocoon.run(&argv).await {
         Ok(out) => text(StatusCode::OK, out),
         Err(e) if e.kind == reconcilers::vm::CocoonErrorKind::VmNotFound => {

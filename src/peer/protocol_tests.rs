@@ -539,7 +539,7 @@ async fn names_resolve_through_cocoon_snapshot_inspect() {
         &script,
         format!(
             "#!/bin/sh\n\
-             [ \"$1 $2 $3\" = \"snapshot inspect vm-a\" ] && {{ printf '{{\"id\":\"{ID}\",\"name\":\"vm-a\"}}\\n'; exit 0; }}\n\
+             [ \"$1 $2 $3 $4\" = \"snapshot inspect -- vm-a\" ] && {{ printf '{{\"id\":\"{ID}\",\"name\":\"vm-a\"}}\\n'; exit 0; }}\n\
              echo 'Error: inspect: snapshot not found' >&2\nexit 1\n"
         ),
     )

@@ -104,6 +104,7 @@ impl CocoonCmd {
                 if *force {
                     push("--force");
                 }
+                push("--");
                 push(image);
             }
             CocoonCmd::VmRun {
@@ -147,6 +148,7 @@ impl CocoonCmd {
                 if *no_direct_io {
                     push("--no-direct-io");
                 }
+                push("--");
                 push(image);
             }
             CocoonCmd::VmClone {
@@ -182,7 +184,10 @@ impl CocoonCmd {
                 }
                 cpu_flags(&mut push, cpu_policy);
                 match source {
-                    CloneSource::Snapshot(s) => push(s),
+                    CloneSource::Snapshot(s) => {
+                        push("--");
+                        push(s);
+                    }
                     CloneSource::FromDir(d) => {
                         push("--from-dir");
                         push(d);
@@ -190,7 +195,7 @@ impl CocoonCmd {
                 }
             }
             CocoonCmd::VmInspect { vm } => {
-                for s in ["vm", "inspect", vm] {
+                for s in ["vm", "inspect", "--", vm] {
                     push(s);
                 }
             }
@@ -200,15 +205,17 @@ impl CocoonCmd {
                 }
             }
             CocoonCmd::VmRm { id } => {
-                for s in ["vm", "rm", "--force", id] {
+                for s in ["vm", "rm", "--force", "--", id] {
                     push(s);
                 }
             }
             CocoonCmd::VmStart { id } => {
-                for s in ["vm", "start", id] {
+                for s in ["vm", "start", "--", id] {
                     push(s);
                 }
             }
+            // The one verb whose REF comes before `--`: cocoon splits REF from the guest's
+            // argv at the dash. REF is a VM id the core took from cocoon itself.
             CocoonCmd::VmExec { id, argv } => {
                 for s in ["vm", "exec", id, "--"] {
                     push(s);
@@ -218,27 +225,27 @@ impl CocoonCmd {
                 }
             }
             CocoonCmd::VmNet { id, nics } => {
-                for s in ["vm", "net", "--nics", &nics.to_string(), id] {
+                for s in ["vm", "net", "--nics", &nics.to_string(), "--", id] {
                     push(s);
                 }
             }
             CocoonCmd::SnapshotInspect { name } => {
-                for s in ["snapshot", "inspect", name] {
+                for s in ["snapshot", "inspect", "--", name] {
                     push(s);
                 }
             }
             CocoonCmd::SnapshotRm { name } => {
-                for s in ["snapshot", "rm", name] {
+                for s in ["snapshot", "rm", "--", name] {
                     push(s);
                 }
             }
             CocoonCmd::SnapshotSave { name, vm } => {
-                for s in ["snapshot", "save", "--name", name, vm] {
+                for s in ["snapshot", "save", "--name", name, "--", vm] {
                     push(s);
                 }
             }
             CocoonCmd::ReconcileStaleCreate { id } => {
-                for s in ["vm", "reconcile-stale-create", id, "-o", "json"] {
+                for s in ["vm", "reconcile-stale-create", "-o", "json", "--", id] {
                     push(s);
                 }
             }
