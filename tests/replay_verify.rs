@@ -200,8 +200,8 @@ fn altered_actions_with_a_recomputed_chain_fail_in_the_reducer_comparison() {
         err.contains(&format!("(seq {seq}): the reducer's actions differ")),
         "{err}"
     );
-    assert!(err.contains("image pull evil/image:1"), "{err}");
-    assert!(err.contains("image pull ubuntu:24.04"), "{err}");
+    assert!(err.contains("image pull -- evil/image:1"), "{err}");
+    assert!(err.contains("image pull -- ubuntu:24.04"), "{err}");
 
     // Without --verify the difference is noted in the timeline and the replay goes on.
     let out = vk_cocoon().arg("replay").arg(&path).output().unwrap();
