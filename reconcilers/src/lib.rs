@@ -25,7 +25,7 @@ pub use handle::dhcp;
 pub use handle::lifecycle;
 use handle::{
     create, delete, evict, hibernate, intake, outcome, probe, publish, snapshot, stale_create,
-    startup, sweep, timers, tracking, vm_events,
+    startup, sweep, timers, tracking, trust, vm_events,
 };
 
 pub use action::{Action, OpId, Timer};

@@ -29,6 +29,9 @@ const MAX_ATTEMPTS: u32 = 20;
 pub fn begin(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
     let Ok(spec) = e.spec.clone() else { return };
+    if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
+        return fail(s, key, msg);
+    }
     let (attempts, last_failure) = e.phase.prior_failure();
     lifecycle::set(s, key, Lifecycle::Creating, None);
     let owner = || RegistryOwner::Pod { key: key.clone() };
@@ -584,7 +587,6 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::ClassifyImage
             | CreateStep::ImportCloudImage
             | CreateStep::InspectSnapshot { .. }
-            | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
             | CreateStep::InspectNameTaken
@@ -655,6 +657,20 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             );
             booted(s, key, record)
         }
+        // T1: a VM another pod holds is never handed over, whatever its name says.
+        (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm }))
+            if s.vm_ids.get(&vm.id).is_some_and(|k| k != key) =>
+        {
+            let other = s.vm_ids[&vm.id].clone();
+            fail(
+                s,
+                key,
+                format!(
+                    "VM name {:?} belongs to pod {other} (VM {}); give this pod another vm.cocoonstack.io/name",
+                    spec.vm_name, vm.id
+                ),
+            )
+        }
         (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm }))
             if vm.is_running() && vm.name == spec.vm_name =>
         {
@@ -681,9 +697,6 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             Some(source) => fork_source(s, key, source),
             None => pull(s, key, &spec, name),
         },
-        (CreateStep::InspectForkSource, Ok(CocoonOk::Vm { vm })) => {
-            save_fork(s, key, &vm.name, vm.id, false)
-        }
         (
             CreateStep::SaveForkSnapshot { vm, again: false },
             Err(CocoonError {
@@ -732,7 +745,6 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::Clone
             | CreateStep::InspectNameTaken
             | CreateStep::InspectSnapshot { .. }
-            | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
             | CreateStep::PullSnapshot { .. }
@@ -777,12 +789,6 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         CreateStep::Clone => format!("vm clone {}", spec.vm_name),
         CreateStep::InspectAfterBoot { record } => format!("vm inspect {}", record.id),
         CreateStep::InspectSnapshot { name } => format!("snapshot inspect {name}"),
-        CreateStep::InspectForkSource => {
-            format!(
-                "vm inspect {}",
-                spec.fork_from.as_deref().unwrap_or_default()
-            )
-        }
         CreateStep::SaveForkSnapshot { .. } | CreateStep::RemoveTakenFork { .. } => {
             format!("snapshot save {}", fork())
         }
@@ -803,6 +809,9 @@ fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
         let cmd = clone_cmd(s, spec, CloneSource::FromDir(dir.clone()), true);
         step(s, key, CreateStep::Clone, cmd);
     } else if let Some(source) = &spec.fork_from {
+        if let Some(msg) = crate::trust::fork_refused(s, key, source) {
+            return fail(s, key, msg);
+        }
         let name = names::fork_snapshot(source);
         step(
             s,
@@ -1126,6 +1135,7 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
             s.snapshot_claims.insert(name, save);
         }
     }
+    // T2 let only a source some pod here holds through; it may have let go of it since.
     let tracked = s
         .vm_names
         .get(source)
@@ -1136,13 +1146,10 @@ fn fork_source(s: &mut State, key: &PodKey, source: &str) {
             let id = vm.record.id.clone();
             save_fork(s, key, source, id, false);
         }
-        None => step(
+        None => fail(
             s,
             key,
-            CreateStep::InspectForkSource,
-            CocoonCmd::VmInspect {
-                vm: source.to_string(),
-            },
+            format!("fork-from {source:?}: the source VM is no longer running on this node"),
         ),
     }
 }
@@ -1154,7 +1161,6 @@ fn settle_snapshot_claim(s: &mut State, key: &PodKey) {
     let saving = match s.pod(key).map(|e| &e.phase) {
         Some(Phase::Creating(c)) => match &c.step {
             CreateStep::InspectSnapshot { .. }
-            | CreateStep::InspectForkSource
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::RemoveTakenFork { .. }
             | CreateStep::PullSnapshot { .. } => true,
@@ -1660,7 +1666,6 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
                 | CreateStep::ImportCloudImage
                 | CreateStep::Run
                 | CreateStep::InspectSnapshot { .. }
-                | CreateStep::InspectForkSource
                 | CreateStep::SaveForkSnapshot { .. }
                 | CreateStep::RemoveTakenFork { .. }
                 | CreateStep::InspectNameTaken

@@ -137,6 +137,16 @@ fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
 }
 
 pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
+    // T1: another pod's snapshots under a name this pod only claimed are not this pod's.
+    if let Some(other) = crate::trust::name_holder(s, key, name) {
+        s.emit(Action::Log {
+            level: Level::Warn,
+            message: format!(
+                "pod {key}: local snapshots of {name} are left alone: the name belongs to pod {other}"
+            ),
+        });
+        return;
+    }
     for snap in [name.to_string(), names::fork_snapshot(name)] {
         snapshot::remove_detached(s, key, snap);
     }

@@ -19,4 +19,5 @@ pub(crate) mod startup;
 pub(crate) mod sweep;
 pub(crate) mod timers;
 pub(crate) mod tracking;
+pub(crate) mod trust;
 pub(crate) mod vm_events;

@@ -43,7 +43,15 @@ pub fn try_start(s: &mut State) {
         crate::stale_create::begin(s, vm);
     }
     let mut claimed: BTreeSet<String> = BTreeSet::new();
-    let keys: Vec<PodKey> = s.pods.keys();
+    // T3: when pods contest a VM, the oldest claims it first (then key order), so a pod made
+    // later to name another's VM never wins it.
+    let mut keys: Vec<PodKey> = s.pods.keys();
+    keys.sort_by_key(|k| {
+        (
+            s.pods[k].pod.creation_timestamp.unwrap_or(i64::MAX),
+            k.clone(),
+        )
+    });
     for key in &keys {
         let e = &s.pods[key];
         if e.pod.is_terminal() || e.pod.deletion_timestamp.is_some() {
@@ -69,9 +77,11 @@ pub fn try_start(s: &mut State) {
             .annotation(keys::VM_ID)
             .map(str::to_string)
             .filter(|i| !i.is_empty());
-        let by_id = id
-            .as_ref()
-            .and_then(|id| vms.iter().find(|v| &v.id == id && !claimed.contains(&v.id)));
+        // T3: the id annotation alone is no claim: the VM must also carry the pod's VM name.
+        let by_id = id.as_ref().and_then(|id| {
+            vms.iter()
+                .find(|v| &v.id == id && v.name == spec.vm_name && !claimed.contains(&v.id))
+        });
         let by_name = || {
             vms.iter()
                 .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id))

@@ -13,6 +13,12 @@ pub fn valid_vm_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
 }
 
+/// A VM id as cocoon prints it, or as an unmanaged pod names one: the VM-name alphabet,
+/// so an annotation can never reach argv as a flag or a path.
+pub fn valid_vm_id(s: &str) -> bool {
+    valid_vm_name(s)
+}
+
 /// An image or registry reference: printable, no blanks, and not a flag.
 pub fn valid_image_ref(s: &str) -> bool {
     !s.is_empty()

@@ -147,7 +147,6 @@ pub enum CreateStep {
     InspectSnapshot {
         name: String,
     },
-    InspectForkSource,
     /// `again`: the name was taken and its holder removed; a second refusal is final.
     SaveForkSnapshot {
         vm: String,

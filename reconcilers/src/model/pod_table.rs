@@ -64,6 +64,12 @@ impl PodTable {
         all
     }
 
+    /// The smallest key whose entry satisfies `f`: an answer that does not depend on the
+    /// table's layout, without sorting it.
+    pub fn first_where(&self, f: impl Fn(&PodKey, &PodEntry) -> bool) -> Option<&PodKey> {
+        self.0.iter().filter(|(k, e)| f(k, e)).map(|(k, _)| k).min()
+    }
+
     /// Every key in order.
     pub fn keys(&self) -> Vec<PodKey> {
         self.sorted().into_iter().map(|(k, _)| k.clone()).collect()

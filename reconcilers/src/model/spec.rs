@@ -316,6 +316,12 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         if ip.parse::<core::net::Ipv4Addr>().is_err() {
             return Err(err(keys::VM_IP, format!("{ip:?} is not an IPv4 address")));
         }
+        if !crate::names::valid_vm_id(id) {
+            return Err(err(
+                keys::VM_ID,
+                format!("{id:?} is not a VM id (letters, digits, '.', '_', '-'; 63 at most)"),
+            ));
+        }
         (Some(id.to_string()), Some(ip.to_string()))
     };
     Ok(VmSpec {

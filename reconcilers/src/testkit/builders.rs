@@ -77,6 +77,12 @@ impl PodBuilder {
         self
     }
 
+    /// When the API server made the pod.
+    pub fn created(mut self, at: Millis) -> Self {
+        self.pod.creation_timestamp = Some(at);
+        self
+    }
+
     /// CPU request and limit of container 0; `""` leaves one unset.
     pub fn cpu(self, req: &str, lim: &str) -> Self {
         self.resource("cpu", req, lim)

@@ -311,6 +311,7 @@ impl Runner {
                 "run" => b.run(&v),
                 "clone" => b.clone_of(&v),
                 "uid" => b.uid(&v),
+                "created" => b.created(duration_ms(&v) as i64),
                 "vm" if v == "-" => b.no_vm_name(),
                 "cpu" | "memory" => {
                     let (req, lim) = v.split_once('/').unwrap_or((&v, ""));
