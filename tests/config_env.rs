@@ -43,6 +43,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_COCOON_MACOS_BIN", "/opt/cocoon-macos"),
     ("COCOON_MACOS_VNC_PASSWORD", "s3cret"),
     ("VK_RESTORE_MODE", "mmap"),
+    ("VK_CLONE_FROM_DIR_ROOT", "/data/import"),
     ("VK_STAGING_DIR", "/data/staging"),
     ("VK_COCOON_SNAPSHOT_DIR", "/data/snap"),
     ("COCOON_ROOT_DIR", "/data/cocoon"),
@@ -127,6 +128,7 @@ fn every_variable_is_read() {
     assert_eq!(c.snapshot.concurrency, 16);
     assert_eq!(c.snapshot.memory_budget_mib, 4096);
     assert_eq!(c.snapshot.pull_budget_mib, 1024);
+    assert_eq!(c.clone_from_dir_root, Some(PathBuf::from("/data/import")));
     let j = c.journal.as_ref().expect("journal on");
     assert_eq!(j.path, PathBuf::from("/data/journal/ev.jsonl"));
     assert_eq!((j.max_bytes, j.files), (16 << 20, 3));

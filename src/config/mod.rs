@@ -130,6 +130,9 @@ pub struct Config {
     pub macos_vnc_password: Option<Secret>,
     pub restore_mode: RestoreMode,
     pub staging_dir: PathBuf,
+    /// T4: the only directory `clone-from-dir` paths may lie under; unset, the annotation is
+    /// refused.
+    pub clone_from_dir_root: Option<PathBuf>,
     pub cocoon_snapshot_dir: PathBuf,
     pub cocoon_root_dir: PathBuf,
     pub cgroup_parent: String,
@@ -366,6 +369,7 @@ impl Config {
             _ => Err("must be one of copy, ondemand, mmap".into()),
         });
         let staging_dir = e.path("VK_STAGING_DIR", "/var/lib/cocoon/vk-staging");
+        let clone_from_dir_root = e.parsed("VK_CLONE_FROM_DIR_ROOT", parse::absolute_dir);
         let cocoon_snapshot_dir = e.path(
             "VK_COCOON_SNAPSHOT_DIR",
             "/var/lib/cocoon/snapshot/localfile",
@@ -438,6 +442,7 @@ impl Config {
             macos_vnc_password,
             restore_mode,
             staging_dir,
+            clone_from_dir_root,
             cocoon_snapshot_dir,
             cocoon_root_dir,
             cgroup_parent,
@@ -464,6 +469,10 @@ impl Config {
             cpu_class: self.snapshot_cpu_class.clone(),
             restore_mode: self.restore_mode,
             release_dhcp_leases: self.cocoon_net_control_socket.is_some(),
+            clone_from_dir_root: self
+                .clone_from_dir_root
+                .as_ref()
+                .map(|p| p.display().to_string()),
         }
     }
 }

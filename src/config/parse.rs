@@ -128,3 +128,46 @@ mod tests {
         }
     }
 }
+
+/// An absolute directory path, already clean (no `.`, `..`, doubled or trailing `/`): the
+/// root `clone-from-dir` paths are compared against component by component.
+pub fn absolute_dir(s: &str) -> Result<std::path::PathBuf, String> {
+    let p = std::path::Path::new(s);
+    if !p.is_absolute() {
+        return Err("must be an absolute path".into());
+    }
+    let clean: std::path::PathBuf = p.components().collect();
+    if clean.as_os_str() != p.as_os_str()
+        || p.components().any(|c| {
+            matches!(
+                c,
+                std::path::Component::CurDir | std::path::Component::ParentDir
+            )
+        })
+    {
+        return Err(format!("must be a clean path (like {})", clean.display()));
+    }
+    Ok(clean)
+}
+
+#[cfg(test)]
+mod clone_root_tests {
+    use super::absolute_dir;
+
+    #[test]
+    fn the_clone_from_dir_root_is_absolute_and_clean() {
+        assert_eq!(
+            absolute_dir("/var/lib/cocoon/import").unwrap(),
+            std::path::PathBuf::from("/var/lib/cocoon/import")
+        );
+        for bad in [
+            "import",
+            "/var/../etc",
+            "/var/./lib",
+            "/var//lib",
+            "/var/lib/",
+        ] {
+            assert!(absolute_dir(bad).is_err(), "{bad} was accepted");
+        }
+    }
+}

@@ -64,6 +64,11 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
         },
         "VK_RESTORE_MODE" => c.restore_mode.as_str().to_string(),
         "VK_STAGING_DIR" => path(&c.staging_dir),
+        "VK_CLONE_FROM_DIR_ROOT" => c
+            .clone_from_dir_root
+            .as_deref()
+            .map(path)
+            .unwrap_or_else(|| "(unset: clone-from-dir is refused)".into()),
         "VK_COCOON_SNAPSHOT_DIR" => path(&c.cocoon_snapshot_dir),
         "COCOON_ROOT_DIR" => path(&c.cocoon_root_dir),
         "COCOON_CGROUP_PARENT" => c.cgroup_parent.clone(),

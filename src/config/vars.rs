@@ -77,7 +77,7 @@ pub const VARS: &[Var] = &[
     var(
         "GOOGLE_APPLICATION_CREDENTIALS",
         "unset",
-        "service-account file used to push (GCP ADC)",
+        "service-account file for GCP application default credentials, used by the credential helper the Docker config names (docker-credential-gcloud), which inherits the daemon's environment",
     ),
     var(
         "VK_ORPHAN_POLICY",
@@ -109,6 +109,11 @@ pub const VARS: &[Var] = &[
         "VK_RESTORE_MODE",
         "ondemand",
         "snapshot restore mode: copy, ondemand or mmap (invalid → startup fails)",
+    ),
+    var(
+        "VK_CLONE_FROM_DIR_ROOT",
+        "",
+        "the directory clone-from-dir paths must lie under (unset: the annotation is refused)",
     ),
     var(
         "VK_STAGING_DIR",

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use reconcilers::cocoon::{CocoonCmd, Output};
+use reconcilers::cocoon::{CloneSource, CocoonCmd, Output};
 use reconcilers::event::CocoonOk;
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::process::Command;
@@ -29,6 +29,13 @@ impl CocoonCli {
     }
 
     pub async fn call(&self, cmd: &CocoonCmd) -> Result<CocoonOk, CocoonError> {
+        if let CocoonCmd::VmClone {
+            source: CloneSource::FromDir(dir),
+            ..
+        } = cmd
+        {
+            resolves_to_itself(dir).await?;
+        }
         let argv = cmd.argv();
         let text = self.run(&argv).await?;
         match cmd.output() {
@@ -107,5 +114,50 @@ pub fn kill_group(pid: u32) {
     // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH, which is fine.
     unsafe {
         libc::killpg(pid as libc::pid_t, libc::SIGKILL);
+    }
+}
+
+/// T4: the core checked that a `--from-dir` path lies under its root as written; here the
+/// filesystem must agree, so a symlink inside the root cannot lead a clone elsewhere.
+async fn resolves_to_itself(dir: &str) -> Result<(), CocoonError> {
+    let real = tokio::fs::canonicalize(dir).await.map_err(|e| {
+        CocoonError::new(
+            CocoonErrorKind::InvalidArgs,
+            format!("--from-dir {dir}: {e}"),
+        )
+    })?;
+    match real == std::path::Path::new(dir) {
+        true => Ok(()),
+        false => Err(CocoonError::new(
+            CocoonErrorKind::InvalidArgs,
+            format!(
+                "--from-dir {dir} resolves to {} (a symbolic link): refused",
+                real.display()
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_from_dir_through_a_symlink_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(root.path()).unwrap();
+        let real = root.join("snap");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
+        assert!(resolves_to_itself(real.to_str().unwrap()).await.is_ok());
+        let err = resolves_to_itself(root.join("link").to_str().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, CocoonErrorKind::InvalidArgs);
+        assert!(err.message.contains("symbolic link"), "{}", err.message);
+        let err = resolves_to_itself(root.join("absent").to_str().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, CocoonErrorKind::InvalidArgs);
     }
 }

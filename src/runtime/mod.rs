@@ -63,9 +63,23 @@ pub async fn run(settings: Settings) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
+    // Staged copies are cloned with `--from-dir`, which must resolve to itself (T4): the
+    // directory is used by its real path.
+    std::fs::create_dir_all(&settings.staging_dir).with_context(|| {
+        format!(
+            "creating the staging directory {} (VK_STAGING_DIR)",
+            settings.staging_dir.display()
+        )
+    })?;
+    let staging_dir = std::fs::canonicalize(&settings.staging_dir).with_context(|| {
+        format!(
+            "resolving VK_STAGING_DIR {}",
+            settings.staging_dir.display()
+        )
+    })?;
     // B10: what a killed process left half-staged is never a source, so it goes before anything
     // can look at it.
-    match crate::peer::sweep_staging(&settings.staging_dir) {
+    match crate::peer::sweep_staging(&staging_dir) {
         Ok((0, _)) => {}
         Ok((n, bytes)) => tracing::info!(
             dir = %settings.staging_dir.display(),
@@ -129,14 +143,14 @@ pub async fn run(settings: Settings) -> Result<()> {
         Some(base) => Some(std::sync::Arc::new(
             crate::effects::registry::Transfers::new(
                 base,
-                &settings.staging_dir,
+                &staging_dir,
                 &settings.snapshot,
                 settings.cocoon.clone(),
                 settings.node.name.clone(),
                 crate::effects::registry::Peers {
                     client: client.clone(),
                     port: settings.peer_addr.port(),
-                    staging: settings.staging_dir.clone(),
+                    staging: staging_dir.clone(),
                     limiter: crate::peer::Limiter::per_node(),
                 },
             )

@@ -806,6 +806,14 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
 /// C3 path order after the fork snapshot is dropped: clone-from-dir, fork-from, run, clone.
 fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
     if let Some(dir) = &spec.clone_from_dir {
+        if let Some(msg) = crate::trust::from_dir_refused(s, dir) {
+            s.emit(Action::Count {
+                counter: Counter::CloneFromDir {
+                    result: "failed".into(),
+                },
+            });
+            return fail_permanently(s, key, msg);
+        }
         let cmd = clone_cmd(s, spec, CloneSource::FromDir(dir.clone()), true);
         step(s, key, CreateStep::Clone, cmd);
     } else if let Some(source) = &spec.fork_from {

@@ -46,6 +46,23 @@ pub(crate) fn name_taken(s: &State, key: &PodKey, name: &str) -> Option<String> 
     ))
 }
 
+/// T4: `clone-from-dir` reads a host directory into a guest, so only one under the node's
+/// configured root; the shell then checks that the path resolves to itself (no symlinks).
+pub(crate) fn from_dir_refused(s: &State, dir: &str) -> Option<String> {
+    let Some(root) = s.config.clone_from_dir_root.as_deref() else {
+        return Some(format!(
+            "clone-from-dir {dir}: refused on this node (VK_CLONE_FROM_DIR_ROOT is not set)"
+        ));
+    };
+    let path = std::path::Path::new(dir);
+    match path != std::path::Path::new(root) && path.starts_with(root) {
+        true => None,
+        false => Some(format!(
+            "clone-from-dir {dir}: not under {root}, the node's VK_CLONE_FROM_DIR_ROOT"
+        )),
+    }
+}
+
 /// T2: a fork's source must be a VM that a pod of this pod's namespace runs on this node.
 pub(crate) fn fork_refused(s: &State, key: &PodKey, source: &str) -> Option<String> {
     match s.vm_names.get(source) {

@@ -55,6 +55,10 @@ pub struct Config {
     /// (`VK_COCOON_NET_CONTROL_SOCKET` set).
     #[serde(default)]
     pub release_dhcp_leases: bool,
+    /// T4 (`VK_CLONE_FROM_DIR_ROOT`): the directory `clone-from-dir` paths must lie under;
+    /// `None`: the annotation is refused.
+    #[serde(default)]
+    pub clone_from_dir_root: Option<String>,
 }
 
 impl Default for Config {
@@ -67,6 +71,7 @@ impl Default for Config {
             cpu_class: None,
             restore_mode: RestoreMode::Ondemand,
             release_dhcp_leases: false,
+            clone_from_dir_root: None,
         }
     }
 }

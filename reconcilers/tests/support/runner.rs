@@ -289,6 +289,7 @@ impl Runner {
                 }
                 "stream" => self.stream = v != "off",
                 "release" => self.config.release_dhcp_leases = v != "off",
+                "from-dir-root" => self.config.clone_from_dir_root = Some(v.clone()),
                 "registry" => self.config.registry = Some(v.clone()).filter(|v| v != "off"),
                 "echo" => self.echo = v != "off",
                 "settle" => {}
