@@ -328,21 +328,24 @@ impl Default for Metrics {
 
 /// Serves `/metrics` on a thread of its own: actix's server is not `Send`, and a scrape must
 /// never compete with the loop's runtime anyway.
-pub fn spawn_server(addr: std::net::SocketAddr, metrics: Metrics) {
-    let spawned = std::thread::Builder::new()
+/// Binds first, so an address that cannot be had stops the start with the variable named.
+pub fn spawn_server(addr: std::net::SocketAddr, metrics: Metrics) -> anyhow::Result<()> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        anyhow::anyhow!("VK_METRICS_ADDR: cannot listen on {addr} for /metrics: {e}")
+    })?;
+    std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            if let Err(e) = actix_web::rt::System::new().block_on(serve(addr, metrics)) {
+            if let Err(e) = actix_web::rt::System::new().block_on(serve(listener, metrics)) {
                 tracing::error!(%addr, error = %e, "metrics listener failed");
             }
-        });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start the metrics thread");
-    }
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start the metrics thread: {e}"))?;
+    Ok(())
 }
 
 /// `GET /metrics` on `VK_METRICS_ADDR` (K8). Anything else is 404.
-async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> std::io::Result<()> {
+async fn serve(listener: std::net::TcpListener, metrics: Metrics) -> std::io::Result<()> {
     use actix_web::{web, App, HttpResponse, HttpServer};
     let data = web::Data::new(metrics);
     HttpServer::new(move || {
@@ -357,7 +360,7 @@ async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> std::io::Result<
     })
     .workers(1)
     .disable_signals()
-    .bind(addr)?
+    .listen(listener)?
     .run()
     .await
 }

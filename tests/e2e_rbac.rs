@@ -120,3 +120,188 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
     daemon::replay_verify(&journal)?;
     Ok(())
 }
+
+/// The DaemonSet's container environment as the kubelet would give it on `host`: field
+/// references resolved and `$(VAR)` expanded from the variables before it.
+fn daemonset_env(
+    ds: &k8s_openapi::api::apps::v1::DaemonSet,
+    host: &str,
+) -> Result<Vec<(String, String)>> {
+    let container = ds
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.containers.first())
+        .context("DaemonSet container")?;
+    let mut env: Vec<(String, String)> = Vec::new();
+    for v in container.env.clone().unwrap_or_default() {
+        let value = match (
+            &v.value,
+            v.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
+        ) {
+            (Some(text), _) => env.iter().fold(text.clone(), |t, (k, val)| {
+                t.replace(&format!("$({k})"), val)
+            }),
+            (None, Some(f)) if f.field_path == "spec.nodeName" => host.to_string(),
+            (None, Some(f)) if f.field_path == "status.hostIP" => "127.0.0.1".to_string(),
+            (None, other) => anyhow::bail!("{}: unexpected source {other:?}", v.name),
+        };
+        env.push((v.name, value));
+    }
+    Ok(env)
+}
+
+/// The shipped DaemonSet on a host that has its own kubelet Node: the daemon, started with the
+/// environment the DaemonSet gives it, registers `<host>-cocoon` and leaves the host's Node, its
+/// Lease and the pods scheduled to it alone (a terminating pod there is not force-deleted).
+/// Started under the host's own name, as an older manifest did, it refuses and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
+    let admin = tb.client()?;
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/daemonset.yaml");
+    tb.kubectl(&["apply", "-f", &manifest.display().to_string()])
+        .await?;
+    // The host's own Node, as its kubelet keeps it.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let host: Node = serde_json::from_value(json!({
+        "metadata": {"name": "host-1", "labels": {"cocoonstack.io/host": "true", "kubernetes.io/hostname": "host-1"}},
+    }))?;
+    let host = nodes.create(&Default::default(), &host).await?;
+    let host_version = host.metadata.resource_version.clone();
+    // A pod of the host's, terminating behind a finalizer.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let mut local = pod_manifest(NS, "host-local", "host-1", json!({}))?;
+    local.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    create_pod(&pods, &local).await?;
+    pods.delete("host-local", &DeleteParams::default()).await?;
+
+    let ds: DaemonSet = Api::namespaced(admin.clone(), "cocoon-system")
+        .get("vk-cocoon")
+        .await?;
+    let env = daemonset_env(&ds, "host-1")?;
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let name = get("VK_NODE_NAME").context("VK_NODE_NAME")?;
+    ensure!(
+        name == "host-1-cocoon",
+        "the DaemonSet names its node {name:?}"
+    );
+    ensure!(
+        get("VK_KUBELET_PORT").as_deref() != Some("10250"),
+        "the DaemonSet serves on the host kubelet's port"
+    );
+    let token = tb
+        .kubectl(&[
+            "create",
+            "token",
+            "vk-cocoon",
+            "-n",
+            "cocoon-system",
+            "--duration=1h",
+        ])
+        .await?;
+    let kubeconfig = tb.run_dir().join("vk-cocoon-ds.kubeconfig");
+    token_kubeconfig(tb.kubeconfig()?, token.trim(), &kubeconfig)?;
+    // Listen addresses stay the test's own (free ports on loopback).
+    let mut opts_env: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "VK_KUBELET_PORT" | "VK_METRICS_ADDR" | "VK_PEER_ADDR" | "VK_NODE_NAME"
+            )
+        })
+        .cloned()
+        .collect();
+    opts_env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    let opts = DaemonOptions {
+        node: name.clone(),
+        env: opts_env.clone(),
+        ..DaemonOptions::default()
+    };
+    let journal = tb.run_dir().join("journal-ds").join("events.jsonl");
+    let d = daemon::start(
+        &tb,
+        &opts,
+        &journal,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    daemon::until("host-1-cocoon Ready", LIMIT, || async {
+        let n = nodes.get_opt(&name).await?;
+        let ready = n
+            .and_then(|n| n.status)
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok(ready.then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
+    // Long enough for a registration, a status round and a Lease renewal to have happened.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let host_now = nodes.get("host-1").await?;
+    ensure!(
+        host_now.metadata.resource_version == host_version,
+        "the host's Node was written to"
+    );
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    ensure!(
+        leases.get_opt("host-1").await?.is_none(),
+        "a Lease was made for the host's Node"
+    );
+    ensure!(
+        leases.get_opt(&name).await?.is_some(),
+        "no Lease for the virtual node"
+    );
+    // Still there (not force-deleted), and its status as the API server made it.
+    let local = pods.get("host-local").await?;
+    let status = local.status.clone().unwrap_or_default();
+    ensure!(
+        local.metadata.deletion_timestamp.is_some()
+            && status.conditions.is_none()
+            && status.start_time.is_none()
+            && status.container_statuses.is_none(),
+        "the host's terminating pod was touched: {status:?}"
+    );
+
+    // Under the host's own name it refuses at once.
+    let wrong = DaemonOptions {
+        node: "host-1".into(),
+        env: opts_env,
+        ..DaemonOptions::default()
+    };
+    let journal2 = tb.run_dir().join("journal-ds-wrong").join("events.jsonl");
+    let mut w = daemon::start(
+        &tb,
+        &wrong,
+        &journal2,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    daemon::until("the daemon named after the host exits", LIMIT, || {
+        let running = w.proc.running();
+        async move { Ok((!running).then_some(())) }
+    })
+    .await?;
+    let log = std::fs::read_to_string(w.proc.log_path())?;
+    ensure!(log.contains("Refusing to take it over"), "{log}");
+    ensure!(
+        nodes.get("host-1").await?.metadata.resource_version == host_version,
+        "the refused daemon wrote to the host's Node"
+    );
+
+    let release = json!({"metadata": {"finalizers": null}});
+    pods.patch(
+        "host-local",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&release),
+    )
+    .await?;
+    drop(d);
+    Ok(())
+}

@@ -69,6 +69,43 @@ fn status(s: &NodeSettings) -> Value {
     })
 }
 
+/// N18: a Node of this name that no virtual kubelet made (no `type=virtual-kubelet` label)
+/// is somebody else's, most likely the host's own kubelet: taking it over would overwrite its
+/// status and Lease and claim every pod scheduled to the host.
+pub fn foreign(node: &Node) -> Option<String> {
+    let ours = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("type"))
+        .is_some_and(|t| t == "virtual-kubelet");
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    (!ours).then(|| {
+        format!(
+            "Node {name} already exists and is not a virtual node (no label type=virtual-kubelet); \
+             it is probably the host's own. Refusing to take it over: give this daemon a node \
+             name of its own with VK_NODE_NAME (the shipped DaemonSet uses <host>-cocoon)"
+        )
+    })
+}
+
+/// N18 at startup: stop before anything runs when the node name is already someone else's.
+/// An API that cannot answer is no verdict; registration checks again.
+pub async fn refuse_foreign(client: &Client, name: &str) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    match api.get_opt(name).await {
+        Ok(Some(node)) => match foreign(&node) {
+            Some(why) => anyhow::bail!(why),
+            None => Ok(()),
+        },
+        Ok(None) => Ok(()),
+        Err(e) => {
+            tracing::warn!(error = %e, node = name, "could not look the node up before registering");
+            Ok(())
+        }
+    }
+}
+
 /// N14: patch the status of an existing node, else create the whole object; then re-assert
 /// the labels (N3), since a status patch never changes them. Returns the node UID.
 pub async fn register(client: &Client, s: &NodeSettings) -> anyhow::Result<String> {
@@ -93,6 +130,9 @@ pub async fn register(client: &Client, s: &NodeSettings) -> anyhow::Result<Strin
                 "spec": spec,
             }))?;
             api.create(&PostParams::default(), &node).await?;
+        }
+        Some(node) if foreign(&node).is_some() => {
+            anyhow::bail!(foreign(&node).unwrap_or_default())
         }
         // N4: the taint is written only when the node is created; an existing node keeps its own.
         Some(_) => {
@@ -199,4 +239,31 @@ async fn renew_node_lease(api: &Api<Lease>, s: &NodeSettings, uid: &str) -> anyh
         }
     }
     anyhow::bail!("lease update conflicted 5 times in a row")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(labels: &[(&str, &str)]) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "host-1",
+                "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_virtual_node_may_be_taken_over() {
+        assert!(foreign(&node(&[("type", "virtual-kubelet")])).is_none());
+        let why = foreign(&node(&[("kubernetes.io/hostname", "host-1")])).unwrap();
+        assert!(
+            why.contains("Node host-1") && why.contains("VK_NODE_NAME"),
+            "{why}"
+        );
+        assert!(foreign(&node(&[("type", "kubelet")])).is_some());
+    }
 }

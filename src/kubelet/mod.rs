@@ -23,7 +23,11 @@ pub struct Ctx {
     pub started: String,
 }
 
-pub fn spawn(addr: SocketAddr, tls: rustls::ServerConfig, ctx: Ctx) {
+/// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
+pub fn spawn(addr: SocketAddr, tls: rustls::ServerConfig, ctx: Ctx) -> anyhow::Result<()> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        anyhow::anyhow!("VK_KUBELET_PORT: cannot listen on {addr} for the kubelet API: {e}")
+    })?;
     let data = web::Data::new(ctx);
     let spawned = std::thread::Builder::new()
         .name("kubelet-api".into())
@@ -63,7 +67,7 @@ pub fn spawn(addr: SocketAddr, tls: rustls::ServerConfig, ctx: Ctx) {
             .disable_signals()
             .client_request_timeout(std::time::Duration::from_secs(30));
             let run = async move {
-                match server.bind_rustls_0_23(addr, tls) {
+                match server.listen_rustls_0_23(listener, tls) {
                     Ok(s) => s.run().await,
                     Err(e) => Err(e),
                 }
@@ -72,7 +76,6 @@ pub fn spawn(addr: SocketAddr, tls: rustls::ServerConfig, ctx: Ctx) {
                 tracing::error!(%addr, error = %e, "kubelet API listener failed");
             }
         });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start the kubelet API thread");
-    }
+    spawned.map_err(|e| anyhow::anyhow!("cannot start the kubelet API thread: {e}"))?;
+    Ok(())
 }

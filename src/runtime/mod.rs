@@ -77,6 +77,8 @@ pub async fn run(settings: Settings) -> Result<()> {
             settings.staging_dir.display()
         )
     })?;
+    // N18: never another node's name.
+    node::refuse_foreign(&client, &settings.node.name).await?;
     // B10: what a killed process left half-staged is never a source, so it goes before anything
     // can look at it.
     match crate::peer::sweep_staging(&staging_dir) {
@@ -130,9 +132,9 @@ pub async fn run(settings: Settings) -> Result<()> {
             node: settings.node.name.clone(),
             started: k8s_openapi::jiff::Timestamp::now().to_string(),
         },
-    );
+    )?;
     if let Some(addr) = settings.metrics_addr {
-        metrics::spawn_server(addr, metrics.clone());
+        metrics::spawn_server(addr, metrics.clone())?;
     }
     let pinger = Pinger::open();
     metrics
