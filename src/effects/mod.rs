@@ -4,11 +4,13 @@
 
 pub mod cocoon;
 pub mod cocoon_json;
+pub mod cocoon_timeouts;
 pub mod dhcp_release;
 pub mod icmp;
 pub mod kube_writes;
 pub mod node;
 pub mod probes;
+pub mod process_groups;
 pub mod registry;
 
 use std::sync::Arc;

@@ -234,8 +234,13 @@ pub async fn run(settings: Settings) -> Result<()> {
             break Err(anyhow::anyhow!(message));
         }
     };
-    // N18: stop everything we started; VMs keep running.
+    // N18: stop everything we started; VMs keep running. A cocoon call still running is
+    // killed with everything it started; what a finished call left (a VM) is not ours.
     exec.probes.stop_all();
+    let killed = settings.cocoon.groups.kill_all();
+    if killed > 0 {
+        tracing::info!("killed {killed} cocoon process group(s) still running");
+    }
     for t in tasks {
         t.abort();
     }
