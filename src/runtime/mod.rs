@@ -2,6 +2,7 @@
 //! journaled with its actions, and only then are the actions executed.
 
 mod settings;
+mod shutdown;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -20,6 +21,8 @@ use crate::effects::Executor;
 use crate::journal::{Journal, JournalSettings};
 use crate::metrics::{self, Metrics};
 use crate::sources::{cocoon_stream, dhcp_leases, pods};
+
+pub use shutdown::Shutdown;
 
 pub struct Settings {
     pub core: reconcilers::Config,
@@ -50,16 +53,9 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 pub async fn run(settings: Settings) -> Result<()> {
+    // First, so a signal that comes during startup is not lost either.
+    let mut shutdown = Shutdown::listen()?;
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
@@ -192,7 +188,10 @@ pub async fn run(settings: Settings) -> Result<()> {
     let result = loop {
         let event = tokio::select! {
             ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
-            _ = shutdown_signal() => break Ok(()),
+            signal = shutdown.requested() => {
+                tracing::info!(signal, "shutting down; VMs keep running");
+                break Ok(());
+            }
         };
         seq += 1;
         let envelope = Envelope {
