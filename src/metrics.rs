@@ -1,9 +1,11 @@
 //! vk-cocoon's own Prometheus metrics (M3, prefix `cocoon_vk_`). Counters the
 //! core decides arrive as `Action::Count`/`Observe`; the shell only measures probe time.
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 use reconcilers::action::{Counter, Histogram as CoreHistogram};
 
@@ -38,6 +40,8 @@ pub struct Metrics {
     pub unexpected_outcome: IntCounter,
     pub probe_degraded: Gauge,
     pub api_writes: IntCounterVec,
+    /// F4: Kubernetes Events not delivered, by `reason` (`lane_full`, `timeout`, `rejected`).
+    pub events_dropped: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
@@ -231,8 +235,28 @@ impl Metrics {
                 "Kubernetes API writes made for pods, by kind",
                 &["kind"],
             ),
+            events_dropped: counter_vec(
+                &r,
+                "cocoon_vk_events_dropped_total",
+                "Kubernetes Events not delivered: their lane was full, the API did not answer in time, or it refused them",
+                &["reason"],
+            ),
             registry: r,
         }
+    }
+
+    /// Exposes how many events wait in the loop's queue (M5), read at each scrape from the
+    /// queue itself, so a loop that is stuck still shows its queue growing.
+    pub fn watch_event_queue(&self, tx: &crate::sources::EventTx) {
+        let c = QueueDepth {
+            tx: tx.downgrade(),
+            gauge: IntGauge::new(
+                "cocoon_vk_event_queue_depth",
+                "Events waiting in the loop's queue (its capacity: sources::EVENT_QUEUE)",
+            )
+            .expect("valid metric"),
+        };
+        self.registry.register(Box::new(c)).expect("unique metric");
     }
 
     pub fn count(&self, c: &Counter) {
@@ -307,6 +331,28 @@ impl Metrics {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The loop queue's depth, read at scrape time. A weak handle, so the metric never keeps the
+/// queue open after every source is gone.
+struct QueueDepth {
+    tx: tokio::sync::mpsc::WeakSender<reconcilers::Event>,
+    gauge: IntGauge,
+}
+
+impl Collector for QueueDepth {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let depth = self
+            .tx
+            .upgrade()
+            .map_or(0, |tx| tx.max_capacity() - tx.capacity());
+        self.gauge.set(depth as i64);
+        self.gauge.collect()
     }
 }
 

@@ -80,8 +80,9 @@ pub async fn run(settings: Settings) -> Result<()> {
         settings.snapshot_dir.clone(),
         settings.cocoon.clone(),
     )?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let (tx, mut rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
+    metrics.watch_event_queue(&tx);
     let views = views::Views::default();
     let sampler = std::sync::Arc::new(crate::stats::Sampler::new(
         views.clone(),
@@ -171,7 +172,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                 Ok(_) => unreachable!("vm list decodes to Vms"),
                 Err(error) => Event::VmListFailed { error },
             };
-            let _ = tx.send(event);
+            let _ = tx.send(event).await;
         }));
     }
 
@@ -253,7 +254,7 @@ async fn register(client: Client, s: NodeSettings, tx: crate::sources::EventTx) 
         match node::register(&client, &s).await {
             Ok(uid) => {
                 tracing::info!(node = %s.name, "node registered");
-                let _ = tx.send(Event::NodeRegistered);
+                let _ = tx.send(Event::NodeRegistered).await;
                 node::heartbeat(client, s, uid).await;
                 return;
             }

@@ -38,10 +38,12 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, bin = %cli.bin, ?backoff, "cannot start the cocoon event stream");
-                let _ = tx.send(Event::VmStreamClosed {
-                    clean: false,
-                    error: Some(e.to_string()),
-                });
+                let _ = tx
+                    .send(Event::VmStreamClosed {
+                        clean: false,
+                        error: Some(e.to_string()),
+                    })
+                    .await;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
@@ -50,7 +52,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
         // Killed when dropped, including on task abort: the stream never ends on its own.
         let _guard = child.id().map(|pid| cli.groups.track(pid));
         backoff = BACKOFF_FIRST;
-        if tx.send(Event::VmStreamConnected).is_err() {
+        if tx.send(Event::VmStreamConnected).await.is_err() {
             return;
         }
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
@@ -70,7 +72,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
                         tracing::debug!(?kind, "event without id or name skipped");
                     }
                     Ok((kind, vm)) => {
-                        if tx.send(Event::VmStream { kind, vm }).is_err() {
+                        if tx.send(Event::VmStream { kind, vm }).await.is_err() {
                             return;
                         }
                     }
@@ -104,6 +106,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
                 clean,
                 error: error.clone(),
             })
+            .await
             .is_err()
         {
             return;
