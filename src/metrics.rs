@@ -42,6 +42,39 @@ pub struct Metrics {
     pub api_writes: IntCounterVec,
     /// F4: Kubernetes Events not delivered, by `reason` (`lane_full`, `timeout`, `rejected`).
     pub events_dropped: IntCounterVec,
+    /// M4: registered only while a journal is configured (`enable_journal`), so a node that
+    /// runs without one on purpose shows no journal series and raises no journal alert.
+    pub journal: JournalMetrics,
+}
+
+/// M4: the journal's health.
+#[derive(Clone)]
+pub struct JournalMetrics {
+    pub up: IntGauge,
+    pub write_errors: IntCounter,
+    pub records_dropped: IntCounter,
+}
+
+impl JournalMetrics {
+    fn new() -> Self {
+        Self {
+            up: IntGauge::new(
+                "cocoon_vk_journal_up",
+                "1 while the journal is being written, 0 while it cannot be (VK_JOURNAL_PATH)",
+            )
+            .expect("valid metric"),
+            write_errors: IntCounter::new(
+                "cocoon_vk_journal_write_errors_total",
+                "Failed attempts to write the journal: a step that could not be written, or an open that failed",
+            )
+            .expect("valid metric"),
+            records_dropped: IntCounter::new(
+                "cocoon_vk_journal_records_dropped_total",
+                "Reduce steps (an event and its actions) that were not journaled",
+            )
+            .expect("valid metric"),
+        }
+    }
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
@@ -241,7 +274,19 @@ impl Metrics {
                 "Kubernetes Events not delivered: their lane was full, the API did not answer in time, or it refused them",
                 &["reason"],
             ),
+            journal: JournalMetrics::new(),
             registry: r,
+        }
+    }
+
+    /// Exposes the journal's series (M4); once, when a journal is configured.
+    pub fn enable_journal(&self) {
+        for c in [
+            Box::new(self.journal.up.clone()) as Box<dyn Collector>,
+            Box::new(self.journal.write_errors.clone()),
+            Box::new(self.journal.records_dropped.clone()),
+        ] {
+            self.registry.register(c).expect("unique metric");
         }
     }
 

@@ -245,6 +245,12 @@ impl Journal {
         self.bytes += self.buf.len() as u64;
         Ok(())
     }
+
+    /// Replaces the file handle (tests: a handle whose writes fail, as on a full disk).
+    #[cfg(test)]
+    pub(crate) fn swap_file_for_test(&mut self, file: File) {
+        self.file = file;
+    }
 }
 
 /// Creates the journal's directory, for root alone, when it does not exist. An existing

@@ -1,6 +1,7 @@
 //! The daemon: sources feed one loop that owns the core's State; every event is reduced,
 //! journaled with its actions, and only then are the actions executed.
 
+mod evidence;
 mod settings;
 mod shutdown;
 pub mod views;
@@ -18,10 +19,11 @@ use crate::effects::cocoon::CocoonCli;
 use crate::effects::node::{self, NodeSettings};
 use crate::effects::probes::{Pinger, Probes};
 use crate::effects::Executor;
-use crate::journal::{Journal, JournalSettings};
+use crate::journal::JournalSettings;
 use crate::metrics::{self, Metrics};
 use crate::sources::{cocoon_stream, dhcp_leases, pods};
 
+pub use evidence::Evidence;
 pub use shutdown::Shutdown;
 
 pub struct Settings {
@@ -83,6 +85,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     let (tx, mut rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
     metrics.watch_event_queue(&tx);
+    if settings.journal.is_some() {
+        metrics.enable_journal();
+    }
     let views = views::Views::default();
     let sampler = std::sync::Arc::new(crate::stats::Sampler::new(
         views.clone(),
@@ -177,21 +182,33 @@ pub async fn run(settings: Settings) -> Result<()> {
     }
 
     let mut state = State::new(settings.core.clone());
-    let mut journal = match &settings.journal {
-        Some(j) => Some(
-            Journal::open(j, &settings.core, &state)
-                .context("opening the journal (VK_JOURNAL_PATH)")?,
-        ),
-        None => None,
-    };
+    // F3: a journal that cannot be opened is logged and retried, never fatal.
+    let mut evidence = settings.journal.clone().map(|j| {
+        Evidence::start(
+            j,
+            &settings.core,
+            &state,
+            metrics.journal.clone(),
+            tokio::time::Instant::now(),
+        )
+    });
     let mut publisher = views::Publisher::new(views.clone());
     let mut seq = 0u64;
     let result = loop {
+        let retry_at = evidence.as_ref().and_then(Evidence::retry_at);
         let event = tokio::select! {
             ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
             signal = shutdown.requested() => {
                 tracing::info!(signal, "shutting down; VMs keep running");
                 break Ok(());
+            }
+            // A down journal is tried again on time even when no event comes.
+            () = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)),
+                if retry_at.is_some() => {
+                if let Some(e) = evidence.as_mut() {
+                    e.retry(&state, seq, tokio::time::Instant::now());
+                }
+                continue;
             }
         };
         seq += 1;
@@ -201,14 +218,8 @@ pub async fn run(settings: Settings) -> Result<()> {
             event,
         };
         let actions = reduce(&mut state, envelope.clone());
-        if let Some(j) = journal.as_mut() {
-            if let Err(e) = j
-                .record(&envelope, &actions)
-                .and_then(|()| j.rotate_if_needed(&state).map(drop))
-            {
-                tracing::error!(error = %e, "journal write failed; continuing without a journal");
-                journal = None;
-            }
+        if let Some(e) = evidence.as_mut() {
+            e.record(&envelope, &actions, &state, tokio::time::Instant::now());
         }
         let mut fatal = None;
         for action in actions {
