@@ -1,9 +1,11 @@
 //! vk-cocoon's own Prometheus metrics (M3, prefix `cocoon_vk_`). Counters the
 //! core decides arrive as `Action::Count`/`Observe`; the shell only measures probe time.
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 use reconcilers::action::{Counter, Histogram as CoreHistogram};
 
@@ -39,6 +41,41 @@ pub struct Metrics {
     pub unexpected_outcome: IntCounter,
     pub probe_degraded: Gauge,
     pub api_writes: IntCounterVec,
+    /// F4: Kubernetes Events not delivered, by `reason` (`lane_full`, `timeout`, `rejected`).
+    pub events_dropped: IntCounterVec,
+    /// M4: registered only while a journal is configured (`enable_journal`), so a node that
+    /// runs without one on purpose shows no journal series and raises no journal alert.
+    pub journal: JournalMetrics,
+}
+
+/// M4: the journal's health.
+#[derive(Clone)]
+pub struct JournalMetrics {
+    pub up: IntGauge,
+    pub write_errors: IntCounter,
+    pub records_dropped: IntCounter,
+}
+
+impl JournalMetrics {
+    fn new() -> Self {
+        Self {
+            up: IntGauge::new(
+                "cocoon_vk_journal_up",
+                "1 while the journal is being written, 0 while it cannot be (VK_JOURNAL_PATH)",
+            )
+            .expect("valid metric"),
+            write_errors: IntCounter::new(
+                "cocoon_vk_journal_write_errors_total",
+                "Failed attempts to write the journal: a step that could not be written, or an open that failed",
+            )
+            .expect("valid metric"),
+            records_dropped: IntCounter::new(
+                "cocoon_vk_journal_records_dropped_total",
+                "Reduce steps (an event and its actions) that were not journaled",
+            )
+            .expect("valid metric"),
+        }
+    }
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
@@ -238,8 +275,40 @@ impl Metrics {
                 "Kubernetes API writes made for pods, by kind",
                 &["kind"],
             ),
+            events_dropped: counter_vec(
+                &r,
+                "cocoon_vk_events_dropped_total",
+                "Kubernetes Events not delivered: their lane was full, the API did not answer in time, or it refused them",
+                &["reason"],
+            ),
+            journal: JournalMetrics::new(),
             registry: r,
         }
+    }
+
+    /// Exposes the journal's series (M4); once, when a journal is configured.
+    pub fn enable_journal(&self) {
+        for c in [
+            Box::new(self.journal.up.clone()) as Box<dyn Collector>,
+            Box::new(self.journal.write_errors.clone()),
+            Box::new(self.journal.records_dropped.clone()),
+        ] {
+            self.registry.register(c).expect("unique metric");
+        }
+    }
+
+    /// Exposes how many events wait in the loop's queue (M5), read at each scrape from the
+    /// queue itself, so a loop that is stuck still shows its queue growing.
+    pub fn watch_event_queue(&self, tx: &crate::sources::EventTx) {
+        let c = QueueDepth {
+            tx: tx.downgrade(),
+            gauge: IntGauge::new(
+                "cocoon_vk_event_queue_depth",
+                "Events waiting in the loop's queue (its capacity: sources::EVENT_QUEUE)",
+            )
+            .expect("valid metric"),
+        };
+        self.registry.register(Box::new(c)).expect("unique metric");
     }
 
     pub fn count(&self, c: &Counter) {
@@ -317,6 +386,28 @@ impl Metrics {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The loop queue's depth, read at scrape time. A weak handle, so the metric never keeps the
+/// queue open after every source is gone.
+struct QueueDepth {
+    tx: tokio::sync::mpsc::WeakSender<reconcilers::Event>,
+    gauge: IntGauge,
+}
+
+impl Collector for QueueDepth {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let depth = self
+            .tx
+            .upgrade()
+            .map_or(0, |tx| tx.max_capacity() - tx.capacity());
+        self.gauge.set(depth as i64);
+        self.gauge.collect()
     }
 }
 

@@ -7,7 +7,7 @@
 //! random data. `BENCH_SNAPSHOT_BYTES` overrides the size.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use e2e::testbed::{Testbed, TestbedOptions};
@@ -191,12 +191,11 @@ async fn bench_snapshot_push_pull() -> Result<()> {
     std::fs::write(&bin, FAKE_COCOON)?;
     std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let cli = CocoonCli {
-        bin: bin.display().to_string(),
-        timeout: Duration::from_secs(600),
         env: vec![
             ("BENCH_EXPORT".into(), export.display().to_string()),
             ("BENCH_IMPORT".into(), import.display().to_string()),
         ],
+        ..CocoonCli::new(bin.display().to_string())
     };
 
     // Baseline: cp of the same bytes, same filesystem, page cache as warm as for the transfer.
@@ -282,9 +281,8 @@ async fn bench_snapshot_push_pull() -> Result<()> {
     env.push(("COCOON_SIM_DISK_BYTES".into(), size.to_string()));
     env.push(("COCOON_SIM_DISK_DATA_BYTES".into(), size.to_string()));
     let sim_cli = CocoonCli {
-        bin: sim.bin.display().to_string(),
-        timeout: Duration::from_secs(600),
         env,
+        ..CocoonCli::new(sim.bin.display().to_string())
     };
     for argv in [
         &["image", "pull", "localhost/bench/base:1"][..],

@@ -4,8 +4,6 @@
 //! refused without a completed import; v1 and v2 pushes of one export pulling identically; a
 //! cloud image's disk parts streamed into `image import` in title order.
 
-use std::time::Duration;
-
 use anyhow::{ensure, Context, Result};
 use e2e::testbed::{Testbed, TestbedOptions};
 use serde_json::Value;
@@ -23,9 +21,8 @@ fn cli(tb: &Testbed) -> CocoonCli {
         tb.run_dir().display().to_string(),
     ));
     CocoonCli {
-        bin: sim.bin.display().to_string(),
-        timeout: Duration::from_secs(120),
         env,
+        ..CocoonCli::new(sim.bin.display().to_string())
     }
 }
 

@@ -35,9 +35,8 @@ fn cli(tb: &Testbed, exec_host: bool) -> CocoonCli {
         env.push(("COCOON_SIM_EXEC".into(), "host".into()));
     }
     CocoonCli {
-        bin: sim.bin.display().to_string(),
-        timeout: Duration::from_secs(120),
         env,
+        ..CocoonCli::new(sim.bin.display().to_string())
     }
 }
 

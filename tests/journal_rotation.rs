@@ -1,5 +1,6 @@
 //! Rotation: the chain runs across files, each file replays on its own from its header
-//! state, a missing file is named, a restarted process continues the chain, and a record the
+//! state, a missing file is named, a restarted process continues the chain in the current file
+//! (a new file only by size, or when the current one cannot be continued), and a record the
 //! previous process left half-written is cut off.
 
 mod support;
@@ -11,6 +12,7 @@ use reconcilers::{Config, Envelope, Event, State};
 use vk_cocoon::journal::record::{encode_actions, encode_event};
 use vk_cocoon::journal::{
     existing_files, rotated_path, Entry, Journal, JournalSettings, Problem, Reader, Start,
+    FORMAT_VERSION,
 };
 use vk_cocoon::replay::Failure;
 
@@ -20,7 +22,7 @@ fn headers(files: &[PathBuf]) -> Vec<(u64, Start)> {
     Reader::open(files)
         .unwrap()
         .filter_map(|e| match e.unwrap() {
-            Entry::File { header, .. } => Some((header.file_no, header.start)),
+            Entry::Header { header, .. } => Some((header.file_no, header.start)),
             Entry::Step { .. } => None,
         })
         .collect()
@@ -164,24 +166,234 @@ fn settings(dir: &Path) -> JournalSettings {
     }
 }
 
+/// One process: opens the journal and journals `steps` events numbered from 1.
+fn process(s: &JournalSettings, steps: u64) {
+    let config = Config::default();
+    let mut state = State::new(config.clone());
+    let mut j = Journal::open_at(s, &config, &state, 1_777_600_000_000).unwrap();
+    for seq in 1..=steps {
+        let actions = reconcilers::reduce(&mut state, envelope(seq));
+        j.record(&envelope(seq), &actions).unwrap();
+        j.rotate_if_needed(&state).unwrap();
+    }
+}
+
 #[test]
-fn a_restarted_process_continues_the_chain_in_a_new_file() {
+fn a_restarted_process_continues_the_chain_in_the_same_file() {
     let dir = tempfile::tempdir().unwrap();
     let s = settings(dir.path());
-    let config = Config::default();
-    for _run in 0..2 {
-        let mut state = State::new(config.clone());
-        let mut j = Journal::open_at(&s, &config, &state, 1_777_600_000_000).unwrap();
-        // Each process numbers its events from 1.
-        for seq in 1..=3 {
-            let actions = reconcilers::reduce(&mut state, envelope(seq));
-            j.record(&envelope(seq), &actions).unwrap();
-        }
+    // Each process numbers its events from 1.
+    process(&s, 3);
+    process(&s, 3);
+    let files = existing_files(&s.path, 4);
+    assert_eq!(files, vec![s.path.clone()]);
+    assert_eq!(headers(&files), vec![(0, Start::Open), (0, Start::Open)]);
+    let summary = verify(&files).expect("a restart keeps the chain");
+    assert_eq!((summary.steps, summary.files), (6, 1));
+}
+
+#[test]
+fn a_crash_loop_does_not_push_older_files_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = JournalSettings {
+        files: 2,
+        ..settings(dir.path())
+    };
+    // Before the loop: a run that filled a file, whose evidence must survive.
+    process(
+        &JournalSettings {
+            max_bytes: 2_000,
+            ..s.clone()
+        },
+        40,
+    );
+    let kept = fs::read(rotated_path(&s.path, 1)).unwrap();
+    for _ in 0..50 {
+        process(&s, 1);
     }
+    assert_eq!(fs::read(rotated_path(&s.path, 1)).unwrap(), kept);
+    let files = existing_files(&s.path, 2);
+    // Every start of the loop is in the current file, after the first run's last rotation.
+    let h = headers(&files);
+    assert_eq!(
+        h.iter().filter(|(_, start)| *start == Start::Open).count(),
+        50
+    );
+    assert!(verify(&files).is_ok());
+}
+
+#[test]
+fn a_current_file_whose_end_does_not_verify_is_rotated_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path());
+    process(&s, 3);
+    let mut bytes = fs::read(&s.path).unwrap();
+    // A byte of the last record's body changed: its stored hash no longer matches.
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x01;
+    fs::write(&s.path, &bytes).unwrap();
+    process(&s, 2);
+    assert_eq!(fs::read(rotated_path(&s.path, 1)).unwrap(), bytes);
+    assert_eq!(
+        headers(std::slice::from_ref(&s.path)),
+        vec![(1, Start::Open)]
+    );
+    verify(std::slice::from_ref(&s.path)).expect("the new file on its own");
+}
+
+#[test]
+fn a_current_file_of_another_format_is_rotated_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path());
+    process(&s, 2);
+    let text = fs::read_to_string(&s.path).unwrap();
+    let older = text.replacen(
+        &format!("\"version\":{FORMAT_VERSION},"),
+        &format!("\"version\":{},", FORMAT_VERSION - 1),
+        1,
+    );
+    assert_ne!(older, text);
+    fs::write(&s.path, &older).unwrap();
+    process(&s, 2);
+    assert_eq!(fs::read_to_string(rotated_path(&s.path, 1)).unwrap(), older);
+    assert_eq!(
+        headers(std::slice::from_ref(&s.path)),
+        vec![(1, Start::Open)]
+    );
+}
+
+#[test]
+fn a_full_current_file_is_rotated_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = JournalSettings {
+        max_bytes: 3_000,
+        ..settings(dir.path())
+    };
+    // One step short of rotating by itself: the file is past its size when the process ends.
+    process(
+        &JournalSettings {
+            max_bytes: u64::MAX,
+            ..s.clone()
+        },
+        12,
+    );
+    assert!(fs::metadata(&s.path).unwrap().len() >= s.max_bytes);
+    process(&s, 1);
     let files = existing_files(&s.path, 4);
     assert_eq!(headers(&files), vec![(0, Start::Open), (1, Start::Open)]);
-    let summary = verify(&files).expect("a restart keeps the chain");
-    assert_eq!(summary.steps, 6);
+    verify(&files).expect("the chain runs into the new file");
+}
+
+#[test]
+fn journal_files_are_for_root_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path());
+    process(&s, 1);
+    assert_eq!(mode(s.path.parent().unwrap()), 0o700);
+    assert_eq!(mode(&s.path), 0o600);
+    // A file an older build left readable to all is narrowed, and so is a rotated one.
+    fs::set_permissions(&s.path, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(rotated_path(&s.path, 1), b"").unwrap();
+    fs::set_permissions(rotated_path(&s.path, 1), fs::Permissions::from_mode(0o644)).unwrap();
+    process(&s, 1);
+    assert_eq!(mode(&s.path), 0o600);
+    assert_eq!(mode(&rotated_path(&s.path, 1)), 0o600);
+    // An existing directory is the operator's: left as it is.
+    let shared = tempfile::tempdir().unwrap();
+    fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    process(&settings_at(shared.path().join("events.jsonl")), 1);
+    assert_eq!(mode(shared.path()), 0o755);
+}
+
+fn settings_at(path: PathBuf) -> JournalSettings {
+    JournalSettings {
+        path,
+        max_bytes: 1 << 20,
+        files: 4,
+    }
+}
+
+#[test]
+fn a_resumed_journal_replays_across_the_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path());
+    let w = scenarios::churn(3);
+    let config = w.state.config.clone();
+    let mut state = State::new(config.clone());
+    let mut j = Some(Journal::open_at(&s, &config, &state, 0).unwrap());
+    let (lost_from, lost_to) = (20, 40);
+    assert!(w.log.len() > 60, "{} steps", w.log.len());
+    for (env, actions) in &w.log {
+        let again = reconcilers::reduce(&mut state, env.clone());
+        assert_eq!(&again, actions);
+        if (lost_from..=lost_to).contains(&env.seq) {
+            // The journal is down: these steps are reduced and executed, not journaled.
+            j = None;
+            if env.seq == lost_to {
+                j = Some(Journal::resume_at(&s, &config, &state, Some(lost_to), 0).unwrap());
+            }
+            continue;
+        }
+        j.as_mut().unwrap().record(env, actions).unwrap();
+    }
+    let files = existing_files(&s.path, 4);
+    assert_eq!(headers(&files), vec![(0, Start::Open), (0, Start::Resume)]);
+    let summary = verify(&files).expect("replay takes the resumed state");
+    assert_eq!(summary.gaps, 1);
+    assert_eq!(
+        summary.steps,
+        w.log.len() as u64 - (lost_to - lost_from + 1)
+    );
+}
+
+#[test]
+fn a_header_inside_a_file_must_be_a_start_or_resume_of_that_file() {
+    use vk_cocoon::journal::record::{decode, encode_header, HeaderFields};
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path());
+    process(&s, 2);
+    let bytes = fs::read(&s.path).unwrap();
+    let last = bytes[..bytes.len() - 1]
+        .rsplit(|&c| c == b'\n')
+        .next()
+        .unwrap();
+    let prev = decode(last).unwrap().hash;
+    let config = Config::default();
+    let state = State::new(config.clone());
+    let append = |file_no, start| {
+        let mut out = bytes.clone();
+        let h = HeaderFields {
+            file_no,
+            created_at: 0,
+            start,
+            after_seq: Some(2),
+            config: &config,
+            state: &state,
+        };
+        encode_header(&mut out, &h, &prev).unwrap();
+        let p = dir.path().join(format!("case-{file_no}-{start:?}.jsonl"));
+        fs::write(&p, out).unwrap();
+        match verify(&[p]) {
+            Err(Failure::Journal(e)) => (e.line, e.problem),
+            other => panic!("expected a journal error, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        append(0, Start::Rotate),
+        (
+            6,
+            Problem::OutOfOrder {
+                expected: "event or a process's header",
+                found: "rotation header"
+            }
+        )
+    );
+    assert_eq!(
+        append(1, Start::Open),
+        (6, Problem::HeaderFileNo { file: 0, found: 1 })
+    );
 }
 
 #[test]
@@ -212,9 +424,11 @@ fn a_half_written_record_of_the_previous_process_is_cut_off() {
 
     let state = State::new(config.clone());
     Journal::open_at(&s, &config, &state, 0).unwrap();
-    // The old file lost exactly the unfinished step, and the chain continues from it.
-    assert_eq!(fs::read(rotated_path(&s.path, 1)).unwrap(), complete);
+    // The file lost exactly the unfinished step, and the next process continues after it.
+    let now = fs::read(&s.path).unwrap();
+    assert_eq!(&now[..complete.len()], &complete[..]);
     let files = existing_files(&s.path, 4);
+    assert_eq!(files, vec![s.path.clone()]);
     assert_eq!(verify(&files).unwrap().steps, 2);
 }
 

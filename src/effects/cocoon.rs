@@ -1,8 +1,8 @@
-//! The cocoon CLI client: argv straight from the core (never a shell), a timeout per call,
-//! the child in its own process group so a timeout or shutdown kills everything it started.
+//! The cocoon CLI client: argv straight from the core (never a shell), a timeout per verb
+//! (F5), the child in its own process group so a timeout or shutdown kills everything it
+//! started.
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use reconcilers::cocoon::{CloneSource, CocoonCmd, Output};
 use reconcilers::event::CocoonOk;
@@ -10,21 +10,27 @@ use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::process::Command;
 
 use super::cocoon_json;
+pub use super::cocoon_timeouts::Timeouts;
+pub use super::process_groups::kill_group;
+use super::process_groups::ProcessGroups;
 
 #[derive(Clone, Debug)]
 pub struct CocoonCli {
     pub bin: String,
-    pub timeout: Duration,
+    pub timeouts: Timeouts,
     /// Extra environment for the child (the e2e simulator's root, for instance).
     pub env: Vec<(String, String)>,
+    /// The children still running, shared by every clone: shutdown kills them (N18).
+    pub groups: ProcessGroups,
 }
 
 impl CocoonCli {
     pub fn new(bin: impl Into<String>) -> Self {
         Self {
             bin: bin.into(),
-            timeout: Duration::from_secs(300),
+            timeouts: Timeouts::default(),
             env: Vec::new(),
+            groups: ProcessGroups::default(),
         }
     }
 
@@ -79,25 +85,27 @@ impl CocoonCli {
                 format!("cannot start {}: {e} (check VK_COCOON_BIN)", self.bin),
             )
         })?;
-        let pid = child.id();
-        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
-            Ok(r) => r.map_err(|e| {
-                CocoonError::new(
-                    CocoonErrorKind::Transient,
-                    format!("cocoon {}: {e}", argv.join(" ")),
-                )
-            })?,
+        let tracked = child.id().map(|pid| self.groups.track(pid));
+        let limit = self.timeouts.for_argv(argv);
+        let out = match tokio::time::timeout(limit, child.wait_with_output()).await {
+            Ok(r) => {
+                if let Some(t) = tracked {
+                    t.exited();
+                }
+                r.map_err(|e| {
+                    CocoonError::new(
+                        CocoonErrorKind::Transient,
+                        format!("cocoon {}: {e}", argv.join(" ")),
+                    )
+                })?
+            }
             Err(_) => {
-                if let Some(pid) = pid {
-                    kill_group(pid);
+                if let Some(t) = tracked {
+                    t.kill();
                 }
                 return Err(CocoonError::new(
                     CocoonErrorKind::Timeout,
-                    format!(
-                        "cocoon {} did not finish within {:?}",
-                        argv.join(" "),
-                        self.timeout
-                    ),
+                    format!("cocoon {} did not finish within {limit:?}", argv.join(" "),),
                 ));
             }
         };
@@ -107,13 +115,6 @@ impl CocoonCli {
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
         Err(CocoonError::classify(&format!("{stderr}\n{stdout}")))
-    }
-}
-
-pub fn kill_group(pid: u32) {
-    // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH, which is fine.
-    unsafe {
-        libc::killpg(pid as libc::pid_t, libc::SIGKILL);
     }
 }
 

@@ -4,11 +4,16 @@
 
 pub mod cocoon;
 pub mod cocoon_json;
+pub mod cocoon_timeouts;
 pub mod dhcp_release;
+pub mod event_lane;
 pub mod icmp;
+#[cfg(test)]
+mod kube_lanes_tests;
 pub mod kube_writes;
 pub mod node;
 pub mod probes;
+pub mod process_groups;
 pub mod registry;
 
 use std::sync::Arc;
@@ -34,7 +39,9 @@ pub struct Executor {
     /// The registry (`OCI_REGISTRY`); `None`: unset.
     pub transfers: Option<Arc<registry::Transfers>>,
     cocoon_slots: Arc<Semaphore>,
+    /// Status writes and deletes: the writes that move pods. Events never take one (F4).
     kube_slots: Arc<Semaphore>,
+    events: event_lane::EventLane,
 }
 
 impl Executor {
@@ -52,12 +59,13 @@ impl Executor {
             client,
             tx,
             probes,
-            metrics,
             node_name,
             dhcp_release_socket,
             transfers: None,
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
+            events: event_lane::EventLane::new(metrics.events_dropped.clone()),
+            metrics,
         }
     }
 
@@ -79,7 +87,7 @@ impl Executor {
                 tokio::spawn(async move {
                     let _permit = slots.acquire_owned().await;
                     let result = cli.call(&cmd).await;
-                    let _ = tx.send(Event::CocoonDone { op, result });
+                    let _ = tx.send(Event::CocoonDone { op, result }).await;
                 });
             }
             Action::PatchPod {
@@ -106,7 +114,7 @@ impl Executor {
                         Some(socket) => dhcp_release::release(&socket, &mac).await,
                         None => Err("no cocoon-net control socket is configured".into()),
                     };
-                    let _ = tx.send(Event::DhcpLeaseReleased { op, result });
+                    let _ = tx.send(Event::DhcpLeaseReleased { op, result }).await;
                 });
             }
             Action::RecordEvent {
@@ -116,25 +124,17 @@ impl Executor {
                 reason,
                 message,
             } => {
-                let (client, node, slots) = (
-                    self.client.clone(),
-                    self.node_name.clone(),
-                    self.kube_slots.clone(),
-                );
+                let (client, node) = (self.client.clone(), self.node_name.clone());
                 self.metrics.api_writes.with_label_values(&["event"]).inc();
-                tokio::spawn(async move {
-                    let _permit = slots.acquire_owned().await;
-                    let kind = match kind {
-                        EventType::Normal => "Normal",
-                        EventType::Warning => "Warning",
-                    };
-                    if let Err(e) = kube_writes::record_event(
-                        &client, &node, &key, &uid, kind, &reason, &message,
-                    )
-                    .await
-                    {
-                        tracing::warn!(pod = %key, %reason, error = %e, "could not record a Kubernetes Event");
-                    }
+                let what = format!("{reason} on {key}");
+                let kind = match kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                };
+                self.events.submit(what, async move {
+                    kube_writes::record_event(&client, &node, &key, &uid, kind, &reason, &message)
+                        .await
+                        .map_err(|e| e.to_string())
                 });
             }
             Action::RunProbe {
@@ -148,7 +148,7 @@ impl Executor {
                 let tx = self.tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(after_ms)).await;
-                    let _ = tx.send(Event::TimerFired { timer });
+                    let _ = tx.send(Event::TimerFired { timer }).await;
                 });
             }
             Action::Count { counter } => self.metrics.count(&counter),
@@ -165,7 +165,7 @@ impl Executor {
                         Some(t) => t.call(&call).await,
                         None => Err(registry::not_configured(&call)),
                     };
-                    let _ = tx.send(Event::RegistryDone { op, result });
+                    let _ = tx.send(Event::RegistryDone { op, result }).await;
                 });
             }
             Action::RegisterNode | Action::Abort { .. } => {}
@@ -194,7 +194,7 @@ impl Executor {
                     message: format!("{kind} write timed out after 5s"),
                 }),
             };
-            let _ = tx.send(Event::KubeDone { op, result });
+            let _ = tx.send(Event::KubeDone { op, result }).await;
         });
     }
 }

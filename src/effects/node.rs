@@ -69,7 +69,7 @@ fn status(s: &NodeSettings) -> Value {
     })
 }
 
-/// N18: a Node of this name that no virtual kubelet made (no `type=virtual-kubelet` label)
+/// N19: a Node of this name that no virtual kubelet made (no `type=virtual-kubelet` label)
 /// is somebody else's, most likely the host's own kubelet: taking it over would overwrite its
 /// status and Lease and claim every pod scheduled to the host.
 pub fn foreign(node: &Node) -> Option<String> {
@@ -89,7 +89,7 @@ pub fn foreign(node: &Node) -> Option<String> {
     })
 }
 
-/// N18 at startup: stop before anything runs when the node name is already someone else's.
+/// N19 at startup: stop before anything runs when the node name is already someone else's.
 /// An API that cannot answer is no verdict; registration checks again.
 pub async fn refuse_foreign(client: &Client, name: &str) -> anyhow::Result<()> {
     let api: Api<Node> = Api::all(client.clone());

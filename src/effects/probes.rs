@@ -89,12 +89,14 @@ impl Probes {
                 Ok(Err(e)) => (false, e),
                 Err(_) => (false, "probe deadline (3s) exceeded".to_string()),
             };
-            let _ = tx.send(Event::ProbeDone {
-                key: task_key,
-                seq: probe,
-                ok,
-                detail,
-            });
+            let _ = tx
+                .send(Event::ProbeDone {
+                    key: task_key,
+                    seq: probe,
+                    ok,
+                    detail,
+                })
+                .await;
         });
         if let Some(old) = self.tasks.insert(key, handle) {
             old.abort();

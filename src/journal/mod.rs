@@ -2,9 +2,12 @@
 //! versioned JSON lines, each chained to the one before by sha256, rotated by
 //! size. `vk-cocoon replay` feeds it back through the same reducer.
 //!
-//! A file is one `header` line (format version, node, core config, created-at and a snapshot
+//! A file is a `header` line (format version, node, core config, created-at and a snapshot
 //! of the `State` the file starts from, so every file replays on its own) followed by an
-//! `event` line and an `actions` line per reduce step. Byte-level format: [`record`].
+//! `event` line and an `actions` line per reduce step. A later process start, or journaling
+//! again after a gap, appends another header to the same file and replay starts over from its
+//! state; so a file holds one run or several, and the chain runs through all of them.
+//! Byte-level format: [`record`].
 
 mod digest;
 mod export;

@@ -49,6 +49,11 @@ pub enum Problem {
     },
     /// The header's `config` and its `state.config` disagree.
     ConfigMismatch,
+    /// A header inside a file carries another file's number.
+    HeaderFileNo {
+        file: u64,
+        found: u64,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -105,11 +110,16 @@ impl fmt::Display for Problem {
                 f,
                 "file_no {found} follows file_no {}: file {expected} is missing; \
                  pass every rotated file (replay sorts them)",
-                expected - 1
+                expected.wrapping_sub(1)
             ),
             Problem::ConfigMismatch => {
                 f.write_str("the header's config differs from the config inside its state")
             }
+            Problem::HeaderFileNo { file, found } => write!(
+                f,
+                "a header inside file_no {file} says file_no {found}: every header of a file \
+                 carries the file's number"
+            ),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Reading a journal back and proving it is the one that was written: every line's hash, every
-//! `prev` link (across files too), seq continuity and the header → (event, actions)* shape.
-//! The first problem ends the read and names its file, line and seq.
+//! `prev` link (across files too), seq continuity and the header → (event, actions)* shape,
+//! where a file may hold several such runs. The first problem ends the read and names its
+//! file, line and seq.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -26,8 +27,9 @@ pub struct Loc {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Entry {
-    /// A file begins; for `start: open` its state is a fresh process's.
-    File { loc: Loc, header: Box<Header> },
+    /// A header: a file begins (line 1), or a process starts or resumes inside the current
+    /// file. For `start: open` its state is a fresh process's.
+    Header { loc: Loc, header: Box<Header> },
     /// One reduce step as the loop journaled it; `loc` is the event's line.
     Step {
         loc: Loc,
@@ -158,19 +160,39 @@ impl Reader {
         }
     }
 
+    /// `first_in_file`: the file's line 1; otherwise a header after records of the same file.
     fn header(
         &mut self,
         loc: Loc,
         header: Box<Header>,
         prev: Digest,
         hash: Digest,
+        first_in_file: bool,
     ) -> Result<Entry, JournalError> {
         let e = |p| self.err(&loc.file, loc.line, None, p);
-        if let Some(before) = self.last_file_no {
-            if header.file_no != before + 1 {
-                return Err(e(Problem::FileGap {
-                    expected: before + 1,
+        if first_in_file {
+            if let Some(before) = self.last_file_no {
+                if before.checked_add(1) != Some(header.file_no) {
+                    return Err(e(Problem::FileGap {
+                        expected: before.wrapping_add(1),
+                        found: header.file_no,
+                    }));
+                }
+            }
+        } else {
+            let file_no = self
+                .last_file_no
+                .expect("a file's first line is its header");
+            if header.file_no != file_no {
+                return Err(e(Problem::HeaderFileNo {
+                    file: file_no,
                     found: header.file_no,
+                }));
+            }
+            if header.start == Start::Rotate {
+                return Err(e(Problem::OutOfOrder {
+                    expected: "event or a process's header",
+                    found: "rotation header",
                 }));
             }
         }
@@ -192,6 +214,10 @@ impl Reader {
         }
         match header.start {
             Start::Open => self.last_seq = None,
+            // Steps were not journaled before it, by this process or (when the journal could
+            // not be opened at its start) by a new one: the seq may jump either way. The
+            // chain link above still proves no journaled record is missing.
+            Start::Resume => self.last_seq = header.after_seq,
             Start::Rotate => {
                 if self.last_file_no.is_some() && header.after_seq != self.last_seq {
                     let expected = self.last_seq.map_or(0, |s| s + 1);
@@ -204,7 +230,7 @@ impl Reader {
         self.last = Some(hash);
         self.last_file_no = Some(header.file_no);
         self.in_file = true;
-        Ok(Entry::File { loc, header })
+        Ok(Entry::Header { loc, header })
     }
 }
 
@@ -244,10 +270,9 @@ impl Reader {
                 Err(e) => return Some(Err(e)),
             };
             match line.record {
-                Record::Header(h) if first_line => {
-                    return Some(self.header(loc, h, line.prev, line.hash))
+                Record::Header(h) => {
+                    return Some(self.header(loc, h, line.prev, line.hash, first_line))
                 }
-                Record::Header(_) => return Some(Err(self.out_of_order(&loc, "event", "header"))),
                 _ if first_line => {
                     let found = kind(&line.record);
                     return Some(Err(self.out_of_order(&loc, "header", found)));

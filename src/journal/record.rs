@@ -4,7 +4,7 @@
 //! `"prev"` and `"hash"`:
 //!
 //! ```text
-//! {"kind":"header","version":3,"file_no":0,…,"state":{…},"prev":"000…","hash":"9f2…"}
+//! {"kind":"header","version":5,"file_no":0,…,"state":{…},"prev":"000…","hash":"9f2…"}
 //! {"kind":"event","seq":1,"at":1777622400000,"event":{…},"prev":"9f2…","hash":"41c…"}
 //! {"kind":"actions","seq":1,"actions":[…],"prev":"41c…","hash":"d07…"}
 //! ```
@@ -23,33 +23,43 @@ use reconcilers::{Action, Config, Envelope, Event, State};
 use super::digest::Digest;
 use super::problem::Problem;
 
-/// Bumped on any change an older reader could misread.
-pub const FORMAT_VERSION: u32 = 4;
+/// Bumped on any change an older reader could misread. 5: a file may hold several runs
+/// (a header after records), and a header may start with `resume`.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// `,"hash":"` + 64 digits + `"}`: the fixed-size end of every line.
 const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;
 
-/// Why a file begins: a process (re)start, whose State is fresh, or a size rotation, whose
-/// State is the one the previous file ended with.
+/// Why a header is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Start {
+    /// A process starts; its State is fresh. First in a file, or appended to the current one.
     Open,
+    /// The file before this one reached its size; the State is the one it ended with. Always
+    /// the first line of a file.
     Rotate,
+    /// The process journals again after steps that were not journaled (a write failed, or
+    /// the journal could not be opened); the State is the loop's at that moment, `after_seq`
+    /// the last event it had reduced. First in a file, or appended to the current one.
+    Resume,
 }
 
-/// The first line of every file: enough to replay the file on its own.
+/// The first line of every file, and of every run inside one: enough to replay what follows
+/// on its own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Header {
     pub version: u32,
     /// Counts files over the journal's whole life; rotation renames files, this never changes.
+    /// Every header in one file carries the file's number.
     pub file_no: u64,
     pub node: String,
     pub created_at: Millis,
     /// `vk-cocoon <version>` of the process that wrote the file.
     pub writer: String,
     pub start: Start,
-    /// Seq of the last event written before this file (a rotation continues from it).
+    /// Seq of the last event reduced before this header: a rotation or a resume continues
+    /// from it. `None` for a process start.
     pub after_seq: Option<u64>,
     pub config: Config,
     pub state: State,

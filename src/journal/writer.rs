@@ -1,15 +1,23 @@
 //! Appending to the journal, and size-bounded rotation.
 //!
-//! The loop owns one `Journal`. For every envelope it reduces it calls [`Journal::record`]
+//! The loop owns one `Journal` while journaling works (`runtime::evidence` decides what
+//! happens when it does not). For every envelope it reduces it calls [`Journal::record`]
 //! *before* it executes the actions, then [`Journal::rotate_if_needed`] with the state the
 //! reduce left, so a new file's header holds exactly the state its first event meets.
 //!
 //! Each `record` is one `write(2)` of two lines (event + actions). There is no fsync per
 //! record: the journal explains a run, it is not the source of truth (the cluster and cocoon
 //! are), so a power cut may lose the tail; a crash of the process loses nothing written.
+//!
+//! A file begins only by size. A process that starts (or journals again after losing
+//! records) appends its header to the current file when that file is of this format, its last
+//! record verifies and it has room; otherwise the file is rotated away and a new one begun.
+//! So a daemon restarting in a loop adds a header per start instead of pushing the older
+//! files, and the evidence of why it restarts, out of the kept set.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -19,7 +27,11 @@ use reconcilers::{Action, Config, Envelope, State};
 
 use super::digest::Digest;
 use super::files::rotated_path;
-use super::record::{self, HeaderFields, Start};
+use super::record::{self, HeaderFields, Record, Start, FORMAT_VERSION};
+
+/// The journal holds pod specs, annotations and error texts: readable by root alone.
+const FILE_MODE: u32 = 0o600;
+const DIR_MODE: u32 = 0o700;
 
 /// Where and how much (from `VK_JOURNAL_PATH`, `VK_JOURNAL_MAX_BYTES`, `VK_JOURNAL_FILES`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +50,7 @@ pub struct Journal {
     file: File,
     /// Bytes in the current file.
     bytes: u64,
-    /// Records written to the current file after its header.
+    /// Records written to the current file after its last header.
     records: u64,
     file_no: u64,
     last: Digest,
@@ -46,13 +58,14 @@ pub struct Journal {
     last_at: Millis,
     /// Reused for every record so the hot path does not allocate.
     buf: Vec<u8>,
-    /// Set after a failed write: the file may end mid-line, so nothing more is appended.
+    /// Set after a failed write: nothing more is appended through this value; its owner
+    /// attaches a new one, which checks the file's end again.
     broken: Option<String>,
 }
 
 impl Journal {
-    /// Starts a new file for this process (its header says `"start":"open"`), chained to the
-    /// last record of the previous run when there is one. The previous file is rotated away.
+    /// Journals a process from its start (its header says `"start":"open"`), chained to the
+    /// last record of the previous run when there is one.
     pub fn open(settings: &JournalSettings, config: &Config, state: &State) -> Result<Journal> {
         Self::open_at(settings, config, state, wall_clock_ms())
     }
@@ -64,48 +77,82 @@ impl Journal {
         state: &State,
         created_at: Millis,
     ) -> Result<Journal> {
+        Self::attach(settings, config, state, Start::Open, None, created_at)
+    }
+
+    /// [`Journal::resume_at`] at the wall clock's time.
+    pub fn resume(
+        settings: &JournalSettings,
+        config: &Config,
+        state: &State,
+        after_seq: Option<u64>,
+    ) -> Result<Journal> {
+        Self::resume_at(settings, config, state, after_seq, wall_clock_ms())
+    }
+
+    /// Journals again after steps were not journaled (a failed write, or a journal that
+    /// could not be opened): the header says `"start":"resume"`, carries the loop's `state`
+    /// as it is now and `after_seq`, the seq of the last event reduced, so the next event
+    /// replays from it.
+    pub fn resume_at(
+        settings: &JournalSettings,
+        config: &Config,
+        state: &State,
+        after_seq: Option<u64>,
+        created_at: Millis,
+    ) -> Result<Journal> {
+        Self::attach(
+            settings,
+            config,
+            state,
+            Start::Resume,
+            after_seq,
+            created_at,
+        )
+    }
+
+    fn attach(
+        settings: &JournalSettings,
+        config: &Config,
+        state: &State,
+        start: Start,
+        after_seq: Option<u64>,
+        created_at: Millis,
+    ) -> Result<Journal> {
         if settings.files == 0 {
             bail!("the journal needs at least one file (VK_JOURNAL_FILES ≥ 1)");
         }
         let path = &settings.path;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).with_context(|| {
-                format!(
-                    "cannot create the journal directory {}; make it writable, point \
-                     VK_JOURNAL_PATH elsewhere, or set VK_JOURNAL_PATH= (empty) to disable the journal",
-                    dir.display()
-                )
-            })?;
-        }
-        let previous = match previous_tail(path)? {
-            Some(t) => Some(t),
-            None => previous_tail(&rotated_path(path, 1))?,
+        ensure_dir(path)?;
+        tighten_modes(settings);
+        let (file, file_no, prev, bytes) = match current_file(path, settings.max_bytes)? {
+            Current::Append { tail, len } => (append(path)?, tail.file_no, tail.hash, len),
+            Current::Retire { tail } => {
+                shift_files(settings)?;
+                let (file_no, prev) = next_file_after(tail);
+                (create(path)?, file_no, prev, 0)
+            }
+            Current::Absent => {
+                let (file_no, prev) = next_file_after(previous_tail(&rotated_path(path, 1))?);
+                (create(path)?, file_no, prev, 0)
+            }
         };
-        let (prev, file_no) = match previous {
-            Some(t) => (t.hash, t.file_no + 1),
-            None => (Digest::GENESIS, 0),
-        };
-        if fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false) {
-            shift_files(settings)?;
-        }
-        let file = create(path)?;
         let mut j = Journal {
             settings: settings.clone(),
             config: config.clone(),
             file,
-            bytes: 0,
+            bytes,
             records: 0,
             file_no,
             last: prev,
-            last_seq: None,
+            last_seq: after_seq,
             last_at: created_at,
             buf: Vec::with_capacity(64 * 1024),
             broken: None,
         };
-        j.write_header(Start::Open, state, created_at)?;
+        j.write_header(start, state, created_at)?;
         Ok(j)
     }
-
     /// Writes the event and the actions it produced, and returns once both lines are handed
     /// to the kernel. Seqs must be consecutive within a process.
     pub fn record(&mut self, envelope: &Envelope, actions: &[Action]) -> Result<()> {
@@ -145,7 +192,10 @@ impl Journal {
         self.file.sync_data().ok();
         shift_files(&self.settings)?;
         self.file = create(&self.settings.path)?;
-        self.file_no += 1;
+        (self.file_no, self.last) = match self.file_no.checked_add(1) {
+            Some(next) => (next, self.last),
+            None => (0, Digest::GENESIS),
+        };
         self.bytes = 0;
         self.records = 0;
         self.write_header(Start::Rotate, state, self.last_at)?;
@@ -185,11 +235,56 @@ impl Journal {
     fn write_buf(&mut self) -> Result<()> {
         if let Err(e) = self.file.write_all(&self.buf) {
             let why = format!("write to {}: {e}", self.settings.path.display());
+            // A short write leaves half a line; cut it so the file still ends on a whole
+            // record and can be continued once writes work again. If even that fails, the
+            // next attach finds the torn line and cuts it (`previous_tail`).
+            let _ = self.file.set_len(self.bytes);
             self.broken = Some(why.clone());
             bail!("journal: {why}");
         }
         self.bytes += self.buf.len() as u64;
         Ok(())
+    }
+
+    /// Replaces the file handle (tests: a handle whose writes fail, as on a full disk).
+    #[cfg(test)]
+    pub(crate) fn swap_file_for_test(&mut self, file: File) {
+        self.file = file;
+    }
+}
+
+/// Creates the journal's directory, for root alone, when it does not exist. An existing
+/// directory is left as the operator made it.
+fn ensure_dir(path: &Path) -> Result<()> {
+    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+        .with_context(|| {
+            format!(
+                "cannot create the journal directory {}; make it writable, point \
+                 VK_JOURNAL_PATH elsewhere, or set VK_JOURNAL_PATH= (empty) to disable the journal",
+                dir.display()
+            )
+        })
+}
+
+/// Files an older build left group- or world-readable are narrowed to the owner.
+fn tighten_modes(s: &JournalSettings) {
+    for k in 0..s.files as u64 {
+        let p = rotated_path(&s.path, k);
+        let Ok(meta) = fs::metadata(&p) else { continue };
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            if let Err(e) = fs::set_permissions(&p, fs::Permissions::from_mode(FILE_MODE)) {
+                tracing::warn!(file = %p.display(), error = %e, "cannot narrow the journal file's mode to 0600");
+            }
+        }
     }
 }
 
@@ -198,8 +293,16 @@ fn create(path: &Path) -> Result<File> {
         .create(true)
         .write(true)
         .truncate(true)
+        .mode(FILE_MODE)
         .open(path)
         .with_context(|| format!("cannot create the journal file {}", path.display()))
+}
+
+fn append(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open the journal file {} to append", path.display()))
 }
 
 /// `<path>` becomes `<path>.1`, `.1` becomes `.2`, …; the oldest beyond `files` is deleted.
@@ -226,9 +329,55 @@ fn shift_files(s: &JournalSettings) -> Result<()> {
     Ok(())
 }
 
+/// The end of an existing journal file.
 struct Tail {
     hash: Digest,
     file_no: u64,
+    /// The file's first header is of this build's format, and its last record decodes and
+    /// hashes to the hash it carries: a new header may follow it.
+    continuable: bool,
+}
+
+/// What to do with the file at the journal's path.
+enum Current {
+    /// Missing or empty: begin it.
+    Absent,
+    /// Append to it: it has room, and its end verifies.
+    Append { tail: Tail, len: u64 },
+    /// Rotate it away and begin a new file, chained to its end when that is readable.
+    Retire { tail: Option<Tail> },
+}
+
+fn current_file(path: &Path, max_bytes: u64) -> Result<Current> {
+    let Some(tail) = previous_tail(path)? else {
+        let present = fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false);
+        return Ok(if present {
+            Current::Retire { tail: None }
+        } else {
+            Current::Absent
+        });
+    };
+    // After `previous_tail` cut any torn record, so this is the length appending starts at.
+    let len = fs::metadata(path)
+        .with_context(|| format!("cannot stat {}", path.display()))?
+        .len();
+    if !tail.continuable {
+        tracing::info!(file = %path.display(), "the current journal file is of another format or its end does not verify; starting a new file");
+        return Ok(Current::Retire { tail: Some(tail) });
+    }
+    if len >= max_bytes {
+        return Ok(Current::Retire { tail: Some(tail) });
+    }
+    Ok(Current::Append { tail, len })
+}
+
+/// The number and chain start of a new file following `tail`. A number with no successor
+/// (a damaged or hostile header) cannot be continued: a new chain starts.
+fn next_file_after(tail: Option<Tail>) -> (u64, Digest) {
+    match tail.and_then(|t| Some((t.file_no.checked_add(1)?, t.hash))) {
+        Some(next) => next,
+        None => (0, Digest::GENESIS),
+    }
 }
 
 /// The chain end of an existing journal file, so a new process continues the chain. A tail
@@ -245,7 +394,7 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
     if f.metadata()?.len() == 0 {
         return Ok(None);
     }
-    let Some(file_no) = header_file_no(&mut f) else {
+    let Some((version, file_no)) = header_prefix(&mut f) else {
         tracing::warn!(
             file = %path.display(),
             "the previous journal file has no readable header; the new file starts a new chain"
@@ -262,7 +411,12 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
         let hash = hash_of_line(&line);
         if complete && !is_event {
             if let Some(hash) = hash {
-                return Ok(Some(Tail { hash, file_no }));
+                let continuable = version == FORMAT_VERSION && verifies(&line, hash);
+                return Ok(Some(Tail {
+                    hash,
+                    file_no,
+                    continuable,
+                }));
             }
             tracing::warn!(file = %path.display(), "the previous journal file ends in an unreadable record; the new file starts a new chain");
             return Ok(None);
@@ -277,11 +431,24 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
     }
 }
 
-fn header_file_no(f: &mut File) -> Option<u64> {
+/// The last record decodes as this format's header or actions and hashes to `hash`.
+fn verifies(line: &[u8], hash: Digest) -> bool {
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    match record::decode(body) {
+        Ok(l) => {
+            l.hash == hash
+                && l.computed == hash
+                && matches!(l.record, Record::Header(_) | Record::Actions { .. })
+        }
+        Err(_) => false,
+    }
+}
+
+fn header_prefix(f: &mut File) -> Option<(u32, u64)> {
     f.seek(SeekFrom::Start(0)).ok()?;
     let mut start = Vec::with_capacity(128);
     f.take(128).read_to_end(&mut start).ok()?;
-    record::header_prefix(&start).map(|(_, file_no)| file_no)
+    record::header_prefix(&start)
 }
 
 /// The last line of the first `len` bytes (with its newline if it has one) and where it starts.

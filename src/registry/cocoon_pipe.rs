@@ -80,13 +80,16 @@ fn spawn_error(cli: &CocoonCli, e: io::Error) -> RegistryError {
 }
 
 /// Waits for the child in the background, collecting its stderr; reports exit 0 as `Ok`, any
-/// other end as the classified cocoon error.
+/// other end as the classified cocoon error. Until it exits, its group is among those
+/// shutdown kills (N18).
 fn watch(
+    cli: &CocoonCli,
     mut child: Child,
     stderr: Option<ChildStderr>,
     argv: String,
     exited: Arc<AtomicBool>,
 ) -> oneshot::Receiver<Result<(), CocoonError>> {
+    let tracked = child.id().map(|pid| cli.groups.track(pid));
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         let mut text = Vec::new();
@@ -105,6 +108,9 @@ fn watch(
         }
         let status = child.wait().await;
         exited.store(true, Ordering::SeqCst);
+        if let Some(t) = tracked {
+            t.exited();
+        }
         let res = match status {
             Ok(s) if s.success() => Ok(()),
             Ok(s) => {
@@ -216,7 +222,7 @@ pub async fn push_from_cocoon(
     let stdout = child.stdout.take().expect("stdout is piped");
     widen_pipe(&stdout);
     let stderr = child.stderr.take();
-    let status = watch(child, stderr, argv.join(" "), exited);
+    let status = watch(cli, child, stderr, argv.join(" "), exited);
     let mut export = ExportStream {
         stdout,
         status,
@@ -260,7 +266,8 @@ pub async fn pull_into_cocoon(
     let res = reg
         .pull_snapshot(name, tag, &mut imp.stdin, local_name)
         .await;
-    imp.finish(res, cli.timeout).await
+    let limit = cli.timeouts.for_argv(&["snapshot", "import"]);
+    imp.finish(res, limit).await
 }
 
 /// Streams the cloud image `name:tag` (its disk layers, in title order) into
@@ -284,7 +291,8 @@ pub async fn pull_cloud_image_into_cocoon(
     }
     let mut imp = Importer::spawn(cli, &["image", "import", "--", image_name])?;
     let res = reg.pull_cloud_image(name, tag, &mut imp.stdin).await;
-    imp.finish(res, cli.timeout).await
+    let limit = cli.timeouts.for_argv(&["image", "import"]);
+    imp.finish(res, limit).await
 }
 
 /// A cocoon process reading an archive or image on its stdin.
@@ -312,7 +320,7 @@ impl Importer {
         widen_pipe(&stdin);
         let stderr = child.stderr.take();
         let what = argv.join(" ");
-        let status = watch(child, stderr, what.clone(), exited);
+        let status = watch(cli, child, stderr, what.clone(), exited);
         Ok(Importer {
             stdin,
             status,

@@ -15,7 +15,7 @@ use reconcilers::pod::PodKey;
 use reconcilers::render;
 use reconcilers::{Action, Envelope, State};
 
-use crate::journal::{Entry, JournalError, Reader};
+use crate::journal::{Entry, JournalError, Reader, Start};
 
 pub use focus::Focus;
 pub use replayer::Replayer;
@@ -43,6 +43,8 @@ pub struct Summary {
     pub differing: u64,
     /// Rotations whose header state differs from the replayed state.
     pub state_differences: u64,
+    /// Headers that resume journaling after steps that were not journaled.
+    pub gaps: u64,
     pub last_seq: Option<u64>,
 }
 
@@ -144,12 +146,17 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
     let show = !opts.quiet;
     for entry in reader {
         match entry.map_err(Failure::Journal)? {
-            Entry::File { loc, header } => {
-                summary.files += 1;
-                if show {
-                    timeline.file(&loc, &header)?;
+            Entry::Header { loc, header } => {
+                if loc.line == 1 {
+                    summary.files += 1;
                 }
-                if let Err(differences) = replayer.begin_file(&header) {
+                if header.start == Start::Resume {
+                    summary.gaps += 1;
+                }
+                if show {
+                    timeline.header(&loc, &header)?;
+                }
+                if let Err(differences) = replayer.begin(&header) {
                     summary.state_differences += 1;
                     if opts.verify {
                         return Err(Failure::State {
@@ -236,8 +243,13 @@ pub fn verdict(s: &Summary, verify: bool, files: &[PathBuf]) -> String {
             s.differing, s.state_differences
         )
     };
+    let gaps = match s.gaps {
+        0 => String::new(),
+        1 => "; 1 gap where steps were not journaled".to_string(),
+        n => format!("; {n} gaps where steps were not journaled"),
+    };
     format!(
-        "replayed {} events ({} actions) from {} file(s) [{}]: {outcome}",
+        "replayed {} events ({} actions) from {} file(s) [{}]: {outcome}{gaps}",
         s.steps,
         s.actions,
         s.files,

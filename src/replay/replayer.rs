@@ -1,6 +1,7 @@
-//! Feeding journaled events through the same reducer. A file that starts a process resets
-//! the state to its header's; a rotated file must start from exactly the state replay
-//! arrived at, which checks the whole state, not only the actions, at every rotation.
+//! Feeding journaled events through the same reducer. A header that starts a process, or
+//! resumes journaling after steps that were not journaled, resets the state to its own; a
+//! rotated file must start from exactly the state replay arrived at, which checks the whole
+//! state, not only the actions, at every rotation.
 
 use reconcilers::{reduce, Action, Envelope, State};
 
@@ -17,9 +18,9 @@ impl Replayer {
         Self::default()
     }
 
-    /// Takes the file's starting state. `Err` names where a rotation header's state differs
+    /// Takes the header's starting state. `Err` names where a rotation header's state differs
     /// from the replayed one; the header's state is taken anyway, to stay with the journal.
-    pub fn begin_file(&mut self, header: &Header) -> Result<(), Vec<String>> {
+    pub fn begin(&mut self, header: &Header) -> Result<(), Vec<String>> {
         let differs = match (&self.state, header.start) {
             (Some(replayed), Start::Rotate) if *replayed != header.state => {
                 Some(state_differences(replayed, &header.state))

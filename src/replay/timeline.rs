@@ -8,7 +8,7 @@ use reconcilers::render;
 use reconcilers::time::{rfc3339_seconds, Millis};
 use reconcilers::{Action, Envelope};
 
-use crate::journal::{Header, Loc};
+use crate::journal::{Header, Loc, Start};
 
 /// Width of `HH:MM:SS.mmm  seq` so action lines line up under the event text.
 const INDENT: usize = 12 + 2 + 6 + 2;
@@ -29,18 +29,25 @@ impl<'a> Timeline<'a> {
         Self { out, day: None }
     }
 
-    pub fn file(&mut self, loc: &Loc, h: &Header) -> io::Result<()> {
+    pub fn header(&mut self, loc: &Loc, h: &Header) -> io::Result<()> {
         let start = match h.start {
-            crate::journal::Start::Open => "process start".to_string(),
-            crate::journal::Start::Rotate => match h.after_seq {
+            Start::Open => "process start".to_string(),
+            Start::Rotate => match h.after_seq {
                 Some(s) => format!("rotation after seq {s}"),
                 None => "rotation".to_string(),
+            },
+            Start::Resume => match h.after_seq {
+                Some(s) => {
+                    format!("journal resumed after seq {s} (steps before it were not journaled)")
+                }
+                None => "journal resumed".to_string(),
             },
         };
         writeln!(
             self.out,
-            "== {}: file {} of node {}, {} at {} by {}; state holds {} pods",
+            "== {}:{}: file {} of node {}, {} at {} by {}; state holds {} pods",
             loc.file.display(),
+            loc.line,
             h.file_no,
             h.node,
             start,

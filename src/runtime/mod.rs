@@ -1,7 +1,9 @@
 //! The daemon: sources feed one loop that owns the core's State; every event is reduced,
 //! journaled with its actions, and only then are the actions executed.
 
+mod evidence;
 mod settings;
+mod shutdown;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -17,9 +19,12 @@ use crate::effects::cocoon::CocoonCli;
 use crate::effects::node::{self, NodeSettings};
 use crate::effects::probes::{Pinger, Probes};
 use crate::effects::Executor;
-use crate::journal::{Journal, JournalSettings};
+use crate::journal::JournalSettings;
 use crate::metrics::{self, Metrics};
 use crate::sources::{cocoon_stream, dhcp_leases, pods};
+
+pub use evidence::Evidence;
+pub use shutdown::Shutdown;
 
 pub struct Settings {
     pub core: reconcilers::Config,
@@ -50,16 +55,9 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 pub async fn run(settings: Settings) -> Result<()> {
+    // First, so a signal that comes during startup is not lost either.
+    let mut shutdown = Shutdown::listen()?;
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
@@ -77,7 +75,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             settings.staging_dir.display()
         )
     })?;
-    // N18: never another node's name.
+    // N19: never another node's name.
     node::refuse_foreign(&client, &settings.node.name).await?;
     // B10: what a killed process left half-staged is never a source, so it goes before anything
     // can look at it.
@@ -100,8 +98,12 @@ pub async fn run(settings: Settings) -> Result<()> {
         settings.snapshot_dir.clone(),
         settings.cocoon.clone(),
     )?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let (tx, mut rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
+    metrics.watch_event_queue(&tx);
+    if settings.journal.is_some() {
+        metrics.enable_journal();
+    }
     let views = views::Views::default();
     let sampler = std::sync::Arc::new(crate::stats::Sampler::new(
         views.clone(),
@@ -191,24 +193,39 @@ pub async fn run(settings: Settings) -> Result<()> {
                 Ok(_) => unreachable!("vm list decodes to Vms"),
                 Err(error) => Event::VmListFailed { error },
             };
-            let _ = tx.send(event);
+            let _ = tx.send(event).await;
         }));
     }
 
     let mut state = State::new(settings.core.clone());
-    let mut journal = match &settings.journal {
-        Some(j) => Some(
-            Journal::open(j, &settings.core, &state)
-                .context("opening the journal (VK_JOURNAL_PATH)")?,
-        ),
-        None => None,
-    };
+    // F3: a journal that cannot be opened is logged and retried, never fatal.
+    let mut evidence = settings.journal.clone().map(|j| {
+        Evidence::start(
+            j,
+            &settings.core,
+            &state,
+            metrics.journal.clone(),
+            tokio::time::Instant::now(),
+        )
+    });
     let mut publisher = views::Publisher::new(views.clone());
     let mut seq = 0u64;
     let result = loop {
+        let retry_at = evidence.as_ref().and_then(Evidence::retry_at);
         let event = tokio::select! {
             ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
-            _ = shutdown_signal() => break Ok(()),
+            signal = shutdown.requested() => {
+                tracing::info!(signal, "shutting down; VMs keep running");
+                break Ok(());
+            }
+            // A down journal is tried again on time even when no event comes.
+            () = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)),
+                if retry_at.is_some() => {
+                if let Some(e) = evidence.as_mut() {
+                    e.retry(&state, seq, tokio::time::Instant::now());
+                }
+                continue;
+            }
         };
         seq += 1;
         let envelope = Envelope {
@@ -217,14 +234,8 @@ pub async fn run(settings: Settings) -> Result<()> {
             event,
         };
         let actions = reduce(&mut state, envelope.clone());
-        if let Some(j) = journal.as_mut() {
-            if let Err(e) = j
-                .record(&envelope, &actions)
-                .and_then(|()| j.rotate_if_needed(&state).map(drop))
-            {
-                tracing::error!(error = %e, "journal write failed; continuing without a journal");
-                journal = None;
-            }
+        if let Some(e) = evidence.as_mut() {
+            e.record(&envelope, &actions, &state, tokio::time::Instant::now());
         }
         let mut fatal = None;
         for action in actions {
@@ -250,8 +261,13 @@ pub async fn run(settings: Settings) -> Result<()> {
             break Err(anyhow::anyhow!(message));
         }
     };
-    // N18: stop everything we started; VMs keep running.
+    // N18: stop everything we started; VMs keep running. A cocoon call still running is
+    // killed with everything it started; what a finished call left (a VM) is not ours.
     exec.probes.stop_all();
+    let killed = settings.cocoon.groups.kill_all();
+    if killed > 0 {
+        tracing::info!("killed {killed} cocoon process group(s) still running");
+    }
     for t in tasks {
         t.abort();
     }
@@ -265,7 +281,7 @@ async fn register(client: Client, s: NodeSettings, tx: crate::sources::EventTx) 
         match node::register(&client, &s).await {
             Ok(uid) => {
                 tracing::info!(node = %s.name, "node registered");
-                let _ = tx.send(Event::NodeRegistered);
+                let _ = tx.send(Event::NodeRegistered).await;
                 node::heartbeat(client, s, uid).await;
                 return;
             }

@@ -1,7 +1,8 @@
 //! cocoon's VM event stream (W1, W2): `cocoon vm status --event --format json` for the life of
 //! the process. A failed start backs off 1 s → 60 s (reset by a good start); a clean end of
 //! stream reconnects after a fixed 2 s. The child runs in its own process group, killed on
-//! every reconnect and when this task is dropped, so no stream process is ever orphaned.
+//! every reconnect, when this task is dropped and at shutdown, so no stream process is ever
+//! orphaned.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::EventTx;
-use crate::effects::cocoon::{kill_group, CocoonCli};
+use crate::effects::cocoon::CocoonCli;
 use crate::effects::cocoon_json;
 
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -19,17 +20,6 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 const CLEAN_RECONNECT: Duration = Duration::from_secs(2);
 /// Longest line accepted (cocoon N caps lines at 1 MiB too).
 const MAX_LINE: usize = 1 << 20;
-
-/// Kills the stream's process group when dropped, including on task abort.
-struct GroupGuard(Option<u32>);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.take() {
-            kill_group(pid);
-        }
-    }
-}
 
 pub async fn run(cli: CocoonCli, tx: EventTx) {
     let mut backoff = BACKOFF_FIRST;
@@ -48,18 +38,21 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, bin = %cli.bin, ?backoff, "cannot start the cocoon event stream");
-                let _ = tx.send(Event::VmStreamClosed {
-                    clean: false,
-                    error: Some(e.to_string()),
-                });
+                let _ = tx
+                    .send(Event::VmStreamClosed {
+                        clean: false,
+                        error: Some(e.to_string()),
+                    })
+                    .await;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
         };
-        let _guard = GroupGuard(child.id());
+        // Killed when dropped, including on task abort: the stream never ends on its own.
+        let _guard = child.id().map(|pid| cli.groups.track(pid));
         backoff = BACKOFF_FIRST;
-        if tx.send(Event::VmStreamConnected).is_err() {
+        if tx.send(Event::VmStreamConnected).await.is_err() {
             return;
         }
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
@@ -79,7 +72,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
                         tracing::debug!(?kind, "event without id or name skipped");
                     }
                     Ok((kind, vm)) => {
-                        if tx.send(Event::VmStream { kind, vm }).is_err() {
+                        if tx.send(Event::VmStream { kind, vm }).await.is_err() {
                             return;
                         }
                     }
@@ -113,6 +106,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
                 clean,
                 error: error.clone(),
             })
+            .await
             .is_err()
         {
             return;

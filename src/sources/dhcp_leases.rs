@@ -143,7 +143,7 @@ pub async fn run(path: PathBuf, tx: EventTx) {
             match table {
                 Ok(table) => {
                     if let Some(event) = next_event(&mut last, table) {
-                        if tx.send(event).is_err() {
+                        if tx.send(event).await.is_err() {
                             return;
                         }
                     }

@@ -27,7 +27,7 @@ pub async fn run(client: Client, node: String, tx: EventTx) {
                 continue;
             }
         };
-        if tx.send(event).is_err() {
+        if tx.send(event).await.is_err() {
             return;
         }
     }

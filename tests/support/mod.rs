@@ -36,7 +36,7 @@ pub fn rewrite(
     dst: &Path,
     mut edit: impl FnMut(&mut reconcilers::Envelope, &mut Vec<reconcilers::Action>),
 ) {
-    use vk_cocoon::journal::{Entry, Journal, Reader};
+    use vk_cocoon::journal::{Entry, Journal, Reader, Start};
     let settings = JournalSettings {
         path: dst.to_path_buf(),
         max_bytes: u64::MAX,
@@ -45,11 +45,18 @@ pub fn rewrite(
     let mut journal = None;
     for entry in Reader::open(&[src.to_path_buf()]).expect("open") {
         match entry.expect("the source journal is intact") {
-            Entry::File { header, .. } => {
-                journal = Some(
-                    Journal::open_at(&settings, &header.config, &header.state, header.created_at)
-                        .expect("open the copy"),
-                );
+            Entry::Header { header, .. } => {
+                let (config, state, at) = (&header.config, &header.state, header.created_at);
+                let attached = match header.start {
+                    Start::Open => Journal::open_at(&settings, config, state, at),
+                    Start::Resume => {
+                        Journal::resume_at(&settings, config, state, header.after_seq, at)
+                    }
+                    Start::Rotate => panic!("rewrite copies one file; a rotation begins another"),
+                };
+                // The previous run's writer goes first: the next one appends after its end.
+                drop(journal.take());
+                journal = Some(attached.expect("open the copy"));
             }
             Entry::Step {
                 mut envelope,
@@ -104,7 +111,7 @@ pub fn reencode(
     let mut out = Vec::new();
     for entry in Reader::open(&[path.to_path_buf()]).unwrap() {
         match entry.unwrap() {
-            Entry::File { header, .. } => {
+            Entry::Header { header, .. } => {
                 let mut state = header.state.clone();
                 edit_state(&mut state);
                 let h = HeaderFields {

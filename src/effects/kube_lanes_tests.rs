@@ -1,0 +1,116 @@
+//! F4 against an apiserver that takes no Events: status writes still go through at once.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response};
+use hyper_util::rt::TokioIo;
+use reconcilers::action::EventType;
+use reconcilers::pod::PodKey;
+use reconcilers::{Action, Event};
+
+use super::event_lane::CAPACITY;
+use super::probes::{Pinger, Probes};
+use super::Executor;
+use crate::effects::cocoon::CocoonCli;
+use crate::metrics::Metrics;
+
+const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default","uid":"u"},"status":{"phase":"Running"}}"#;
+
+/// Answers a pod status patch at once; holds every Event create without an answer.
+async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() == Method::POST && req.uri().path().ends_with("/events") {
+        std::future::pending::<()>().await;
+    }
+    if req.method() == Method::PATCH
+        && req.uri().path() == "/api/v1/namespaces/default/pods/p/status"
+    {
+        return Ok(Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(POD.as_bytes())))
+            .unwrap());
+    }
+    Ok(Response::builder()
+        .status(404)
+        .body(Full::new(Bytes::new()))
+        .unwrap())
+}
+
+async fn slow_apiserver() -> kube::Client {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), hyper::service::service_fn(answer))
+                    .await;
+            });
+        }
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+#[tokio::test]
+async fn events_withheld_by_the_apiserver_never_delay_a_status_write() {
+    let client = slow_apiserver().await;
+    let (tx, mut rx) = crate::sources::event_queue();
+    let metrics = Metrics::new();
+    let probes = Probes::new(Pinger::Degraded, tx.clone(), metrics.clone());
+    let mut exec = Executor::new(
+        CocoonCli::new("/nonexistent/cocoon"),
+        client,
+        tx,
+        probes,
+        metrics.clone(),
+        "node-a".into(),
+        None,
+    );
+    let key = PodKey::new("default", "p");
+    // More Events than the status writes' 32 slots and the Events lane together.
+    let events = 2 * CAPACITY + 32;
+    for i in 0..events {
+        exec.execute(Action::RecordEvent {
+            key: key.clone(),
+            uid: "u".into(),
+            kind: EventType::Warning,
+            reason: format!("Reason{i}"),
+            message: "m".into(),
+        });
+    }
+    // Let the held Events reach the apiserver first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    exec.execute(Action::PatchPod {
+        op: 7,
+        key,
+        uid: "u".into(),
+        status: None,
+        annotations: BTreeMap::new(),
+    });
+    let done = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+        .await
+        .expect("the status write was held back by the Events")
+        .unwrap();
+    assert!(
+        matches!(
+            done,
+            Event::KubeDone {
+                op: 7,
+                result: Ok(_)
+            }
+        ),
+        "{done:?}"
+    );
+    let full = metrics
+        .events_dropped
+        .with_label_values(&["lane_full"])
+        .get();
+    assert_eq!(full, (events - CAPACITY) as u64);
+}
