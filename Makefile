@@ -16,9 +16,10 @@ BENCH_PODS ?= 200
 build:
 	$(CARGO) build -j$(JOBS) --workspace
 
-# Everything: formatting, lints and rule citations, the unit-level suites, then the
+# Everything: what the tests need (packages, the Go-built control plane; a warm machine skips
+# it in under a second), formatting, lints and rule citations, the unit-level suites, then the
 # end-to-end suites on the real testbed.
-test: lint unit e2e
+test: deps lint unit e2e
 
 # reconcilers with its testkit (scenario files, property tests), the cocoon simulator's
 # contract tests, and this package's unit and integration tests that need no testbed.
