@@ -31,6 +31,8 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_KUBELET_PORT", "10351"),
     ("VK_TLS_CERT", "/tls/c.crt"),
     ("VK_TLS_KEY", "/tls/c.key"),
+    ("VK_CLIENT_CA_FILE", "/tls/clients-ca.crt"),
+    ("VK_KUBELET_ANONYMOUS", "false"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
     ("VK_LOG_LEVEL", "DEBUG"),
@@ -83,6 +85,8 @@ fn every_variable_is_read() {
     assert_eq!(c.kubelet_port, 10351);
     assert_eq!(c.tls_cert, PathBuf::from("/tls/c.crt"));
     assert_eq!(c.tls_key, PathBuf::from("/tls/c.key"));
+    assert_eq!(c.client_ca_file, Some(PathBuf::from("/tls/clients-ca.crt")));
+    assert!(!c.kubelet_anonymous);
     assert_eq!(
         c.metrics_addr,
         "127.0.0.1:9100".parse::<SocketAddr>().unwrap()
@@ -151,6 +155,8 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.node_pool, "default");
     assert_eq!(c.snapshot_cpu_class, None);
     assert_eq!(c.kubelet_port, 10250);
+    assert_eq!(c.client_ca_file, None);
+    assert!(!c.kubelet_anonymous);
     assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
     assert_eq!(c.peer_addr.to_string(), "0.0.0.0:12501");
     assert_eq!(c.log_level, LogLevel::Info);
@@ -222,6 +228,16 @@ fn an_unknown_orphan_policy_behaves_as_alert_with_a_warning() {
 }
 
 #[test]
+fn an_anonymous_kubelet_api_is_accepted_with_a_warning() {
+    let c = parse(&[("VK_KUBELET_ANONYMOUS", "true")]).unwrap();
+    assert!(c.kubelet_anonymous);
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.contains("VK_KUBELET_ANONYMOUS")));
+}
+
+#[test]
 fn log_levels_accept_the_names_logrus_did() {
     for (v, l) in [
         ("trace", LogLevel::Trace),
@@ -247,6 +263,7 @@ const BAD: &[(&str, &str)] = &[
     ("VK_METRICS_ADDR", "metrics.local:9091"),
     ("VK_PEER_ADDR", ":port"),
     ("VK_LOG_LEVEL", "verbose"),
+    ("VK_KUBELET_ANONYMOUS", "sometimes"),
     ("COCOON_MACOS_VNC_PASSWORD", "longer-than-8"),
     ("VK_RESTORE_MODE", "lazy"),
     ("VK_RESTORE_MODE", "COPY"),

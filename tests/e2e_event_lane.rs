@@ -31,8 +31,13 @@ fn slow_webhook(dir: &std::path::Path) -> Result<(u16, String)> {
     let (cert_path, key_path) = (dir.join("webhook.crt"), dir.join("webhook.key"));
     std::fs::write(&cert_path, cert.pem())?;
     std::fs::write(&key_path, key.serialize_pem())?;
-    let tls =
-        vk_cocoon::kubelet::tls::server_config(&cert_path, &key_path, "webhook", "127.0.0.1")?;
+    let tls = vk_cocoon::kubelet::tls::server_config(
+        &cert_path,
+        &key_path,
+        None,
+        "webhook",
+        "127.0.0.1",
+    )?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     std::thread::spawn(move || {

@@ -77,8 +77,13 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .env("VK_JOURNAL_PATH", &o.journal)
         .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
         .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"))
-        .env("VK_LOG_LEVEL", "info")
-        .envs(o.env.iter().cloned());
+        .env("VK_LOG_LEVEL", "info");
+    // The apiserver presents its kubelet client certificate, signed by the testbed CA, when
+    // it calls the kubelet API (kubectl logs); the daemon checks callers against that CA.
+    if let Some(pki) = &tb.pki {
+        cmd.env("VK_CLIENT_CA_FILE", &pki.ca.cert);
+    }
+    cmd.envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)
 }
 

@@ -116,6 +116,10 @@ pub struct Config {
     pub kubelet_port: u16,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
+    /// K9: the CA of the client certificates the kubelet API accepts; `None`: tokens only.
+    pub client_ca_file: Option<PathBuf>,
+    /// K9: requests without credentials are served unchecked.
+    pub kubelet_anonymous: bool,
     pub metrics_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     pub log_level: LogLevel,
@@ -311,6 +315,15 @@ impl Config {
         let kubelet_port = e.or("VK_KUBELET_PORT", 10250, parse::port);
         let tls_cert = e.path("VK_TLS_CERT", "/etc/cocoon/vk/tls/vk-kubelet.crt");
         let tls_key = e.path("VK_TLS_KEY", "/etc/cocoon/vk/tls/vk-kubelet.key");
+        let client_ca_file = e.get("VK_CLIENT_CA_FILE").map(PathBuf::from);
+        let kubelet_anonymous = e.or("VK_KUBELET_ANONYMOUS", false, parse::boolean);
+        if kubelet_anonymous {
+            e.warnings.push(
+                "VK_KUBELET_ANONYMOUS=true: the kubelet API serves requests without credentials, \
+                 unchecked; anyone who reaches its port reads pod logs and stats"
+                    .into(),
+            );
+        }
         let metrics_addr = e.or(
             "VK_METRICS_ADDR",
             parse::listen_addr(":9091").expect("default"),
@@ -429,6 +442,8 @@ impl Config {
             kubelet_port,
             tls_cert,
             tls_key,
+            client_ca_file,
+            kubelet_anonymous,
             metrics_addr,
             peer_addr,
             log_level,

@@ -50,6 +50,14 @@ pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, port))
 }
 
+pub fn boolean(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err("must be true or false".into()),
+    }
+}
+
 pub fn ip(s: &str) -> Result<IpAddr, String> {
     s.parse()
         .map_err(|_| "must be an IP address such as 10.0.0.5".into())

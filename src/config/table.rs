@@ -37,6 +37,12 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
         "VK_KUBELET_PORT" => c.kubelet_port.to_string(),
         "VK_TLS_CERT" => path(&c.tls_cert),
         "VK_TLS_KEY" => path(&c.tls_key),
+        "VK_CLIENT_CA_FILE" => c
+            .client_ca_file
+            .as_deref()
+            .map(path)
+            .unwrap_or_else(|| "(unset: client certificates are not accepted)".into()),
+        "VK_KUBELET_ANONYMOUS" => c.kubelet_anonymous.to_string(),
         "VK_METRICS_ADDR" => c.metrics_addr.to_string(),
         "VK_PEER_ADDR" => c.peer_addr.to_string(),
         "VK_LOG_LEVEL" => c.log_level.as_filter().to_string(),

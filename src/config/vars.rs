@@ -58,6 +58,16 @@ pub const VARS: &[Var] = &[
         "/etc/cocoon/vk/tls/vk-kubelet.key",
         "kubelet API key",
     ),
+    var(
+        "VK_CLIENT_CA_FILE",
+        "unset",
+        "CA bundle that signs the client certificates the kubelet API accepts (the apiserver's --kubelet-client-certificate); unset: only tokens are accepted",
+    ),
+    var(
+        "VK_KUBELET_ANONYMOUS",
+        "false",
+        "true: the kubelet API serves requests without credentials, unchecked (warning)",
+    ),
     var("VK_METRICS_ADDR", ":9091", "listen address of /metrics"),
     var(
         "VK_PEER_ADDR",

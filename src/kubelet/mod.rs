@@ -1,7 +1,9 @@
-//! The kubelet API on `VK_KUBELET_PORT` (K1–K6), HTTPS, on a thread of its own (actix's server
-//! is not `Send`). It asks no client certificate (DEC-5); the
+//! The kubelet API on `VK_NODE_IP:VK_KUBELET_PORT` (K1–K6), HTTPS, on a thread of its own
+//! (actix's server is not `Send`). Every request, to any path, passes the guard first (K9); the
 //! apiserver reaches it with `kubectl logs`.
 
+pub mod auth;
+mod logs;
 mod routes;
 pub mod tls;
 
@@ -21,20 +23,49 @@ pub struct Ctx {
     pub node: String,
     /// Process start (RFC 3339), reported as the node's start time.
     pub started: String,
+    /// K3: log streams running at once; one more is answered 503.
+    pub log_streams: Arc<tokio::sync::Semaphore>,
+}
+
+/// Each log stream holds a `cocoon` process and a connection; past this many, callers wait
+/// for one to end rather than the host filling with followers.
+pub const MAX_LOG_STREAMS: usize = 32;
+
+pub fn log_streams() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(MAX_LOG_STREAMS))
+}
+
+/// Keeps the verified client certificate of a TLS connection for the guard.
+fn remember_client_certificate(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    type Tls = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
+    if let Some(tls) = conn.downcast_ref::<Tls>() {
+        let (_, session) = tls.get_ref();
+        if let Some(cert) = session.peer_certificates().and_then(|c| c.first()) {
+            ext.insert(auth::PeerCert(cert.to_vec()));
+        }
+    }
 }
 
 /// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
-pub fn spawn(addr: SocketAddr, tls: rustls::ServerConfig, ctx: Ctx) -> anyhow::Result<()> {
+pub fn spawn(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    guard: auth::Guard,
+    ctx: Ctx,
+) -> anyhow::Result<()> {
     let listener = std::net::TcpListener::bind(addr).map_err(|e| {
         anyhow::anyhow!("VK_KUBELET_PORT: cannot listen on {addr} for the kubelet API: {e}")
     })?;
     let data = web::Data::new(ctx);
+    let guard = web::Data::new(guard);
     let spawned = std::thread::Builder::new()
         .name("kubelet-api".into())
         .spawn(move || {
             let server = HttpServer::new(move || {
                 App::new()
                     .app_data(data.clone())
+                    .app_data(guard.clone())
+                    .wrap(actix_web::middleware::from_fn(auth::middleware))
                     .route("/pods", web::get().to(routes::pods))
                     .route("/runningpods/", web::get().to(routes::running_pods))
                     .route("/runningpods", web::get().to(routes::running_pods))
@@ -63,6 +94,7 @@ pub fn spawn(addr: SocketAddr, tls: rustls::ServerConfig, ctx: Ctx) -> anyhow::R
                     )
                     .default_service(web::to(routes::not_found))
             })
+            .on_connect(remember_client_certificate)
             .workers(2)
             .disable_signals()
             .client_request_timeout(std::time::Duration::from_secs(30));

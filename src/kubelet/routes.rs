@@ -56,24 +56,39 @@ pub async fn running_pods(ctx: web::Data<Ctx>) -> HttpResponse {
     )
 }
 
-/// K3 query validation; only `tailLines` is honoured (absent or 0 → 200 lines).
-fn tail_lines(q: &HashMap<String, String>) -> Result<usize, String> {
+/// Lines a caller may ask for at once: more is a 400, not a host reading gigabytes.
+pub const MAX_TAIL_LINES: u64 = 100_000;
+/// Lines when the caller names none (or 0), as before.
+const DEFAULT_TAIL_LINES: u64 = 200;
+
+/// A validated `/containerLogs` query (K3). `sinceSeconds`, `sinceTime`, `timestamps` and
+/// `previous` are checked but not applied: `cocoon vm logs` has no such options, and a
+/// hypervisor log line carries no wall-clock time to filter or stamp by.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LogQuery {
+    pub tail: u64,
+    pub follow: bool,
+    pub limit_bytes: Option<u64>,
+}
+
+fn log_query(q: &HashMap<String, String>) -> Result<LogQuery, String> {
     let boolean = |k: &str| match q.get(k).map(String::as_str) {
-        None | Some("true") | Some("false") => Ok(()),
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
         Some(v) => Err(format!("{k}={v:?} is not a boolean")),
     };
-    for k in ["follow", "previous", "timestamps"] {
-        boolean(k)?;
-    }
-    let positive = |k: &str, min: i64| match q.get(k) {
-        None => Ok(()),
-        Some(v) => match v.parse::<i64>() {
-            Ok(n) if n >= min => Ok(()),
+    let follow = boolean("follow")?;
+    boolean("previous")?;
+    boolean("timestamps")?;
+    let at_least = |k: &str, min: u64| match q.get(k) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n >= min => Ok(Some(n)),
             _ => Err(format!("{k}={v:?} must be an integer >= {min}")),
         },
     };
-    positive("limitBytes", 1)?;
-    positive("sinceSeconds", 1)?;
+    let limit_bytes = at_least("limitBytes", 1)?;
+    at_least("sinceSeconds", 1)?;
     if let Some(t) = q.get("sinceTime") {
         if reconcilers::time::parse_rfc3339(t).is_none() {
             return Err(format!("sinceTime={t:?} is not RFC 3339"));
@@ -82,14 +97,16 @@ fn tail_lines(q: &HashMap<String, String>) -> Result<usize, String> {
             return Err("sinceTime and sinceSeconds are mutually exclusive".into());
         }
     }
-    match q.get("tailLines") {
-        None => Ok(200),
-        Some(v) => match v.parse::<i64>() {
-            Ok(0) => Ok(200),
-            Ok(n) if n > 0 => Ok(n as usize),
-            _ => Err(format!("tailLines={v:?} must be an integer >= 0")),
-        },
-    }
+    let tail = match at_least("tailLines", 0)? {
+        None | Some(0) => DEFAULT_TAIL_LINES,
+        Some(n) if n <= MAX_TAIL_LINES => n,
+        Some(n) => return Err(format!("tailLines={n} is more than {MAX_TAIL_LINES}")),
+    };
+    Ok(LogQuery {
+        tail,
+        follow,
+        limit_bytes,
+    })
 }
 
 /// GET /containerLogs/{ns}/{pod}/{container}: the hypervisor log through `cocoon vm logs`.
@@ -99,8 +116,8 @@ pub async fn container_logs(
     query: web::Query<HashMap<String, String>>,
 ) -> HttpResponse {
     let (ns, pod, _container) = path.into_inner();
-    let tail = match tail_lines(&query) {
-        Ok(n) => n,
+    let q = match log_query(&query) {
+        Ok(q) => q,
         Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
     let key = format!("{ns}/{pod}");
@@ -122,9 +139,29 @@ pub async fn container_logs(
             format!("vk-cocoon: Windows guest: use RDP to {ip}\n"),
         );
     }
-    let argv = ["vm", "logs", "--tail", &tail.to_string(), "--", &vm.vm_id].map(str::to_string);
-    match ctx.cocoon.run(&argv).await {
-        Ok(out) => text(StatusCode::OK, out),
+    let Ok(permit) = ctx.log_streams.clone().try_acquire_owned() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{} log streams are running on this node; try again later",
+                super::MAX_LOG_STREAMS
+            ),
+        );
+    };
+    let mut argv = vec![
+        "vm".to_string(),
+        "logs".into(),
+        "--tail".into(),
+        q.tail.to_string(),
+    ];
+    if q.follow {
+        argv.push("-f".into());
+    }
+    argv.extend(["--".to_string(), vm.vm_id.clone()]);
+    match super::logs::stream(&ctx.cocoon, &argv, q.limit_bytes, permit).await {
+        Ok(body) => HttpResponse::Ok()
+            .content_type("text/plain; charset=utf-8")
+            .streaming(body),
         Err(e) if e.kind == reconcilers::vm::CocoonErrorKind::VmNotFound => {
             text(StatusCode::NOT_FOUND, e.message)
         }
@@ -260,21 +297,33 @@ mod tests {
 
     #[test]
     fn log_query_validation() {
-        assert_eq!(tail_lines(&q(&[])), Ok(200));
-        assert_eq!(tail_lines(&q(&[("tailLines", "0")])), Ok(200));
+        let tail = |pairs: &[(&str, &str)]| log_query(&q(pairs)).map(|l| l.tail);
+        assert_eq!(tail(&[]), Ok(200));
+        assert_eq!(tail(&[("tailLines", "0")]), Ok(200));
+        assert_eq!(tail(&[("tailLines", "5"), ("follow", "false")]), Ok(5));
+        assert_eq!(tail(&[("tailLines", "100000")]), Ok(100_000));
         assert_eq!(
-            tail_lines(&q(&[("tailLines", "5"), ("follow", "false")])),
-            Ok(5)
+            log_query(&q(&[("follow", "true"), ("limitBytes", "10")])),
+            Ok(LogQuery {
+                tail: 200,
+                follow: true,
+                limit_bytes: Some(10)
+            })
         );
         for bad in [
             vec![("tailLines", "-1")],
+            vec![("tailLines", "100001")],
+            vec![("tailLines", "ten")],
+            vec![("timestamps", "1")],
+            vec![("previous", "maybe")],
+            vec![("limitBytes", "-5")],
             vec![("follow", "yes")],
             vec![("limitBytes", "0")],
             vec![("sinceSeconds", "0")],
             vec![("sinceTime", "yesterday")],
             vec![("sinceTime", "2026-01-01T00:00:00Z"), ("sinceSeconds", "5")],
         ] {
-            assert!(tail_lines(&q(&bad)).is_err(), "{bad:?}");
+            assert!(log_query(&q(&bad)).is_err(), "{bad:?}");
         }
     }
 }

@@ -37,6 +37,12 @@ pub struct Settings {
     pub root_dir: String,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
+    /// The kubelet API listens on this address only (`VK_NODE_IP`).
+    pub node_ip: std::net::IpAddr,
+    /// `VK_CLIENT_CA_FILE`.
+    pub client_ca_file: Option<PathBuf>,
+    /// `VK_KUBELET_ANONYMOUS`.
+    pub kubelet_anonymous: bool,
     pub dhcp_release_socket: Option<PathBuf>,
     /// `OCI_REGISTRY`.
     pub registry: Option<String>,
@@ -116,23 +122,34 @@ pub async fn run(settings: Settings) -> Result<()> {
             sampler.clone(),
         )))
         .context("registering the VM stats collector")?;
-    // K1: a certificate that cannot be loaded is fatal, before anything registers.
+    // K1: a certificate that cannot be loaded is fatal, before anything registers; so is a
+    // client CA that cannot (K9).
     let tls = crate::kubelet::tls::server_config(
         &settings.tls_cert,
         &settings.tls_key,
+        settings.client_ca_file.as_deref(),
         &settings.node.name,
         &settings.node.ip,
     )
-    .context("kubelet API certificate (VK_TLS_CERT / VK_TLS_KEY)")?;
+    .context("kubelet API TLS (VK_TLS_CERT / VK_TLS_KEY / VK_CLIENT_CA_FILE)")?;
+    let guard = crate::kubelet::auth::Guard::new(
+        client.clone(),
+        settings.node.name.clone(),
+        settings.client_ca_file.is_some(),
+        settings.kubelet_anonymous,
+    );
+    guard.announce();
     crate::kubelet::spawn(
-        SocketAddr::from(([0, 0, 0, 0], settings.node.kubelet_port)),
+        SocketAddr::new(settings.node_ip, settings.node.kubelet_port),
         tls,
+        guard,
         crate::kubelet::Ctx {
             views: views.clone(),
             cocoon: settings.cocoon.clone(),
             sampler,
             node: settings.node.name.clone(),
             started: k8s_openapi::jiff::Timestamp::now().to_string(),
+            log_streams: crate::kubelet::log_streams(),
         },
     )?;
     if let Some(addr) = settings.metrics_addr {

@@ -47,7 +47,7 @@ pub fn dispatch(env: &Env, cmd: VmCmd) -> Result<()> {
             env: vars,
             args,
         } => crate::vm_ops::exec(env, interactive, &vars, &args),
-        VmCmd::Logs { tail, args, .. } => crate::vm_ops::logs(env, tail, &args),
+        VmCmd::Logs { tail, follow, args } => crate::vm_ops::logs(env, tail, follow, &args),
         VmCmd::Net { nics, output, args } => {
             crate::vm_ops::net(env, nics, output.as_deref(), &args)
         }

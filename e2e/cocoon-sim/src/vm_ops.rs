@@ -191,7 +191,7 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
     Ok(())
 }
 
-pub fn logs(env: &Env, tail: Option<i64>, args: &[String]) -> Result<()> {
+pub fn logs(env: &Env, tail: Option<i64>, follow: bool, args: &[String]) -> Result<()> {
     exact_args(args, 1)?;
     let fx = faults::on_verb(env, "vm logs")?;
     fx.sleep();
@@ -212,7 +212,38 @@ pub fn logs(env: &Env, tail: Option<i64>, args: &[String]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(&text)?;
     out.flush()?;
+    if follow {
+        follow_from(&path, bytes.len() as u64, &mut out)?;
+    }
     Ok(())
+}
+
+/// `-f`: what is appended to the log from `offset` on, as it comes, until the reader goes
+/// away (a write fails) or the log does (the VM was removed).
+fn follow_from(path: &str, mut offset: u64, out: &mut impl Write) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let Ok(mut f) = fs::File::open(path) else {
+            return Ok(());
+        };
+        let len = f.metadata()?.len();
+        if len < offset {
+            // Truncated under us: start over from its beginning, as tail -F does.
+            offset = 0;
+        }
+        f.seek(SeekFrom::Start(offset))?;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buf[..n])?;
+            offset += n as u64;
+        }
+        out.flush()?;
+    }
 }
 
 #[derive(Serialize)]
