@@ -201,6 +201,7 @@ pub fn logs(env: &Env, tail: Option<i64>, follow: bool, args: &[String]) -> Resu
         Ok(b) => b,
         Err(_) => return fail(format!("open log {path}: VM may not have been started yet")),
     };
+    let end = bytes.len() as u64;
     let text = match tail {
         Some(n) if n >= 0 => {
             let lines: Vec<&[u8]> = bytes.split_inclusive(|b| *b == b'\n').collect();
@@ -213,7 +214,7 @@ pub fn logs(env: &Env, tail: Option<i64>, follow: bool, args: &[String]) -> Resu
     out.write_all(&text)?;
     out.flush()?;
     if follow {
-        follow_from(&path, bytes.len() as u64, &mut out)?;
+        follow_from(&path, end, &mut out)?;
     }
     Ok(())
 }
