@@ -63,13 +63,8 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
         env: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
         ..DaemonOptions::default()
     };
-    let d = daemon::start(
-        &tb,
-        &opts,
-        &journal,
-        e2e::ports::free_port()?,
-        e2e::ports::free_port()?,
-    )?;
+    let kubelet_port = e2e::ports::free_port()?;
+    let d = daemon::start(&tb, &opts, &journal, e2e::ports::free_port()?, kubelet_port)?;
     let nodes: Api<Node> = Api::all(admin.clone());
     daemon::until("node registered", LIMIT, || async {
         Ok(nodes.get_opt(NODE).await?.map(|_| ()))
@@ -98,6 +93,31 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
         "lifecycle annotation written through pods/status"
     );
     ensure!(annotation(&ready, "vm.cocoonstack.io/id").is_some());
+    // The kubelet API asks the apiserver who its callers are and what they may do (K9): the
+    // packaged role must allow both reviews, for a certificate and for a token.
+    tb.kubectl(&["logs", "rbac-a"])
+        .await
+        .with_context(|| d.proc.log_tail(40))?;
+    let direct = tokio::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", token.trim()))
+        .arg(format!("https://127.0.0.1:{kubelet_port}/pods"))
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .output()
+        .await?;
+    let code = String::from_utf8_lossy(&direct.stdout).to_string();
+    // The daemon's own ServiceAccount holds no nodes/proxy: reviewed, and refused.
+    ensure!(code == "403", "the daemon's token on /pods: {code}");
 
     pods.delete("rbac-a", &DeleteParams::default()).await?;
     daemon::until("pod rbac-a gone", LIMIT, || async {
