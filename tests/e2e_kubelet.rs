@@ -61,7 +61,7 @@ fn log_readers(vm: &str) -> usize {
         .filter(|c| {
             let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
             args.windows(2).any(|w| w == [b"vm".as_slice(), b"logs"])
-                && args.iter().any(|a| *a == vm.as_bytes())
+                && args.contains(&vm.as_bytes())
         })
         .count()
 }
