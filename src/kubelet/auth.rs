@@ -406,6 +406,36 @@ mod tests {
         assert!(user_of_certificate(b"junk").is_err());
     }
 
+    /// A client whose apiserver never answers: no review can succeed.
+    fn unreachable() -> kube::Client {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn without_credentials_only_the_open_mode_serves() {
+        let attrs = attributes(&Method::GET, "/pods");
+        let closed = Guard::new(unreachable(), "node-a".into(), true, false);
+        assert!(matches!(
+            closed.check(None, None, attrs).await,
+            Verdict::Unauthenticated(_)
+        ));
+        let open = Guard::new(unreachable(), "node-a".into(), false, true);
+        assert_eq!(open.check(None, None, attrs).await, Verdict::Allow);
+        // Credentials that are presented are checked even in the open mode: a token nobody
+        // can vouch for is refused, and a certificate's user is still authorized.
+        assert!(matches!(
+            open.check(None, Some("Bearer who-knows"), attrs).await,
+            Verdict::Unauthenticated(_)
+        ));
+        assert!(matches!(
+            closed
+                .check(Some(&PeerCert(b"junk".to_vec())), None, attrs)
+                .await,
+            Verdict::Unauthenticated(_)
+        ));
+    }
+
     #[test]
     fn the_cache_expires_and_stays_bounded() {
         let mut c = Cache::new();
