@@ -225,13 +225,22 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         .await?;
     let kubeconfig = tb.run_dir().join("vk-cocoon-ds.kubeconfig");
     token_kubeconfig(tb.kubeconfig()?, token.trim(), &kubeconfig)?;
-    // Listen addresses stay the test's own (free ports on loopback).
+    // Listen addresses stay the test's own (free ports on loopback), and the cluster CA is the
+    // testbed's (the host's /etc/kubernetes/pki is not this machine's).
+    ensure!(
+        get("VK_CLIENT_CA_FILE").is_some(),
+        "the DaemonSet names no client CA"
+    );
     let mut opts_env: Vec<(String, String)> = env
         .iter()
         .filter(|(k, _)| {
             !matches!(
                 k.as_str(),
-                "VK_KUBELET_PORT" | "VK_METRICS_ADDR" | "VK_PEER_ADDR" | "VK_NODE_NAME"
+                "VK_KUBELET_PORT"
+                    | "VK_METRICS_ADDR"
+                    | "VK_PEER_ADDR"
+                    | "VK_NODE_NAME"
+                    | "VK_CLIENT_CA_FILE"
             )
         })
         .cloned()
