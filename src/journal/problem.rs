@@ -49,6 +49,10 @@ pub enum Problem {
     },
     /// The header's `config` and its `state.config` disagree.
     ConfigMismatch,
+    /// A seq or file number of u64::MAX: no journal gets there, and nothing could follow it.
+    NumberTooLarge {
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -110,6 +114,11 @@ impl fmt::Display for Problem {
             Problem::ConfigMismatch => {
                 f.write_str("the header's config differs from the config inside its state")
             }
+            Problem::NumberTooLarge { field } => write!(
+                f,
+                "{field} is {}, a number no journal reaches (nothing could follow it)",
+                u64::MAX
+            ),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! is not `Send`). It asks no client certificate (DEC-5); the
 //! apiserver reaches it with `kubectl logs`.
 
+pub mod log_query;
 mod routes;
 pub mod tls;
 

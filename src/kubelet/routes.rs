@@ -1,13 +1,11 @@
 //! The kubelet API routes (K2–K6). Everything served comes from the published views and the
 //! shared sample; a route never waits on the loop.
 
-use std::collections::HashMap;
-
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
-use super::Ctx;
+use super::{log_query, Ctx};
 
 fn text(code: StatusCode, body: impl Into<String>) -> HttpResponse {
     HttpResponse::build(code)
@@ -56,50 +54,14 @@ pub async fn running_pods(ctx: web::Data<Ctx>) -> HttpResponse {
     )
 }
 
-/// K3 query validation; only `tailLines` is honoured (absent or 0 → 200 lines).
-fn tail_lines(q: &HashMap<String, String>) -> Result<usize, String> {
-    let boolean = |k: &str| match q.get(k).map(String::as_str) {
-        None | Some("true") | Some("false") => Ok(()),
-        Some(v) => Err(format!("{k}={v:?} is not a boolean")),
-    };
-    for k in ["follow", "previous", "timestamps"] {
-        boolean(k)?;
-    }
-    let positive = |k: &str, min: i64| match q.get(k) {
-        None => Ok(()),
-        Some(v) => match v.parse::<i64>() {
-            Ok(n) if n >= min => Ok(()),
-            _ => Err(format!("{k}={v:?} must be an integer >= {min}")),
-        },
-    };
-    positive("limitBytes", 1)?;
-    positive("sinceSeconds", 1)?;
-    if let Some(t) = q.get("sinceTime") {
-        if reconcilers::time::parse_rfc3339(t).is_none() {
-            return Err(format!("sinceTime={t:?} is not RFC 3339"));
-        }
-        if q.contains_key("sinceSeconds") {
-            return Err("sinceTime and sinceSeconds are mutually exclusive".into());
-        }
-    }
-    match q.get("tailLines") {
-        None => Ok(200),
-        Some(v) => match v.parse::<i64>() {
-            Ok(0) => Ok(200),
-            Ok(n) if n > 0 => Ok(n as usize),
-            _ => Err(format!("tailLines={v:?} must be an integer >= 0")),
-        },
-    }
-}
-
 /// GET /containerLogs/{ns}/{pod}/{container}: the hypervisor log through `cocoon vm logs`.
 pub async fn container_logs(
     ctx: web::Data<Ctx>,
     path: web::Path<(String, String, String)>,
-    query: web::Query<HashMap<String, String>>,
+    req: HttpRequest,
 ) -> HttpResponse {
     let (ns, pod, _container) = path.into_inner();
-    let tail = match tail_lines(&query) {
+    let tail = match log_query::tail_lines(req.query_string()) {
         Ok(n) => n,
         Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
@@ -245,36 +207,4 @@ pub async fn metrics_resource(ctx: web::Data<Ctx>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn log_query_validation() {
-        assert_eq!(tail_lines(&q(&[])), Ok(200));
-        assert_eq!(tail_lines(&q(&[("tailLines", "0")])), Ok(200));
-        assert_eq!(
-            tail_lines(&q(&[("tailLines", "5"), ("follow", "false")])),
-            Ok(5)
-        );
-        for bad in [
-            vec![("tailLines", "-1")],
-            vec![("follow", "yes")],
-            vec![("limitBytes", "0")],
-            vec![("sinceSeconds", "0")],
-            vec![("sinceTime", "yesterday")],
-            vec![("sinceTime", "2026-01-01T00:00:00Z"), ("sinceSeconds", "5")],
-        ] {
-            assert!(tail_lines(&q(&bad)).is_err(), "{bad:?}");
-        }
-    }
 }
