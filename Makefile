@@ -67,6 +67,27 @@ bench:
 bench-probes:
 	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench probes
 
+# Every fuzz target in e2e/fuzz (the parsers of untrusted input) for FUZZ_SECONDS each, one
+# job: about 7 minutes at the default 60 s, plus ~15 minutes for the first nightly build.
+# Fails on the first finding and names its input (under $(TARGET_DIR)/fuzz/artifacts). The
+# grown corpus stays in $(TARGET_DIR)/fuzz/corpus; the committed seeds are only read.
+.PHONY: fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := annotations quantity_time cocoon_json lease_file journal_record kubelet_query
+FUZZ_WORK := $(abspath $(TARGET_DIR))/fuzz
+fuzz:
+	@$(CARGO) +nightly --version >/dev/null 2>&1 || { echo "make fuzz needs a nightly toolchain: rustup toolchain install nightly"; exit 1; }
+	@$(CARGO) +nightly fuzz --version >/dev/null 2>&1 || { echo "make fuzz needs cargo-fuzz: cargo install cargo-fuzz"; exit 1; }
+	CARGO_BUILD_JOBS=$(JOBS) $(CARGO) +nightly fuzz build --fuzz-dir e2e/fuzz --sanitizer none
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_WORK)/corpus/$$t $(FUZZ_WORK)/artifacts/$$t || exit 1; \
+		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+		CARGO_BUILD_JOBS=$(JOBS) $(CARGO) +nightly fuzz run --fuzz-dir e2e/fuzz --sanitizer none $$t \
+			$(FUZZ_WORK)/corpus/$$t $(CURDIR)/e2e/fuzz/corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_WORK)/artifacts/$$t/ \
+			-print_final_stats=1 || { echo "fuzz: $$t found a failing input; see above"; exit 1; }; \
+	done
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets --all-features -- -D warnings

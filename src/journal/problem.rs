@@ -54,6 +54,10 @@ pub enum Problem {
         file: u64,
         found: u64,
     },
+    /// A seq or file number of u64::MAX: no journal gets there, and nothing could follow it.
+    NumberTooLarge {
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -119,6 +123,11 @@ impl fmt::Display for Problem {
                 f,
                 "a header inside file_no {file} says file_no {found}: every header of a file \
                  carries the file's number"
+            ),
+            Problem::NumberTooLarge { field } => write!(
+                f,
+                "{field} is {}, a number no journal reaches (nothing could follow it)",
+                u64::MAX
             ),
         }
     }

@@ -401,6 +401,15 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
         );
         return Ok(None);
     };
+    // The header is the previous process's text: a number with no successor (found by
+    // fuzzing: `file_no + 1` overflowed) cannot be continued.
+    if file_no == u64::MAX {
+        tracing::warn!(
+            file = %path.display(),
+            "the previous journal file claims the last possible file number; the new file starts a new chain"
+        );
+        return Ok(None);
+    }
     let mut len = f.metadata()?.len();
     loop {
         let Some((line_start, line)) = last_line(&mut f, len)? else {
@@ -495,4 +504,33 @@ fn wall_clock_ms() -> Millis {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as Millis)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A previous file whose header claims file_no u64::MAX starts a new chain instead of
+    /// overflowing `file_no + 1` (a panic in debug builds, file 0 chained to it in release).
+    #[test]
+    fn a_previous_file_numbered_u64_max_starts_a_new_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = JournalSettings {
+            path: dir.path().join("events.jsonl"),
+            max_bytes: 1 << 20,
+            files: 2,
+        };
+        let last = format!(
+            "{{\"kind\":\"header\",\"version\":4,\"file_no\":{},\"hash\":\"{}\"}}\n",
+            u64::MAX,
+            "a".repeat(64)
+        );
+        fs::write(&settings.path, last).unwrap();
+        let config = Config::default();
+        let j = Journal::open_at(&settings, &config, &State::new(config.clone()), 0).unwrap();
+        assert_eq!(j.file_no(), 0);
+        let header = fs::read_to_string(&settings.path).unwrap();
+        let genesis = format!("\"prev\":\"{}\"", Digest::GENESIS);
+        assert!(header.contains(&genesis), "{header}");
+    }
 }

@@ -3,6 +3,7 @@
 //! apiserver reaches it with `kubectl logs`.
 
 pub mod auth;
+pub mod log_query;
 mod logs;
 mod routes;
 pub mod tls;

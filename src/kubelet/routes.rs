@@ -1,13 +1,11 @@
 //! The kubelet API routes (K2–K6). Everything served comes from the published views and the
 //! shared sample; a route never waits on the loop.
 
-use std::collections::HashMap;
-
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
-use super::Ctx;
+use super::{log_query, Ctx};
 
 fn text(code: StatusCode, body: impl Into<String>) -> HttpResponse {
     HttpResponse::build(code)
@@ -56,67 +54,14 @@ pub async fn running_pods(ctx: web::Data<Ctx>) -> HttpResponse {
     )
 }
 
-/// Lines a caller may ask for at once: more is a 400, not a host reading gigabytes.
-pub const MAX_TAIL_LINES: u64 = 100_000;
-/// Lines when the caller names none (or 0), as before.
-const DEFAULT_TAIL_LINES: u64 = 200;
-
-/// A validated `/containerLogs` query (K3). `sinceSeconds`, `sinceTime`, `timestamps` and
-/// `previous` are checked but not applied: `cocoon vm logs` has no such options, and a
-/// hypervisor log line carries no wall-clock time to filter or stamp by.
-#[derive(Debug, PartialEq, Eq)]
-pub struct LogQuery {
-    pub tail: u64,
-    pub follow: bool,
-    pub limit_bytes: Option<u64>,
-}
-
-fn log_query(q: &HashMap<String, String>) -> Result<LogQuery, String> {
-    let boolean = |k: &str| match q.get(k).map(String::as_str) {
-        None | Some("false") => Ok(false),
-        Some("true") => Ok(true),
-        Some(v) => Err(format!("{k}={v:?} is not a boolean")),
-    };
-    let follow = boolean("follow")?;
-    boolean("previous")?;
-    boolean("timestamps")?;
-    let at_least = |k: &str, min: u64| match q.get(k) {
-        None => Ok(None),
-        Some(v) => match v.parse::<u64>() {
-            Ok(n) if n >= min => Ok(Some(n)),
-            _ => Err(format!("{k}={v:?} must be an integer >= {min}")),
-        },
-    };
-    let limit_bytes = at_least("limitBytes", 1)?;
-    at_least("sinceSeconds", 1)?;
-    if let Some(t) = q.get("sinceTime") {
-        if reconcilers::time::parse_rfc3339(t).is_none() {
-            return Err(format!("sinceTime={t:?} is not RFC 3339"));
-        }
-        if q.contains_key("sinceSeconds") {
-            return Err("sinceTime and sinceSeconds are mutually exclusive".into());
-        }
-    }
-    let tail = match at_least("tailLines", 0)? {
-        None | Some(0) => DEFAULT_TAIL_LINES,
-        Some(n) if n <= MAX_TAIL_LINES => n,
-        Some(n) => return Err(format!("tailLines={n} is more than {MAX_TAIL_LINES}")),
-    };
-    Ok(LogQuery {
-        tail,
-        follow,
-        limit_bytes,
-    })
-}
-
 /// GET /containerLogs/{ns}/{pod}/{container}: the hypervisor log through `cocoon vm logs`.
 pub async fn container_logs(
     ctx: web::Data<Ctx>,
     path: web::Path<(String, String, String)>,
-    query: web::Query<HashMap<String, String>>,
+    req: HttpRequest,
 ) -> HttpResponse {
     let (ns, pod, _container) = path.into_inner();
-    let q = match log_query(&query) {
+    let q = match log_query::parse(req.query_string()) {
         Ok(q) => q,
         Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
@@ -282,48 +227,4 @@ pub async fn metrics_resource(ctx: web::Data<Ctx>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn log_query_validation() {
-        let tail = |pairs: &[(&str, &str)]| log_query(&q(pairs)).map(|l| l.tail);
-        assert_eq!(tail(&[]), Ok(200));
-        assert_eq!(tail(&[("tailLines", "0")]), Ok(200));
-        assert_eq!(tail(&[("tailLines", "5"), ("follow", "false")]), Ok(5));
-        assert_eq!(tail(&[("tailLines", "100000")]), Ok(100_000));
-        assert_eq!(
-            log_query(&q(&[("follow", "true"), ("limitBytes", "10")])),
-            Ok(LogQuery {
-                tail: 200,
-                follow: true,
-                limit_bytes: Some(10)
-            })
-        );
-        for bad in [
-            vec![("tailLines", "-1")],
-            vec![("tailLines", "100001")],
-            vec![("tailLines", "ten")],
-            vec![("timestamps", "1")],
-            vec![("previous", "maybe")],
-            vec![("limitBytes", "-5")],
-            vec![("follow", "yes")],
-            vec![("limitBytes", "0")],
-            vec![("sinceSeconds", "0")],
-            vec![("sinceTime", "yesterday")],
-            vec![("sinceTime", "2026-01-01T00:00:00Z"), ("sinceSeconds", "5")],
-        ] {
-            assert!(log_query(&q(&bad)).is_err(), "{bad:?}");
-        }
-    }
 }

@@ -1,7 +1,15 @@
 //! Kubernetes resource quantities (`500m`, `2`, `4Gi`, `1.5e3`), parsed exactly into
 //! thousandths so `1500m` and `1.5` compare equal and no float rounding leaks into argv.
 
-/// The value × 1000, or `None` when the text is not a quantity.
+/// The largest magnitude a quantity may have, in thousandths. Kubernetes caps a quantity at
+/// 2^63 − 1 whole units, and the journal reads sizes back through i64 (`output::cocoon`);
+/// within this bound every product the core takes of a quantity (`cpu_policy`: ×1024,
+/// ×100) stays far inside i128.
+pub const MAX_MILLI: i128 = i64::MAX as i128 * 1000;
+
+/// The value × 1000, or `None` when the text is not a quantity or its magnitude exceeds
+/// [`MAX_MILLI`]: a pod annotation is arbitrary text, and a value that does not fit must be
+/// refused, never wrapped.
 pub fn parse_milli(q: &str) -> Option<i128> {
     let q = q.trim();
     let split = q
@@ -44,7 +52,13 @@ pub fn parse_milli(q: &str) -> Option<i128> {
     }
     // mantissa = int.frac as an integer over 10^frac_len
     let mantissa: i128 = format!("{int_part}{frac_part}").parse().ok()?;
-    let mut scale = 3 + exp10 - frac_part.len() as i32; // ×1000 for milli
+    if mantissa == 0 {
+        // Zero at any exponent; the loops below would otherwise run `exp10` times.
+        return Some(0);
+    }
+    // i64: `exp10` may be any i32 (`1e2147483647`). Each loop ends within 39 steps, when
+    // the nonzero value or the denominator overflows.
+    let mut scale = 3 + i64::from(exp10) - frac_part.len() as i64; // ×1000 for milli
     let mut v = mantissa.checked_mul(mult_num)?;
     let mut den = mult_den;
     while scale > 0 {
@@ -55,8 +69,12 @@ pub fn parse_milli(q: &str) -> Option<i128> {
         den = den.checked_mul(10)?;
         scale += 1;
     }
-    // Round up: a quantity is never allowed to shrink below what was asked.
-    let r = (v + den - 1) / den;
+    // Round up: a quantity is never allowed to shrink below what was asked. `v + den - 1`
+    // could overflow; the quotient and a remainder test cannot.
+    let r = v / den + i128::from(v % den != 0);
+    if r > MAX_MILLI {
+        return None;
+    }
     Some(if neg { -r } else { r })
 }
 
@@ -80,6 +98,37 @@ mod tests {
         assert_eq!(parse_ceil_units("1e3"), Some(1000));
         assert_eq!(parse_ceil_units("1k"), Some(1000));
         assert_eq!(parse_ceil_units("512Mi"), Some(512 << 20));
+    }
+
+    /// A value past 2^63 − 1 units is an error, not a panic (debug) or a wrap (release).
+    #[test]
+    fn a_quantity_too_large_for_i64_units_is_refused() {
+        let max = i64::MAX.to_string();
+        assert_eq!(parse_ceil_units(&max), Some(i64::MAX as i128));
+        assert_eq!(parse_milli(&format!("-{max}")), Some(-MAX_MILLI));
+        for big in [
+            "9223372036854775808",
+            "170141183460469231731687303715884105",
+            "123456789012345678901234567890123456",
+            "8Ei",
+            "100E",
+            "1e19",
+            "1e2147483647",
+            "-1e2147483647",
+            "170141183460469231731687303715884105.727m",
+        ] {
+            assert_eq!(parse_milli(big), None, "{big}");
+            assert_eq!(parse_ceil_units(big), None, "{big}");
+        }
+    }
+
+    /// Zero with a huge exponent is zero at once, not 2^31 multiplications; a huge negative
+    /// exponent is refused like any value finer than the scale can hold.
+    #[test]
+    fn extreme_exponents_end_at_once() {
+        assert_eq!(parse_milli("0e2147483647"), Some(0));
+        assert_eq!(parse_milli("0.000e2147483647"), Some(0));
+        assert_eq!(parse_milli("1e-2147483648"), None);
     }
 
     #[test]

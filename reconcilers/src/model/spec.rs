@@ -417,17 +417,96 @@ pub fn cpu_policy(request_milli: Option<i128>, limit_milli: Option<i128>) -> Cpu
     let weight = match request_milli.or(limit_milli) {
         None => 1,
         Some(m) => {
-            let shares = (m * 1024 / 1000).clamp(2, 262_144);
+            let shares = (m.saturating_mul(1024) / 1000).clamp(2, 262_144);
             (1 + (shares - 2) * 9999 / 262_142) as u32
         }
     };
+    // quota = m × period (100 000 µs) / 1000. A limit of more than ~1.8·10^14 CPUs (the
+    // pod's own text) needs more than u64 µs: saturate instead of letting `as u64` wrap it
+    // into a small quota that would throttle the VM.
     let (quota_us, period_us) = match limit_milli {
-        Some(m) => (Some((m * 100_000 / 1000).max(1000) as u64), Some(100_000)),
+        Some(m) => {
+            let quota = m.saturating_mul(100).max(1000);
+            (
+                Some(u64::try_from(quota).unwrap_or(u64::MAX)),
+                Some(100_000),
+            )
+        }
         None => (None, None),
     };
     CpuPolicy {
         weight: weight.max(1),
         quota_us,
         period_us,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::{Container, Resources};
+    use crate::quantity::MAX_MILLI;
+
+    fn run_pod(annotations: &[(&str, &str)], requests: &[(&str, &str)]) -> PodView {
+        let mut pod = PodView {
+            namespace: "default".into(),
+            name: "a".into(),
+            containers: vec![Container {
+                name: "agent".into(),
+                resources: Resources {
+                    requests: requests
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    ..Resources::default()
+                },
+                ..Container::default()
+            }],
+            ..PodView::default()
+        };
+        for (k, v) in [
+            (keys::VM_NAME, "vk-a"),
+            (keys::MANAGED, "true"),
+            (keys::MODE, "run"),
+            (keys::IMAGE, "ubuntu:24.04"),
+        ]
+        .iter()
+        .chain(annotations)
+        {
+            pod.annotations.insert(k.to_string(), v.to_string());
+        }
+        pod
+    }
+
+    /// A size past i64 would be journaled in a `vm run` that replay cannot read back
+    /// (`output::cocoon::opt_i128`): the pod is refused with the key at fault instead.
+    #[test]
+    fn a_size_too_large_for_the_journal_is_refused() {
+        let e = decode(&run_pod(&[], &[("memory", "1444444444444444444Gi")])).unwrap_err();
+        assert_eq!(e.key, "spec.containers[0].resources.requests.memory");
+        let e = decode(&run_pod(&[(keys::STORAGE, "100Ei")], &[])).unwrap_err();
+        assert_eq!(e.key, keys::STORAGE);
+        let ok = decode(&run_pod(&[(keys::STORAGE, "7Ei")], &[("memory", "4Gi")])).unwrap();
+        assert_eq!(ok.storage_bytes, Some(7 << 60));
+    }
+
+    /// A 36-digit CPU request parsed (its thousandths fit i128) and then overflowed
+    /// `m * 1024` in `cpu_policy`: a panic in debug builds, a wrapped weight in release.
+    #[test]
+    fn a_36_digit_cpu_request_is_a_spec_error_not_an_overflow() {
+        let digits = "123456789012345678901234567890123456";
+        let e = decode(&run_pod(&[], &[("cpu", digits)])).unwrap_err();
+        assert_eq!(e.key, "spec.containers[0].resources.requests.cpu");
+    }
+
+    /// The quota of a limit beyond u64 µs saturates instead of wrapping to a small one.
+    #[test]
+    fn a_huge_cpu_limit_saturates_the_quota() {
+        let p = cpu_policy(None, Some(MAX_MILLI));
+        assert_eq!((p.quota_us, p.weight), (Some(u64::MAX), 10_000));
+        let p = cpu_policy(Some(i128::MAX), Some(i128::MAX));
+        assert_eq!((p.quota_us, p.weight), (Some(u64::MAX), 10_000));
+        let p = cpu_policy(Some(500), Some(1500));
+        assert_eq!((p.quota_us, p.period_us), (Some(150_000), Some(100_000)));
     }
 }
