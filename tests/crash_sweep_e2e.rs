@@ -796,6 +796,23 @@ struct Sweep<'a> {
     reg: Registry,
     slots: Vec<Slot>,
     fig: Figures,
+    /// When the last kill was, UTC, to find it in the journal's timeline.
+    killed_at: String,
+}
+
+/// The wall clock as the journal's timeline prints it (UTC, `HH:MM:SS.mmm`).
+fn clock() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let day = ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day / 3_600_000,
+        day / 60_000 % 60,
+        day / 1000 % 60,
+        day % 1000
+    )
 }
 
 impl Sweep<'_> {
@@ -865,6 +882,7 @@ impl Sweep<'_> {
     /// Kills the daemon and notes how its journal ended.
     async fn kill(&mut self, p: &Point, d: &mut daemon::Daemon) -> Result<()> {
         self.runner.kill(d).await?;
+        self.killed_at = clock();
         let tail = journal_tail(&self.runner.journal)?;
         if tail == Tail::Whole {
             return Ok(());
@@ -885,8 +903,13 @@ impl Sweep<'_> {
     /// Waits for the restarted daemon to converge and records how it went; a point that never
     /// converges is repaired so that the sweep can go on.
     async fn judge(&mut self, p: &Point, d: &mut daemon::Daemon, log_from: u64) -> Result<()> {
-        let what = p.describe(&self.slots);
-        let head = format!("kill point {}/{}: {what}", p.n, self.points);
+        let head = format!(
+            "kill point {}/{}: {}",
+            p.n,
+            self.points,
+            p.describe(&self.slots)
+        );
+        let what = format!("{}, killed at {}", p.describe(&self.slots), self.killed_at);
         let since = Instant::now();
         let mut c = converge(&self.slots, &self.pods, &self.sim, d, log_from, since).await?;
         if let Some(late) = &c.at_goal {
@@ -965,7 +988,7 @@ impl Sweep<'_> {
     /// point's hibernate), a woken guest holds the file written before its hibernate, and a
     /// delete under policy `always` pushed `<vm>:latest`.
     async fn check_snapshots(&mut self, p: &Point, owed: Owed) -> Result<()> {
-        let what = p.describe(&self.slots);
+        let what = format!("{}, killed at {}", p.describe(&self.slots), self.killed_at);
         let slot = &self.slots[p.slot];
         let (name, vm) = (slot.name, slot.vm());
         let mut lost = Vec::new();
@@ -1076,6 +1099,7 @@ async fn crash_sweep() -> Result<()> {
             .with_spool_dir(spool),
         slots: workload(),
         fig: Figures::default(),
+        killed_at: String::new(),
     };
     let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("crash-sweep-{seed}"));
     let _ = std::fs::remove_dir_all(&kept);
