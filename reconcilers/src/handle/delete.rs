@@ -12,9 +12,9 @@ use crate::phase::{
     Terminal, VmTask,
 };
 use crate::pod::PodKey;
-use crate::state::{CocoonOwner, KubeOwner, Publish, RegistryOwner, State, Tracked};
+use crate::state::{CocoonOwner, KubeOwner, Publish, RegistryOwner, State, Tracked, VmOwner};
 use crate::time::Millis;
-use crate::vm::{CocoonError, CocoonErrorKind};
+use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{outcome, probe, snapshot, tracking};
 
 /// A failed `vm rm` of a deleted pod is tried again 2 s doubling to 60 s.
@@ -103,6 +103,23 @@ pub(crate) fn with_vm(s: &mut State, key: &PodKey, vm: Tracked, object: Object) 
     let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
     e.phase = Phase::Deleting(deleting(vm, DeleteWait::Retry, object, now));
+    next_step(s, key);
+}
+
+/// B11: the pod's delete was under way when the previous process stopped, and its VM is
+/// still listed: the delete goes on with it, from the snapshot its policy asks for (D4), as
+/// if the deletion had been seen now. Left unclaimed, the VM would be removed as an orphan
+/// without that snapshot.
+pub(crate) fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
+    let now = s.now;
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let tracked = Tracked {
+        ip: e.pod.annotation(crate::keys::VM_IP).map(str::to_string),
+        record: vm,
+        owner: VmOwner::Vk,
+    };
+    e.phase = Phase::Deleting(deleting(tracked, DeleteWait::Retry, Object::Present, now));
+    tracking::indexed(s, key);
     next_step(s, key);
 }
 

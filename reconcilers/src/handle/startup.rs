@@ -9,7 +9,7 @@ use crate::config::OrphanPolicy;
 use crate::keys;
 use crate::pod::PodKey;
 use crate::state::{CocoonOwner, Startup, State};
-use crate::{create, intake};
+use crate::{create, delete, intake};
 
 pub fn try_start(s: &mut State) {
     if s.started() || !s.relist.complete_once {
@@ -54,16 +54,18 @@ pub fn try_start(s: &mut State) {
     });
     for key in &keys {
         let e = &s.pods[key];
-        if e.pod.is_terminal() || e.pod.deletion_timestamp.is_some() {
+        if e.pod.is_terminal() {
             intake::intake(s, key);
             continue;
         }
+        let deleting = e.pod.deletion_timestamp.is_some();
         let Ok(spec) = e.spec.clone() else {
             intake::intake(s, key);
             continue;
         };
         if !spec.managed {
-            // C5: vk does not run this VM, but it is someone's: never an orphan (B8).
+            // C5: vk does not run this VM, but it is someone's: never an orphan (B8), also
+            // while its pod is being deleted (D1).
             for vm in vms.iter().filter(|v| {
                 spec.static_id.as_deref() == Some(v.id.as_str()) || v.name == spec.vm_name
             }) {
@@ -86,17 +88,26 @@ pub fn try_start(s: &mut State) {
             vms.iter()
                 .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id))
         };
-        if let Some(vm) = by_id {
+        let mut found = by_id;
+        if found.is_none() {
+            found = by_name();
+            if found.is_some() {
+                s.emit(Action::Count {
+                    counter: Counter::ReconcileAdoptByName,
+                });
+            }
+        }
+        if let Some(vm) = found {
             claimed.insert(vm.id.clone());
-            create::resume(s, key, vm.clone());
-            resume_hibernate(s, key);
-        } else if let Some(vm) = by_name() {
-            claimed.insert(vm.id.clone());
-            s.emit(Action::Count {
-                counter: Counter::ReconcileAdoptByName,
-            });
-            create::resume(s, key, vm.clone());
-            resume_hibernate(s, key);
+            if deleting {
+                // B11: the delete goes on with the VM, its snapshot first (D4).
+                delete::resume(s, key, vm.clone());
+            } else {
+                create::resume(s, key, vm.clone());
+                resume_hibernate(s, key);
+            }
+        } else if deleting {
+            intake::intake(s, key);
         } else {
             if let Some(id) = id {
                 s.emit(Action::Log {

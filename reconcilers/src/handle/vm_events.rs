@@ -21,10 +21,15 @@ const RECHECK: Backoff = Backoff::doubling(1000, 30_000);
 const RECHECK_BUDGET_MS: i64 = 30 * 60 * 1000;
 
 pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
-    if !s.started()
-        || kind == VmEventKind::Added
-        || (kind == VmEventKind::Modified && vm.is_running())
-    {
+    // W3: a record that says `running` is no hint. Every (re)connect begins with `ADDED` for
+    // each VM (CLI-7), and one that is not running then is how a VM that stopped while
+    // nothing watched (the process was down, the stream reconnecting) is found: `vm list`
+    // still shows its stored state.
+    let hints = match kind {
+        VmEventKind::Deleted => true,
+        VmEventKind::Added | VmEventKind::Modified => !vm.is_running(),
+    };
+    if !s.started() || !hints {
         return;
     }
     let key = s.vm_ids.get(&vm.id).or_else(|| {

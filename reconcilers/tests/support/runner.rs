@@ -328,6 +328,7 @@ impl Runner {
                 }
                 "cpu-class" => b.node_selector(keys::CPU_CLASS_SELECTOR, &v),
                 "restart" => b.restart_policy(&v),
+                "deleting" => b.deleting(0),
                 "owner" => {
                     let (kind, name) = v.split_once(':').expect("owner=Kind:name");
                     b.owner(kind, name)
