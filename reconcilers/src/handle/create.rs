@@ -929,20 +929,8 @@ fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
     }
     // Another clone of this base is pulling it: clone from that pull, never a second import
     // that would replace the snapshot under the first pod's clone.
-    match s.snapshot_claims.get_mut(&name) {
-        Some(claim) if claim.maker != *key => {
-            claim.waiting.insert(key.clone());
-            return wait_for_other(s, key, CreateStep::AwaitSnapshot { name });
-        }
-        Some(_) => {}
-        None => {
-            let claim = SnapshotClaim {
-                maker: key.clone(),
-                how: Making::Pull,
-                waiting: Default::default(),
-            };
-            s.snapshot_claims.insert(name.clone(), claim);
-        }
+    if !claim(s, key, &name, Making::Pull) {
+        return;
     }
     let (_, repo, tag) = names::image_snapshot_name(&spec.image);
     let call = RegistryCall::Pull {
@@ -1124,24 +1112,37 @@ fn snapshot_found(s: &mut State, key: &PodKey, spec: &VmSpec, name: String, snap
     step(s, key, CreateStep::Clone, cmd);
 }
 
-fn fork_source(s: &mut State, key: &PodKey, source: &str) {
-    let name = names::fork_snapshot(source);
-    match s.snapshot_claims.get_mut(&name) {
-        // Another fork of this source is saving it: clone from that save, never a second one
-        // that would replace the snapshot under the first pod's clone.
-        Some(save) if save.maker != *key => {
-            save.waiting.insert(key.clone());
-            return wait_for_other(s, key, CreateStep::AwaitSnapshot { name });
+/// Claims the making of local snapshot `name` for `key`, or queues `key` behind the pod
+/// already making it (then `false`: the pod waits, its step `AwaitSnapshot`).
+fn claim(s: &mut State, key: &PodKey, name: &str, how: Making) -> bool {
+    match s.snapshot_claims.get_mut(name) {
+        Some(claim) if claim.maker != *key => {
+            claim.waiting.insert(key.clone());
+            let next = CreateStep::AwaitSnapshot {
+                name: name.to_string(),
+            };
+            wait_for_other(s, key, next);
+            false
         }
-        Some(_) => {}
+        Some(_) => true,
         None => {
-            let save = SnapshotClaim {
+            let claim = SnapshotClaim {
                 maker: key.clone(),
-                how: Making::ForkSave,
+                how,
                 waiting: Default::default(),
             };
-            s.snapshot_claims.insert(name, save);
+            s.snapshot_claims.insert(name.to_string(), claim);
+            true
         }
+    }
+}
+
+fn fork_source(s: &mut State, key: &PodKey, source: &str) {
+    let name = names::fork_snapshot(source);
+    // Another fork of this source is saving it: clone from that save, never a second one
+    // that would replace the snapshot under the first pod's clone.
+    if !claim(s, key, &name, Making::ForkSave) {
+        return;
     }
     // T2 let only a source some pod here holds through; it may have let go of it since.
     let tracked = s
