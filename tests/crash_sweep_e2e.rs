@@ -610,6 +610,8 @@ struct Figures {
     lost_markers: usize,
     lost_delete_snapshots: usize,
     torn_tails: usize,
+    /// Event streams of killed daemons still running when the sweep ends.
+    stray_streams: usize,
     first_torn: Option<String>,
     per_op: BTreeMap<&'static str, usize>,
     failures: Vec<Failure>,
@@ -667,6 +669,10 @@ impl Figures {
         eprintln!(
             "lost hibernate snapshots: {}, woken guests without their file: {}, deletes without their snapshot: {}",
             self.lost_snapshots, self.lost_markers, self.lost_delete_snapshots
+        );
+        eprintln!(
+            "event streams of killed daemons still running at the end: {}",
+            self.stray_streams
         );
         eprintln!("journal left torn by a kill: {}", self.torn_tails);
         if let Some(t) = &self.first_torn {
@@ -1143,6 +1149,14 @@ async fn crash_sweep() -> Result<()> {
         sw.check_snapshots(&p, owed).await?;
     }
 
+    // A killed daemon's cocoon calls run on in their own process groups; its event stream
+    // ends only when it next has something to write. The live daemon has one.
+    let streams = tb
+        .processes()
+        .iter()
+        .filter(|(_, cmd)| cmd.contains("vm status --event"))
+        .count();
+    sw.fig.stray_streams = streams.saturating_sub(1);
     // The last daemon stops cleanly, so its journal ends where it stopped.
     let log = d.proc.log_path().to_path_buf();
     d.proc.stop();
