@@ -9,12 +9,13 @@
 //! started live on in their own groups, as they would on a host) and starts a new daemon.
 //!
 //! After every restart each pod must converge within 10 s: Ready with a live guest under
-//! its VM name for pods that should run (B4, B5, B7, W4), gone for deleted ones (D5, D8),
-//! `hibernated` with its `<vm>:hibernate` tag for pods asked to hibernate (B6, B9, U3), Ready
-//! again for woken ones with the file written in the guest before the hibernate (U5). No VM
-//! may be held by no pod (leaked) or share its name with another (duplicated). A pod whose
-//! VM vanished may end either way: evicted (W6) or made again (B7). The journal is replayed
-//! with --verify at the end.
+//! its VM name for pods that should run (B4, B5, B7, W3, W4); gone for deleted ones, with the
+//! delete-time snapshot their policy asks for (D4, D5, D8, B11); `hibernated` with its
+//! `<vm>:hibernate` tag for pods asked to hibernate (B6, B9, U3); Ready again for woken ones,
+//! with the file written in the guest before the hibernate (U5). No VM may be held by no pod
+//! (leaked) or share its name with another (duplicated). A pod whose VM vanished may end
+//! either way: evicted (W6) or made again (B7). The journal is replayed with --verify at the
+//! end.
 //!
 //! `CRASH_POINTS` (200) kill points; `CRASH_SEED` repeats a run's choices (the seed is
 //! printed). Timing still varies between runs, so a replay meets the same operations and
