@@ -62,7 +62,7 @@ bench-snapshot: deps
 # delete, eviction, hibernate and wake, and the daemon killed with SIGKILL CRASH_POINTS times
 # (200) at seeded random moments, then restarted; after each restart every pod must converge
 # within 10 s, with no VM leaked or duplicated and no snapshot lost; then replay --verify of
-# the journal. One progress line per kill point; about 25 minutes for 200 points on 2 cores.
+# the journal. One progress line per kill point; about 8 minutes for 200 points on 2 cores.
 # CRASH_SEED=<n> repeats a run's choices (figures in docs/crash-sweep.md).
 crash-sweep: deps
 	CRASH_POINTS=$(CRASH_POINTS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test crash_sweep_e2e -- --ignored --nocapture
