@@ -229,6 +229,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut seq = 0u64;
     let result = loop {
         let retry_at = evidence.as_ref().and_then(Evidence::retry_at);
+        let publish_at = publisher.due().map(tokio::time::Instant::from_std);
         let event = tokio::select! {
             ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
             signal = shutdown.requested() => {
@@ -241,6 +242,11 @@ pub async fn run(settings: Settings) -> Result<()> {
                 if let Some(e) = evidence.as_mut() {
                     e.retry(&state, seq, tokio::time::Instant::now());
                 }
+                continue;
+            }
+            () = tokio::time::sleep_until(publish_at.unwrap_or_else(tokio::time::Instant::now)),
+                if publish_at.is_some() => {
+                publisher.publish(&state);
                 continue;
             }
         };

@@ -47,18 +47,38 @@ const EVERY: Duration = Duration::from_secs(1);
 pub struct Publisher {
     views: Views,
     last: Option<Instant>,
+    /// A change was held back by the once-a-second limit and must still go out: a reader
+    /// must not wait for some unrelated later event to see a pod the loop already has.
+    pending: bool,
 }
 
 impl Publisher {
     pub fn new(views: Views) -> Self {
-        Self { views, last: None }
+        Self {
+            views,
+            last: None,
+            pending: false,
+        }
     }
 
-    /// Republishes when the last publication is older than a second.
+    /// When a held-back publication is due, if one is.
+    pub fn due(&self) -> Option<Instant> {
+        self.pending
+            .then(|| self.last.map_or_else(Instant::now, |t| t + EVERY))
+    }
+
+    /// Republishes when the last publication is older than a second, and otherwise
+    /// remembers that one is owed (see [`Publisher::due`]).
     pub fn maybe_publish(&mut self, state: &State) {
         if self.last.is_some_and(|t| t.elapsed() < EVERY) {
+            self.pending = true;
             return;
         }
+        self.publish(state);
+    }
+
+    pub fn publish(&mut self, state: &State) {
+        self.pending = false;
         self.last = Some(Instant::now());
         let vms = &self.views.vms;
         vms.retain(|k, _| {
@@ -118,5 +138,24 @@ impl Publisher {
                 vms.insert(k, view);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_back_publication_is_owed_not_dropped() {
+        let state = State::new(reconcilers::Config::default());
+        let mut p = Publisher::new(Views::default());
+        assert_eq!(p.due(), None);
+        p.maybe_publish(&state);
+        assert_eq!(p.due(), None, "the first publication goes out at once");
+        p.maybe_publish(&state);
+        let due = p.due().expect("a second change within the second is owed");
+        assert!(due > Instant::now() && due <= Instant::now() + EVERY);
+        p.publish(&state);
+        assert_eq!(p.due(), None);
     }
 }
