@@ -380,6 +380,12 @@ fn next_file_after(tail: Option<Tail>) -> (u64, Digest) {
     }
 }
 
+/// A previous file numbered this or higher is not continued. The number is the previous
+/// process's text, and fuzzing found `file_no + 1` overflowing on u64::MAX, then a new file
+/// numbered u64::MAX, which the reader refuses. No journal rotates 2^63 times, and the
+/// headroom keeps this writer's numbers, rotations included, below u64::MAX.
+const LAST_CONTINUED_FILE_NO: u64 = 1 << 63;
+
 /// The chain end of an existing journal file, so a new process continues the chain. A tail
 /// the previous process left mid-write (no newline, or an event without its actions) is cut
 /// off: `record` had not returned, so those actions never ran.
@@ -401,12 +407,11 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
         );
         return Ok(None);
     };
-    // The header is the previous process's text: a number with no successor (found by
-    // fuzzing: `file_no + 1` overflowed) cannot be continued.
-    if file_no == u64::MAX {
+    if file_no >= LAST_CONTINUED_FILE_NO {
         tracing::warn!(
             file = %path.display(),
-            "the previous journal file claims the last possible file number; the new file starts a new chain"
+            file_no,
+            "the previous journal file claims a file number no journal reaches; the new file starts a new chain"
         );
         return Ok(None);
     }
@@ -510,10 +515,7 @@ fn wall_clock_ms() -> Millis {
 mod tests {
     use super::*;
 
-    /// A previous file whose header claims file_no u64::MAX starts a new chain instead of
-    /// overflowing `file_no + 1` (a panic in debug builds, file 0 chained to it in release).
-    #[test]
-    fn a_previous_file_numbered_u64_max_starts_a_new_chain() {
+    fn open_after(file_no: u64) -> (u64, String) {
         let dir = tempfile::tempdir().unwrap();
         let settings = JournalSettings {
             path: dir.path().join("events.jsonl"),
@@ -521,16 +523,28 @@ mod tests {
             files: 2,
         };
         let last = format!(
-            "{{\"kind\":\"header\",\"version\":4,\"file_no\":{},\"hash\":\"{}\"}}\n",
-            u64::MAX,
+            "{{\"kind\":\"header\",\"version\":4,\"file_no\":{file_no},\"hash\":\"{}\"}}\n",
             "a".repeat(64)
         );
         fs::write(&settings.path, last).unwrap();
         let config = Config::default();
         let j = Journal::open_at(&settings, &config, &State::new(config.clone()), 0).unwrap();
-        assert_eq!(j.file_no(), 0);
-        let header = fs::read_to_string(&settings.path).unwrap();
+        (j.file_no(), fs::read_to_string(&settings.path).unwrap())
+    }
+
+    /// A previous file numbered u64::MAX overflowed `file_no + 1` (a panic in debug builds);
+    /// one numbered u64::MAX − 1 gave a new file numbered u64::MAX, which the reader refuses.
+    /// Numbers from 2^63 on start a new chain; below, the chain continues.
+    #[test]
+    fn a_previous_file_numbered_near_u64_max_starts_a_new_chain() {
         let genesis = format!("\"prev\":\"{}\"", Digest::GENESIS);
-        assert!(header.contains(&genesis), "{header}");
+        for huge in [u64::MAX, u64::MAX - 1, LAST_CONTINUED_FILE_NO] {
+            let (file_no, header) = open_after(huge);
+            assert_eq!(file_no, 0, "after {huge}");
+            assert!(header.contains(&genesis), "after {huge}: {header}");
+        }
+        let (file_no, header) = open_after(LAST_CONTINUED_FILE_NO - 1);
+        assert_eq!(file_no, LAST_CONTINUED_FILE_NO);
+        assert!(!header.contains(&genesis), "{header}");
     }
 }
