@@ -53,6 +53,14 @@ demo-replay:
 bench-e2e: deps
 	BENCH_PODS=$(BENCH_PODS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_e2e -- --ignored --nocapture
 
+# BENCH_FOLLOWERS (100) `logs -f` clients on one node while lines are appended and pods are
+# created: the daemon's RSS and CPU, line delivery latency, create → Ready with and without
+# them (figures in docs/bench-logs.md). About 2 minutes.
+.PHONY: bench-logs
+BENCH_FOLLOWERS ?= 100
+bench-logs: deps
+	BENCH_FOLLOWERS=$(BENCH_FOLLOWERS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_logs_e2e -- --ignored --nocapture
+
 # Push and pull of a 1 GiB snapshot through the loopback registry: MiB/s against cp of the same
 # bytes, RSS growth of the transferring process (figures in docs/bench-snapshot.md).
 bench-snapshot: deps

@@ -125,10 +125,11 @@ async fn kubelet_api_checks_callers_and_streams_logs() -> Result<()> {
     )?;
 
     // kubectl logs --tail: the apiserver's client certificate is accepted and authorized.
-    // The daemon's view of its pods is published at most once a second, on the next event: a
-    // pod just Ready may be missing from it for a moment (404).
+    // The daemon's view of its VMs is published at most once a second: just after Ready the
+    // answer may still be "no live VM" for a moment.
     let tail = until("kubectl logs --tail=3", LIMIT, || async {
-        Ok(Some(tb.kubectl(&["logs", "log-a", "--tail=3"]).await?))
+        let out = tb.kubectl(&["logs", "log-a", "--tail=3"]).await?;
+        Ok((!out.contains("has no live VM")).then_some(out))
     })
     .await?;
     let lines: Vec<&str> = tail.lines().collect();

@@ -30,7 +30,7 @@ pub struct Ctx {
 
 /// Each log stream holds a `cocoon` process and a connection; past this many, callers wait
 /// for one to end rather than the host filling with followers.
-pub const MAX_LOG_STREAMS: usize = 32;
+pub const MAX_LOG_STREAMS: usize = 128;
 
 pub fn log_streams() -> Arc<tokio::sync::Semaphore> {
     Arc::new(tokio::sync::Semaphore::new(MAX_LOG_STREAMS))

@@ -70,7 +70,12 @@ impl Publisher {
     /// Republishes when the last publication is older than a second, and otherwise
     /// remembers that one is owed (see [`Publisher::due`]).
     pub fn maybe_publish(&mut self, state: &State) {
-        if self.last.is_some_and(|t| t.elapsed() < EVERY) {
+        // A pod that came or went is published at once: the kubelet API answers 404 for a
+        // pod it does not list, and a caller that just saw the pod in the cluster retries
+        // nothing. The count is a cheap test; a swap of one pod for another in one step
+        // waits for the owed publication.
+        let pods_changed = state.pods.len() != self.views.pods.len();
+        if !pods_changed && self.last.is_some_and(|t| t.elapsed() < EVERY) {
             self.pending = true;
             return;
         }
