@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, phase, pod_manifest, terminated_reason, watch_for, DaemonOptions};
+use daemon::{
+    annotation, percentile, phase, pod_manifest, terminated_reason, usage, watch_for, DaemonOptions,
+};
 use e2e::testbed::{Testbed, TestbedOptions};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -24,25 +26,6 @@ use serde_json::json;
 
 const NS: &str = "default";
 const NODE: &str = "node-a";
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-/// (utime + stime in seconds, RSS bytes) of a process, from /proc.
-fn usage(pid: u32) -> Result<(f64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit(')').next().context("stat")?;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / tick;
-    let rss = f[21].parse::<u64>()? * 4096;
-    Ok((cpu, rss))
-}
 
 /// Per pod, from the daemon's own journal: (create → Ready ms, the part of it not spent inside
 /// cocoon calls or probe waits — the daemon's overhead).

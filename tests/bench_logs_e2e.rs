@@ -18,7 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, is_ready, pod_manifest, until, wait_ready, DaemonOptions};
+use daemon::{
+    annotation, create_pod, is_ready, percentile, pod_manifest, until, usage, wait_ready,
+    DaemonOptions,
+};
 use e2e::testbed::{Testbed, TestbedOptions};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -36,24 +39,6 @@ const BATCH: usize = 20;
 /// Lines appended to each followed log, one every LINE_EVERY.
 const LINES: usize = 40;
 const LINE_EVERY: Duration = Duration::from_millis(250);
-
-/// (utime + stime in seconds, RSS bytes) of a process, from /proc.
-fn usage(pid: u32) -> Result<(f64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit(')').next().context("stat")?;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / tick;
-    let rss = f[21].parse::<u64>()? * 4096;
-    Ok((cpu, rss))
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
-}
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -253,3 +253,23 @@ pub fn terminated_reason(p: &Pod) -> Option<String> {
         .iter()
         .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
 }
+
+/// The value at quantile `p` of `sorted` (NaN when empty), for benchmark figures.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// (utime + stime in seconds, RSS bytes) of a process, from /proc.
+pub fn usage(pid: u32) -> Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit(')').next().context("stat")?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / tick;
+    let rss = f[21].parse::<u64>()? * 4096;
+    Ok((cpu, rss))
+}
