@@ -131,10 +131,10 @@ async fn batch_to_ready(pods: &Api<Pod>, prefix: &str) -> Result<Vec<f64>> {
     })
     .await?;
     watch.abort();
-    let r = ready_at.lock().unwrap();
+    let ready = ready_at.lock().unwrap().clone();
     let mut ms: Vec<f64> = created
         .iter()
-        .map(|(n, t0)| r[n].duration_since(*t0).as_secs_f64() * 1e3)
+        .map(|(n, t0)| ready[n].duration_since(*t0).as_secs_f64() * 1e3)
         .collect();
     ms.sort_by(f64::total_cmp);
     for n in &names {

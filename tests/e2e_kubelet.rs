@@ -138,6 +138,46 @@ async fn kubelet_api_checks_callers_and_streams_logs() -> Result<()> {
         "kubectl logs --tail=3 said {tail:?}"
     );
 
+    // --since-time and --timestamps: lines are dated by the hypervisor's own stamps (here
+    // cloud-hypervisor's time since its process started), unstamped lines by the one before.
+    // The apiserver passes sinceTime in whole seconds: the cut is the next whole second, and
+    // everything before it was written before it.
+    let cut = k8s_openapi::jiff::Timestamp::from_second(
+        k8s_openapi::jiff::Timestamp::now().as_second() + 1,
+    )?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    append(
+        &log,
+        &[
+            "cloud-hypervisor: 0.000001s: <vmm> INFO:vmm/src/lib.rs:1 -- at-boot".to_string(),
+            "cloud-hypervisor: 100000.000000s: <vmm> INFO:vmm/src/lib.rs:2 -- much-later"
+                .to_string(),
+            "unstamped-after-later".to_string(),
+        ],
+    )?;
+    let since = tb
+        .kubectl(&["logs", "log-a", &format!("--since-time={cut}")])
+        .await?;
+    ensure!(
+        since
+            == "cloud-hypervisor: 100000.000000s: <vmm> INFO:vmm/src/lib.rs:2 -- much-later\n\
+                unstamped-after-later\n",
+        "kubectl logs --since-time said {since:?}"
+    );
+    let stamped = tb
+        .kubectl(&["logs", "log-a", "--tail=2", "--timestamps"])
+        .await?;
+    let rows: Vec<(&str, &str)> = stamped.lines().filter_map(|l| l.split_once(' ')).collect();
+    ensure!(
+        rows.len() == 2 && rows[1].1 == "unstamped-after-later" && rows[0].0 == rows[1].0,
+        "{stamped:?}"
+    );
+    let at: k8s_openapi::jiff::Timestamp = rows[1].0.parse().context("an RFC 3339 timestamp")?;
+    ensure!(
+        at > cut + k8s_openapi::jiff::SignedDuration::from_secs(90_000),
+        "the unstamped line takes the time of the stamped line before it: {stamped:?}"
+    );
+
     // kubectl logs -f: lines appended while it runs arrive while it runs.
     let mut follower = tokio::process::Command::new(e2e::bins::built("kubectl")?)
         .args(["logs", "-f", "--tail=1", "log-a"])
@@ -154,7 +194,7 @@ async fn kubelet_api_checks_callers_and_streams_logs() -> Result<()> {
         .await
         .context("kubectl logs -f printed nothing")??;
     ensure!(
-        first.as_deref() == Some("marker-5"),
+        first.as_deref() == Some("unstamped-after-later"),
         "kubectl logs -f began with {first:?}"
     );
     for i in 1..=3 {

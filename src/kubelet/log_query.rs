@@ -10,14 +10,33 @@ pub const MAX_TAIL_LINES: u64 = 100_000;
 /// Lines when the caller names none (or 0), as before.
 const DEFAULT_TAIL_LINES: u64 = 200;
 
-/// A validated `/containerLogs` query. `sinceSeconds`, `sinceTime`, `timestamps` and
-/// `previous` are checked but not applied: `cocoon vm logs` has no such options, and a
-/// hypervisor log line carries no wall-clock time to filter or stamp by.
+/// A validated `/containerLogs` query. `previous` is checked but not applied: a VM has no
+/// previous container to read.
 #[derive(Debug, PartialEq, Eq)]
 pub struct LogQuery {
     pub tail: u64,
     pub follow: bool,
     pub limit_bytes: Option<u64>,
+    pub since: Option<Since>,
+    pub timestamps: bool,
+}
+
+/// The oldest line a caller wants, as it asked for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Since {
+    Seconds(u64),
+    /// Milliseconds since the Unix epoch.
+    Time(i64),
+}
+
+impl Since {
+    /// The bound in nanoseconds since the epoch, given the time of the request.
+    pub fn nanos(self, now_nanos: i128) -> i128 {
+        match self {
+            Since::Seconds(s) => now_nanos - s as i128 * 1_000_000_000,
+            Since::Time(ms) => ms as i128 * 1_000_000,
+        }
+    }
 }
 
 /// Decodes a raw query string (`tailLines=5&follow=false`) as actix's `web::Query` does (a
@@ -36,7 +55,7 @@ fn validate(q: &HashMap<String, String>) -> Result<LogQuery, String> {
     };
     let follow = boolean("follow")?;
     boolean("previous")?;
-    boolean("timestamps")?;
+    let timestamps = boolean("timestamps")?;
     let at_least = |k: &str, min: u64| match q.get(k) {
         None => Ok(None),
         Some(v) => match v.parse::<u64>() {
@@ -45,16 +64,19 @@ fn validate(q: &HashMap<String, String>) -> Result<LogQuery, String> {
         },
     };
     let limit_bytes = at_least("limitBytes", 1)?;
-    at_least("sinceSeconds", 1)?;
+    let mut since = at_least("sinceSeconds", 1)?.map(Since::Seconds);
     if let Some(t) = q.get("sinceTime") {
-        if reconcilers::time::parse_rfc3339(t).is_none() {
+        let Some(ms) = reconcilers::time::parse_rfc3339(t) else {
             return Err(format!("sinceTime={t:?} is not RFC 3339"));
-        }
-        if q.contains_key("sinceSeconds") {
+        };
+        if since.is_some() {
             return Err("sinceTime and sinceSeconds are mutually exclusive".into());
         }
+        since = Some(Since::Time(ms));
     }
     let tail = match at_least("tailLines", 0)? {
+        // "Everything since" reads as far back as a caller may.
+        None if since.is_some() => MAX_TAIL_LINES,
         None | Some(0) => DEFAULT_TAIL_LINES,
         Some(n) if n <= MAX_TAIL_LINES => n,
         Some(n) => return Err(format!("tailLines={n} is more than {MAX_TAIL_LINES}")),
@@ -63,6 +85,8 @@ fn validate(q: &HashMap<String, String>) -> Result<LogQuery, String> {
         tail,
         follow,
         limit_bytes,
+        since,
+        timestamps,
     })
 }
 
@@ -82,9 +106,20 @@ mod tests {
             Ok(LogQuery {
                 tail: 200,
                 follow: true,
-                limit_bytes: Some(10)
+                limit_bytes: Some(10),
+                since: None,
+                timestamps: false,
             })
         );
+        let q = parse("sinceSeconds=30&timestamps=true").unwrap();
+        assert_eq!(
+            (q.since, q.timestamps, q.tail),
+            (Some(Since::Seconds(30)), true, 100_000)
+        );
+        assert_eq!(q.since.unwrap().nanos(100_000_000_000), 70_000_000_000);
+        let q = parse("sinceTime=1970-01-01T00:00:02Z&tailLines=5").unwrap();
+        assert_eq!((q.since, q.tail), (Some(Since::Time(2000)), 5));
+        assert_eq!(q.since.unwrap().nanos(0), 2_000_000_000);
         for bad in [
             "tailLines=-1",
             "tailLines=100001",

@@ -16,6 +16,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::effects::cocoon::CocoonCli;
 use crate::effects::process_groups::Tracked;
 
+use super::log_time::{LineFilter, Nanos as LogNanos};
+
 const CHUNK: usize = 64 * 1024;
 /// Kept of the child's stderr, for the error a failed start answers with.
 const STDERR_KEEP: usize = 16 * 1024;
@@ -30,6 +32,8 @@ struct Running {
     left: Option<u64>,
     first: Option<Bytes>,
     buf: Vec<u8>,
+    /// Dates, filters and stamps lines when the caller asked for `since` or `timestamps`.
+    filter: Option<LineFilter>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -38,18 +42,36 @@ impl Running {
         if self.left == Some(0) {
             return None;
         }
-        let mut chunk = match self.first.take() {
-            Some(b) => b,
-            None => match self.stdout.read(&mut self.buf).await {
-                Ok(0) | Err(_) => {
-                    let _ = self.child.wait().await;
-                    if let Some(t) = self.tracked.take() {
-                        t.exited();
-                    }
+        let mut chunk = loop {
+            let raw = match self.first.take() {
+                Some(b) => Some(b),
+                None => match self.stdout.read(&mut self.buf).await {
+                    Ok(0) | Err(_) => None,
+                    Ok(n) => Some(Bytes::copy_from_slice(&self.buf[..n])),
+                },
+            };
+            let Some(raw) = raw else {
+                let mut rest = Vec::new();
+                if let Some(f) = self.filter.as_mut() {
+                    f.finish(now_nanos(), &mut rest);
+                }
+                let _ = self.child.wait().await;
+                if let Some(t) = self.tracked.take() {
+                    t.exited();
+                }
+                if rest.is_empty() {
                     return None;
                 }
-                Ok(n) => Bytes::copy_from_slice(&self.buf[..n]),
-            },
+                break Bytes::from(rest);
+            };
+            let Some(f) = self.filter.as_mut() else {
+                break raw;
+            };
+            let mut out = Vec::new();
+            f.push(&raw, now_nanos(), &mut out);
+            if !out.is_empty() {
+                break Bytes::from(out);
+            }
         };
         if let Some(left) = self.left {
             if chunk.len() as u64 > left {
@@ -61,12 +83,17 @@ impl Running {
     }
 }
 
+fn now_nanos() -> LogNanos {
+    k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+}
+
 /// Starts `cocoon <argv>` and answers with its stdout as a stream, or with the classified
 /// error when it fails before writing anything.
 pub async fn stream(
     cli: &CocoonCli,
     argv: &[String],
     limit_bytes: Option<u64>,
+    filter: Option<LineFilter>,
     permit: OwnedSemaphorePermit,
 ) -> Result<impl Stream<Item = Result<Bytes, std::io::Error>> + 'static, CocoonError> {
     let mut command = Command::new(&cli.bin);
@@ -147,6 +174,7 @@ pub async fn stream(
         left: limit_bytes,
         first,
         buf,
+        filter,
         _permit: permit,
     };
     Ok(futures::future::Either::Right(futures::stream::unfold(
@@ -189,9 +217,9 @@ mod tests {
     async fn output_is_streamed_and_cut_at_the_byte_limit() {
         let dir = tempfile::tempdir().unwrap();
         let cli = stand_in(dir.path(), "printf 'one\\ntwo\\nthree\\n'");
-        let s = stream(&cli, &[], None, permit()).await.unwrap();
+        let s = stream(&cli, &[], None, None, permit()).await.unwrap();
         assert_eq!(collect(s).await, b"one\ntwo\nthree\n");
-        let s = stream(&cli, &[], Some(6), permit()).await.unwrap();
+        let s = stream(&cli, &[], Some(6), None, permit()).await.unwrap();
         assert_eq!(collect(s).await, b"one\ntw");
     }
 
@@ -199,7 +227,7 @@ mod tests {
     async fn a_failure_before_any_output_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let cli = stand_in(dir.path(), "echo 'Error: vm x: VM not found' >&2; exit 1");
-        let err = match stream(&cli, &[], None, permit()).await {
+        let err = match stream(&cli, &[], None, None, permit()).await {
             Err(e) => e,
             Ok(_) => panic!("a failed cocoon must not stream"),
         };
@@ -217,7 +245,7 @@ mod tests {
                 pid_file.display()
             ),
         );
-        let s = stream(&cli, &[], None, permit()).await.unwrap();
+        let s = stream(&cli, &[], None, None, permit()).await.unwrap();
         let mut s = Box::pin(s);
         assert_eq!(&s.next().await.unwrap().unwrap()[..], b"first\n");
         assert_eq!(cli.groups.live(), 1);

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod log_query;
+mod log_time;
 mod logs;
 mod routes;
 pub mod tls;

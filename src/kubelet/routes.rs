@@ -103,7 +103,15 @@ pub async fn container_logs(
         argv.push("-f".into());
     }
     argv.extend(["--".to_string(), vm.vm_id.clone()]);
-    match super::logs::stream(&ctx.cocoon, &argv, q.limit_bytes, permit).await {
+    let filter = (q.since.is_some() || q.timestamps).then(|| {
+        let now = k8s_openapi::jiff::Timestamp::now().as_nanosecond();
+        super::log_time::LineFilter::new(
+            super::log_time::process_start(vm.pid),
+            q.since.map(|s| s.nanos(now)),
+            q.timestamps,
+        )
+    });
+    match super::logs::stream(&ctx.cocoon, &argv, q.limit_bytes, filter, permit).await {
         Ok(body) => HttpResponse::Ok()
             .content_type("text/plain; charset=utf-8")
             .streaming(body),
