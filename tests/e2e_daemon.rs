@@ -240,6 +240,28 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     .await
     .with_context(|| d.proc.log_tail(60))?;
     ensure!(daemon::metric(metrics_port, "cocoon_vk_lease_release_total").await? >= 1.0);
+    // E1: the pod controller reported run-a's create and its delete, as a kubelet would.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(tb.client()?, NS);
+    until("run-a's create and delete reported", LIMIT, || async {
+        let reported: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("run-a"))
+            .filter_map(|e| Some((e.reason?, e.source?.component?)))
+            .collect();
+        let by_controller = |reason: &str| {
+            reported
+                .iter()
+                .any(|(r, c)| r == reason && c == &format!("{NODE}/pod-controller"))
+        };
+        Ok(
+            (by_controller("ProviderCreateSuccess") && by_controller("ProviderDeleteSuccess"))
+                .then_some(()),
+        )
+    })
+    .await?;
 
     // 6: a VM that vanishes turns its pod Failed / VMGone (latency is measured, not asserted).
     let clone_id =

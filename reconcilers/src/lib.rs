@@ -24,8 +24,8 @@ pub use output::{action, cocoon, render};
 pub use handle::dhcp;
 pub use handle::lifecycle;
 use handle::{
-    create, delete, evict, hibernate, intake, outcome, probe, publish, snapshot, stale_create,
-    startup, sweep, timers, tracking, trust, vm_events,
+    create, delete, evict, hibernate, intake, outcome, probe, provider, publish, snapshot,
+    stale_create, startup, sweep, timers, tracking, trust, vm_events,
 };
 
 pub use action::{Action, OpId, Timer};

@@ -83,6 +83,7 @@ async fn events_withheld_by_the_apiserver_never_delay_a_status_write() {
             kind: EventType::Warning,
             reason: format!("Reason{i}"),
             message: "m".into(),
+            source: reconcilers::action::EventSource::Vk,
         });
     }
     // Let the held Events reach the apiserver first.

@@ -109,15 +109,39 @@ pub async fn delete_pod(
     Ok(KubeOk::Done)
 }
 
+/// One Event on a pod, as the loop asked for it.
+pub struct PodEvent<'a> {
+    pub key: &'a PodKey,
+    pub uid: &'a str,
+    pub kind: &'a str,
+    pub reason: &'a str,
+    pub message: &'a str,
+    pub source: reconcilers::action::EventSource,
+}
+
+/// The reporting component: the daemon's own (E2), or the pod controller's, named after the
+/// node as a kubelet's is (E1).
+fn component(source: reconcilers::action::EventSource, node: &str) -> String {
+    match source {
+        reconcilers::action::EventSource::Vk => "vk-cocoon".into(),
+        reconcilers::action::EventSource::PodController => format!("{node}/pod-controller"),
+    }
+}
+
 pub async fn record_event(
     client: &Client,
     node: &str,
-    key: &PodKey,
-    uid: &str,
-    kind: &str,
-    reason: &str,
-    message: &str,
+    event: &PodEvent<'_>,
 ) -> Result<(), kube::Error> {
+    let PodEvent {
+        key,
+        uid,
+        kind,
+        reason,
+        message,
+        source,
+    } = *event;
+    let component = component(source, node);
     let api: Api<K8sEvent> = Api::namespaced(client.clone(), key.namespace());
     let now = jiff_now();
     let ev = K8sEvent {
@@ -137,13 +161,13 @@ pub async fn record_event(
         message: Some(message.to_string()),
         type_: Some(kind.to_string()),
         source: Some(EventSource {
-            component: Some("vk-cocoon".into()),
+            component: Some(component.clone()),
             host: Some(node.to_string()),
         }),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
-        reporting_component: Some("vk-cocoon".into()),
+        reporting_component: Some(component),
         reporting_instance: Some(node.to_string()),
         action: Some(reason.to_string()),
         count: Some(1),

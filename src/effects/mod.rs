@@ -123,6 +123,7 @@ impl Executor {
                 kind,
                 reason,
                 message,
+                source,
             } => {
                 let (client, node) = (self.client.clone(), self.node_name.clone());
                 self.metrics.api_writes.with_label_values(&["event"]).inc();
@@ -132,7 +133,15 @@ impl Executor {
                     EventType::Warning => "Warning",
                 };
                 self.events.submit(what, async move {
-                    kube_writes::record_event(&client, &node, &key, &uid, kind, &reason, &message)
+                    let event = kube_writes::PodEvent {
+                        key: &key,
+                        uid: &uid,
+                        kind,
+                        reason: &reason,
+                        message: &message,
+                        source,
+                    };
+                    kube_writes::record_event(&client, &node, &event)
                         .await
                         .map_err(|e| e.to_string())
                 });

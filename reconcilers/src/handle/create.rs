@@ -12,6 +12,7 @@ use crate::event::{
 use crate::names;
 use crate::phase::{CreateStep, Creating, Failed, IpWait, Phase, Purpose, Retry, Running, Scratch};
 use crate::pod::PodKey;
+use crate::provider::{self, Op, Outcome};
 use crate::spec::{Backend, Mode, Os, VmSpec};
 use crate::state::{
     CocoonOwner, Lifecycle, Making, RegistryOwner, SnapshotClaim, State, Tracked, VmOwner,
@@ -113,6 +114,7 @@ fn evidence(s: &mut State, key: &PodKey, spec: &VmSpec, result: Result<RegistryO
             if let Some(e) = s.pod(key) {
                 let uid = e.pod.uid.clone();
                 s.emit(Action::RecordEvent {
+                    source: crate::action::EventSource::Vk,
                     key: key.clone(),
                     uid,
                     kind: EventType::Warning,
@@ -1352,13 +1354,8 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     }
     enter_running(s, key, tracked);
     probe::start(s, key);
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: if woken { "wake" } else { "create" }.into(),
-            result: "ok".into(),
-            reason: String::new(),
-        },
-    });
+    let op = if woken { Op::Wake } else { Op::Create };
+    provider::outcome(s, key, op, Outcome::Ok, "");
     let wait = match (woken, clone_path) {
         (true, _) => IpWait::Wake,
         (false, true) => IpWait::Clone,
@@ -1475,6 +1472,7 @@ pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
         if let Some(e) = s.pod(key) {
             let uid = e.pod.uid.clone();
             s.emit(Action::RecordEvent {
+                source: crate::action::EventSource::Vk,
                 key: key.clone(),
                 uid,
                 kind: EventType::Normal,
@@ -1535,13 +1533,7 @@ pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: &str) {
         e.started_at = e.started_at.or(Some(now));
     }
     probe::start(s, key);
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: "create".into(),
-            result: "ok".into(),
-            reason: reason.into(),
-        },
-    });
+    provider::outcome(s, key, Op::Create, Outcome::Ok, reason);
     // No guest work is owed, but `ready` still needs the IP (usually already leased).
     ready_wait(s, key, IpWait::Adopt);
 }
@@ -1567,13 +1559,7 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
     }
     probe::start(s, key);
     lifecycle::set(s, key, Lifecycle::Ready, None);
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: "create".into(),
-            result: "ok".into(),
-            reason: "unmanaged".into(),
-        },
-    });
+    provider::outcome(s, key, Op::Create, Outcome::Ok, "unmanaged");
 }
 
 /// B4/B5: re-attach a pod to its VM after a restart, keeping what the server already shows
@@ -1614,6 +1600,7 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
                 },
             });
             s.emit(Action::RecordEvent {
+                source: crate::action::EventSource::Vk,
                 key: key.clone(),
                 uid,
                 kind: EventType::Normal,
@@ -1719,22 +1706,20 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
     let uid = e.pod.uid.clone();
     s.touched.insert(key);
     let op = match purpose {
-        Purpose::Fresh => "create",
-        Purpose::Wake | Purpose::Restore => "wake",
+        Purpose::Fresh => Op::Create,
+        Purpose::Wake | Purpose::Restore => Op::Wake,
     };
-    warn_event(s, key, reason, &format!("{op}: {msg}"));
+    let verb = match op {
+        Op::Create => "create",
+        Op::Wake | Op::Update | Op::Delete => "wake",
+    };
+    warn_event(s, key, reason, &format!("{verb}: {msg}"));
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: op.into(),
-            result: "failed".into(),
-            reason: match retry {
-                Retry::Timer => "bring_up",
-                Retry::OnChange => "invalid_spec",
-            }
-            .into(),
-        },
-    });
+    let counted = match retry {
+        Retry::Timer => "bring_up",
+        Retry::OnChange => "invalid_spec",
+    };
+    provider::outcome(s, key, op, Outcome::Failed(&msg), counted);
     let retry = match retry {
         Retry::Timer if attempts < MAX_ATTEMPTS => {
             s.emit(Action::ArmTimer {
@@ -1795,6 +1780,7 @@ pub(crate) fn warn_event(s: &mut State, key: &PodKey, reason: &str, message: &st
     let Some(e) = s.pod(key) else { return };
     let uid = e.pod.uid.clone();
     s.emit(Action::RecordEvent {
+        source: crate::action::EventSource::Vk,
         key: key.clone(),
         uid,
         kind: EventType::Warning,

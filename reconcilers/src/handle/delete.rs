@@ -12,6 +12,7 @@ use crate::phase::{
     Terminal, VmTask,
 };
 use crate::pod::PodKey;
+use crate::provider::{self, Op, Outcome};
 use crate::state::{CocoonOwner, KubeOwner, Publish, RegistryOwner, State, Tracked, VmOwner};
 use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
@@ -150,7 +151,7 @@ fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
         remove_local_snapshots(s, key, &name);
     }
     let reason = if keep { "seat_release" } else { "no_vm" };
-    finish_counted(s, key, object, "skipped", reason)
+    finish_counted(s, key, object, Outcome::Skipped, reason)
 }
 
 pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
@@ -171,7 +172,7 @@ pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
 
 /// The pod is being deleted and has no VM: its delete is done.
 pub(crate) fn without_vm(s: &mut State, key: &PodKey, object: Object) {
-    finish(s, key, object, "")
+    finish_counted(s, key, object, Outcome::Skipped, "no_vm")
 }
 
 /// D4: whether this pod's VM is saved and pushed to `<vm>:latest` before it is removed.
@@ -432,13 +433,7 @@ fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
     let uid = e.pod.uid.clone();
     s.touched.insert(key);
     s.emit(Action::Count { counter });
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: "delete".into(),
-            result: "failed".into(),
-            reason: "snapshot".into(),
-        },
-    });
+    provider::outcome(s, key, Op::Delete, Outcome::Failed(&message), "snapshot");
     s.emit(Action::Log {
         level: Level::Warn,
         message: format!("pod {key}: {message}"),
@@ -516,13 +511,13 @@ fn removal_failed(s: &mut State, key: &PodKey, why: String) {
         level: Level::Warn,
         message: format!("pod {key}: vm rm failed, retrying: {why}"),
     });
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: "delete".into(),
-            result: "failed".into(),
-            reason: "vm_rm".into(),
-        },
-    });
+    provider::outcome(
+        s,
+        key,
+        Op::Delete,
+        Outcome::Failed(&format!("vm rm failed: {why}")),
+        "vm_rm",
+    );
     s.emit(Action::ArmTimer {
         timer: crate::action::Timer::DeleteRetry {
             key: key.clone(),
@@ -555,10 +550,10 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
 /// The VM is handled: the pod ends Succeeded (D8), or, its object gone, the entry waits to
 /// be collected.
 fn finish(s: &mut State, key: &PodKey, object: Object, reason: &str) {
-    finish_counted(s, key, object, "ok", reason)
+    finish_counted(s, key, object, Outcome::Ok, reason)
 }
 
-fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: &str, reason: &str) {
+fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: Outcome<'_>, reason: &str) {
     let Some(e) = s.pods.get_mut(key) else { return };
     s.touched.insert(key);
     match object {
@@ -568,13 +563,7 @@ fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: &str, rea
                 end: End::Succeeded,
                 object: ObjectDelete::Asked,
             });
-            s.emit(Action::Count {
-                counter: Counter::PodLifecycle {
-                    op: "delete".into(),
-                    result: result.into(),
-                    reason: reason.into(),
-                },
-            });
+            provider::outcome(s, key, Op::Delete, result, reason);
         }
     }
 }

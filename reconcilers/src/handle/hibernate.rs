@@ -405,12 +405,20 @@ fn hibernated(s: &mut State, key: &PodKey) {
     tracking::forget(s, key, &h.running.vm);
     lifecycle::set(s, key, Lifecycle::Hibernated, None);
     s.emit(Action::RecordEvent {
+        source: crate::action::EventSource::Vk,
         key: key.clone(),
         uid,
         kind: EventType::Normal,
         reason: "Hibernated".into(),
         message: "hibernate: the VM's state is in the registry and the VM is removed".into(),
     });
+    crate::provider::outcome(
+        s,
+        key,
+        crate::provider::Op::Update,
+        crate::provider::Outcome::Ok,
+        "hibernate",
+    );
 }
 
 /// U4: back to Running as it was (its `id` and `ip` re-applied by the next publish),
@@ -500,13 +508,13 @@ fn rolled_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     tracking::indexed(s, key);
     create::warn_event(s, key, reason, &msg);
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: "update".into(),
-            result: "failed".into(),
-            reason: "hibernate".into(),
-        },
-    });
+    crate::provider::outcome(
+        s,
+        key,
+        crate::provider::Op::Update,
+        crate::provider::Outcome::Failed(&msg),
+        "hibernate",
+    );
     s.emit(Action::Log {
         level: Level::Warn,
         message: format!("pod {key}: {msg}; retrying"),

@@ -1,7 +1,7 @@
 //! Pods coming and going (P1–P6): the watch and its relist bracket, the choice
 //! of what a new pod needs, and collecting an entry once nothing is left to do for it.
 
-use crate::action::{Action, Counter, Level};
+use crate::action::{Action, Level};
 use crate::phase::{Failed, Gone, Object, Phase, Purpose, Retry};
 use crate::pod::{PodKey, PodView};
 use crate::spec::Os;
@@ -217,13 +217,13 @@ fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
         purpose: Purpose::Fresh,
     });
     s.touched.insert(key);
-    s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: "create".into(),
-            result: "failed".into(),
-            reason: reason.into(),
-        },
-    });
+    crate::provider::outcome(
+        s,
+        key,
+        crate::provider::Op::Create,
+        crate::provider::Outcome::Rejected,
+        reason,
+    );
     s.emit(Action::Log {
         level: Level::Warn,
         message: format!("pod {key}: rejected: {message}"),

@@ -11,6 +11,7 @@ pub(crate) mod intake;
 pub mod lifecycle;
 pub(crate) mod outcome;
 pub(crate) mod probe;
+pub(crate) mod provider;
 pub(crate) mod publish;
 pub(crate) mod reduce;
 pub(crate) mod snapshot;

@@ -141,6 +141,7 @@ fn resume_hibernate(s: &mut State, key: &PodKey) {
         },
     });
     s.emit(Action::RecordEvent {
+        source: crate::action::EventSource::Vk,
         key: key.clone(),
         uid,
         kind: crate::action::EventType::Normal,

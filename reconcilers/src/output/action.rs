@@ -67,6 +67,22 @@ pub enum EventType {
     Warning,
 }
 
+/// Who reports an Event (E1, E2): the daemon's own component, or the pod controller that
+/// reports each create, update and delete outcome as `<node>/pod-controller`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventSource {
+    #[default]
+    Vk,
+    PodController,
+}
+
+impl EventSource {
+    pub fn is_vk(&self) -> bool {
+        *self == EventSource::Vk
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
@@ -241,6 +257,8 @@ pub enum Action {
         kind: EventType,
         reason: String,
         message: String,
+        #[serde(default, skip_serializing_if = "EventSource::is_vk")]
+        source: EventSource,
     },
     /// Run probe `seq` after `after_ms`; the result returns as `Event::ProbeDone`.
     RunProbe {

@@ -169,8 +169,19 @@ pub fn action(a: &Action) -> String {
             kind,
             reason,
             message,
+            source,
             ..
-        } => format!("event {key} {kind:?} {reason} {}", q(message)),
+        } => match source {
+            crate::action::EventSource::Vk => {
+                format!("event {key} {kind:?} {reason} {}", q(message))
+            }
+            crate::action::EventSource::PodController => {
+                format!(
+                    "event[pod-controller] {key} {kind:?} {reason} {}",
+                    q(message)
+                )
+            }
+        },
         Action::RunProbe {
             key,
             seq,

@@ -1,0 +1,93 @@
+//! The outcome of each create, update and delete the node carries out for a pod: counted in
+//! `cocoon_vk_pod_lifecycle_total{op,result,reason}` and, as a kubelet's pod controller does,
+//! reported on the pod as `ProviderCreate|Update|DeleteSuccess|Failed` (E1). Input rejects, a
+//! delete with nothing to do, and evictions are counted only (E3).
+
+use crate::action::{Action, Counter, EventSource, EventType};
+use crate::pod::PodKey;
+use crate::state::State;
+
+/// What the outcome was for, in the counter's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Create,
+    /// A wake: the pod's update that asked for its VM back.
+    Wake,
+    Update,
+    Delete,
+}
+
+impl Op {
+    fn as_str(self) -> &'static str {
+        match self {
+            Op::Create => "create",
+            Op::Wake => "wake",
+            Op::Update => "update",
+            Op::Delete => "delete",
+        }
+    }
+
+    /// The Event reasons and success text of the pod controller's report.
+    fn report(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Op::Create => (
+                "ProviderCreateSuccess",
+                "ProviderCreateFailed",
+                "Create pod in provider successfully",
+            ),
+            Op::Wake | Op::Update => (
+                "ProviderUpdateSuccess",
+                "ProviderUpdateFailed",
+                "Update pod in provider successfully",
+            ),
+            Op::Delete => (
+                "ProviderDeleteSuccess",
+                "ProviderDeleteFailed",
+                "Delete pod in provider successfully",
+            ),
+        }
+    }
+}
+
+/// How it ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome<'a> {
+    Ok,
+    /// Carried out; the controller reports the error text.
+    Failed(&'a str),
+    /// Refused before anything ran (bad input): counted as failed, no Event (E3).
+    Rejected,
+    /// Nothing to do (a delete without a VM to handle): counted, no Event (E3).
+    Skipped,
+}
+
+pub(crate) fn outcome(s: &mut State, key: &PodKey, op: Op, outcome: Outcome<'_>, reason: &str) {
+    let result = match outcome {
+        Outcome::Ok => "ok",
+        Outcome::Failed(_) | Outcome::Rejected => "failed",
+        Outcome::Skipped => "skipped",
+    };
+    s.emit(Action::Count {
+        counter: Counter::PodLifecycle {
+            op: op.as_str().into(),
+            result: result.into(),
+            reason: reason.into(),
+        },
+    });
+    let (ok, failed, done) = op.report();
+    let (kind, reason, message) = match outcome {
+        Outcome::Ok => (EventType::Normal, ok, done.to_string()),
+        Outcome::Failed(error) => (EventType::Warning, failed, error.to_string()),
+        Outcome::Rejected | Outcome::Skipped => return,
+    };
+    let Some(e) = s.pod(key) else { return };
+    let uid = e.pod.uid.clone();
+    s.emit(Action::RecordEvent {
+        key: key.clone(),
+        uid,
+        kind,
+        reason: reason.into(),
+        message: crate::lifecycle::truncate(message, 512),
+        source: EventSource::PodController,
+    });
+}
