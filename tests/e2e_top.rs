@@ -73,12 +73,13 @@ async fn kubectl_top_shows_the_vm_and_the_node() -> Result<()> {
     );
     let journal = tb.run_dir().join("journal").join("events.jsonl");
     let metrics_port = e2e::ports::free_port()?;
+    let kubelet_port = e2e::ports::free_port()?;
     let d = daemon::start(
         &tb,
         &DaemonOptions::default(),
         &journal,
         metrics_port,
-        e2e::ports::free_port()?,
+        kubelet_port,
     )?;
     let nodes: Api<Node> = Api::all(tb.client()?);
     until("node registered", LIMIT, || async {
@@ -177,6 +178,39 @@ async fn kubectl_top_shows_the_vm_and_the_node() -> Result<()> {
         "kubectl top pod: {row:?} ({cpu}m, {mem}Mi) {pod_after:?} after the pod was Ready; \
          kubectl top node: {node_row:?} ({node_cpu}m, {node_mem}Mi) {node_after:?} after the \
          node registered"
+    );
+
+    // /stats/summary (K5) with metrics-server's certificate: its `nodes/stats` grant is what
+    // the daemon's guard asks the apiserver about (K9).
+    let out = tokio::process::Command::new("curl")
+        .args(["-sk", "--fail", "--max-time", "10", "--cert"])
+        .arg(&ms.client.cert)
+        .arg("--key")
+        .arg(&ms.client.key)
+        .arg(format!("https://127.0.0.1:{kubelet_port}/stats/summary"))
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .output()
+        .await
+        .context("running curl")?;
+    ensure!(
+        out.status.success(),
+        "GET /stats/summary as {}: {}",
+        e2e::metrics_server::USER,
+        out.status
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(summary["node"]["nodeName"] == NODE, "{summary}");
+    let entry = summary["pods"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["podRef"]["name"] == POD))
+        .with_context(|| format!("{POD} is not in /stats/summary: {summary}"))?;
+    let agent = &entry["containers"][0];
+    ensure!(
+        agent["name"] == "agent"
+            && agent["memory"]["workingSetBytes"].as_u64() > Some(0)
+            && agent["cpu"]["usageCoreNanoSeconds"].as_u64() > Some(0),
+        "{POD} in /stats/summary: {entry}"
     );
     daemon::replay_verify(&journal)?;
     Ok(())

@@ -32,7 +32,7 @@ use serde_json::json;
 
 use crate::apiserver::ApiServer;
 use crate::bins;
-use crate::certs::Pki;
+use crate::certs::{CertPair, Pki};
 use crate::ports::free_port;
 use crate::procs::Proc;
 use crate::ready::wait_ready;
@@ -48,6 +48,8 @@ pub struct MetricsServer {
     pub proc: Proc,
     /// Its secure port on 127.0.0.1.
     pub port: u16,
+    /// Its client certificate (user [`USER`]), for calling a kubelet API as it does.
+    pub client: CertPair,
     /// From spawning the process to the APIService reported Available.
     pub ready_after: Duration,
 }
@@ -181,6 +183,7 @@ impl MetricsServer {
         Ok(MetricsServer {
             proc,
             port,
+            client: user,
             ready_after,
         })
     }
