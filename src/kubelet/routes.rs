@@ -452,6 +452,14 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
     }
 
     #[test]
+    fn nanoseconds_are_not_one_short() {
+        assert_eq!(
+            nanos(crate::stats::procfs::cpu_stat("usage_usec 260\n").usage_seconds),
+            260_000
+        );
+    }
+
+    #[test]
     fn without_a_sampled_vm_only_the_node_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let sampler = fixture(dir.path());
