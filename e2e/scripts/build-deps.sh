@@ -4,12 +4,14 @@
 #   kube-apiserver + kubectl  k8s.io/kubernetes   (cold: ~9-10 min on 2 cores)
 #   etcd                      go.etcd.io/etcd/server/v3 (cold: ~2 min)
 #   registry                  distribution v3 cmd/registry (cold: ~2 min)
+#   metrics-server            sigs.k8s.io/metrics-server (cold: ~5 min; for `kubectl top`)
 # A second run finds the binaries and returns in well under a second.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.5}
 REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
+METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.9.0}
 CACHE=${VK_COCOON_CACHE:-$HOME/.cache/vk-cocoon}
 BIN="$CACHE/bin"
 mkdir -p "$BIN" "$CACHE/src"
@@ -83,13 +85,13 @@ GO
 # Builds one main package from a wrapper module: etcd's and distribution's own go.mod files carry
 # replace directives, which `go install pkg@version` refuses.
 build_wrapped() {
-  local name=$1 module=$2 version=$3 pkg=$4 out="$BIN/$1-$3"
+  local name=$1 module=$2 version=$3 pkg=$4 ldflags=${5:-} out="$BIN/$1-$3"
   local dir="$CACHE/src/$name-$version"
   mkdir -p "$dir"
   printf 'module vkcocoon.local/%sbuild\n\ngo 1.26\n\nrequire %s %s\n' "$name" "$module" "$version" >"$dir/go.mod"
   printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" >"$dir/tools.go"
   (cd "$dir" && go mod tidy >/dev/null)
-  (cd "$dir" && go build -v -o "$out.tmp" "$pkg" 2>&1) | progress "$name"
+  (cd "$dir" && go build -v -ldflags "$ldflags" -o "$out.tmp" "$pkg" 2>&1) | progress "$name"
   mv "$out.tmp" "$out"
 }
 
@@ -108,15 +110,27 @@ build_registry() {
     github.com/distribution/distribution/v3/cmd/registry
 }
 
+build_metrics_server() {
+  if [[ -x $BIN/metrics-server-$METRICS_SERVER_VERSION ]]; then log "metrics-server $METRICS_SERVER_VERSION cached"; return; fi
+  need_go
+  log "metrics-server $METRICS_SERVER_VERSION: cold build, usually ~5 minutes on 2 cores"
+  # Its version is client-go's build stamp, as its own Makefile sets it.
+  build_wrapped metrics-server sigs.k8s.io/metrics-server "$METRICS_SERVER_VERSION" \
+    sigs.k8s.io/metrics-server/cmd/metrics-server \
+    "-X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION"
+}
+
 what=${1:-all}
 case $what in
   k8s) build_k8s ;;
   etcd) build_etcd ;;
   registry) build_registry ;;
-  all) build_etcd; build_registry; build_k8s ;;
-  *) echo "usage: $0 [all|k8s|etcd|registry]" >&2; exit 2 ;;
+  metrics-server) build_metrics_server ;;
+  all) build_etcd; build_registry; build_metrics_server; build_k8s ;;
+  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server]" >&2; exit 2 ;;
 esac
-for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION; do
+for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION \
+  metrics-server-$METRICS_SERVER_VERSION; do
   [[ -x $BIN/$b ]] && ln -sf "$b" "$BIN/${b%-v*}"
 done
 log "done; binaries in $BIN"

@@ -85,6 +85,32 @@ impl ApiServer {
             // Dial kubelets (our daemon) at their InternalIP (127.0.0.1 here): the default
             // prefers the Hostname address, which would send a DNS query off the machine.
             .arg("--kubelet-preferred-address-types=InternalIP")
+            // The aggregation layer, for an aggregated API server such as metrics-server: the
+            // apiserver forwards with the front-proxy client certificate and names the caller
+            // in these headers.
+            .arg(format!(
+                "--requestheader-client-ca-file={}",
+                p(&pki.front_proxy_ca.cert)
+            ))
+            .arg(format!(
+                "--requestheader-allowed-names={}",
+                crate::certs::FRONT_PROXY_CLIENT
+            ))
+            .arg("--requestheader-username-headers=X-Remote-User")
+            .arg("--requestheader-group-headers=X-Remote-Group")
+            .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
+            .arg(format!(
+                "--proxy-client-cert-file={}",
+                p(&pki.front_proxy_client.cert)
+            ))
+            .arg(format!(
+                "--proxy-client-key-file={}",
+                p(&pki.front_proxy_client.key)
+            ))
+            // An APIService is reached through its Service's cluster address; only this
+            // routing follows an ExternalName Service, the one kind that can name loopback
+            // (Endpoints and EndpointSlices refuse 127.0.0.0/8). See metrics_server.rs.
+            .arg("--enable-aggregator-routing=false")
             .arg("--authorization-mode=Node,RBAC")
             .arg("--allow-privileged=true")
             .arg("--profiling=false")

@@ -16,14 +16,14 @@ pub fn cache_bin_dir() -> PathBuf {
     cache.join("bin")
 }
 
-/// Path of one built binary (`kube-apiserver`, `kubectl`, `etcd`, `registry`), or an error
-/// that says how to build it.
+/// Path of one built binary (`kube-apiserver`, `kubectl`, `etcd`, `registry`,
+/// `metrics-server`), or an error that says how to build it.
 pub fn built(name: &str) -> Result<PathBuf> {
     let p = cache_bin_dir().join(name);
     if !p.exists() {
         bail!(
             "{} is missing: run `make deps` (e2e/scripts/build-deps.sh) to build kube-apiserver, \
-             kubectl, etcd and registry into {}",
+             kubectl, etcd, registry and metrics-server into {}",
             p.display(),
             cache_bin_dir().display()
         );

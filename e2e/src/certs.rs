@@ -30,6 +30,13 @@ pub struct Pki {
     pub admin: CertPair,
     /// What the apiserver presents when it calls a kubelet API (logs, exec, port-forward).
     pub kubelet_client: CertPair,
+    /// The aggregation layer's own CA (`--requestheader-client-ca-file`): an aggregated API
+    /// server believes the user headers only of a caller this CA vouches for, so it must not be
+    /// the CA every testbed client certificate comes from.
+    pub front_proxy_ca: CertPair,
+    /// What the apiserver presents when it forwards a request to an aggregated API server
+    /// (CN `front-proxy-client`, the one name `--requestheader-allowed-names` lets through).
+    pub front_proxy_client: CertPair,
     /// Service-account token signing key and its public half.
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
@@ -65,6 +72,21 @@ impl Pki {
             "kube-apiserver-kubelet-client",
             &["system:masters"],
         )?;
+        let fp_key = KeyPair::generate()?;
+        let fp_params = ca_params_named("vk-cocoon-testbed-front-proxy-ca")?;
+        let front_proxy_ca = save(
+            dir,
+            "front-proxy-ca",
+            &fp_params.self_signed(&fp_key)?.pem(),
+            &fp_key,
+        )?;
+        let front_proxy_client = issue_client(
+            &Issuer::new(fp_params, fp_key),
+            dir,
+            "front-proxy-client",
+            FRONT_PROXY_CLIENT,
+            &[],
+        )?;
         let sa = KeyPair::generate()?;
         let sa_key = dir.join("sa.key");
         let sa_pub = dir.join("sa.pub");
@@ -76,6 +98,8 @@ impl Pki {
             apiserver,
             admin,
             kubelet_client,
+            front_proxy_ca,
+            front_proxy_client,
             sa_key,
             sa_pub,
         })
@@ -101,10 +125,16 @@ impl Pki {
     }
 }
 
+/// The CN of the front-proxy client certificate, for `--requestheader-allowed-names`.
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
 fn ca_params() -> Result<CertificateParams> {
+    ca_params_named("vk-cocoon-testbed-ca")
+}
+
+fn ca_params_named(cn: &str) -> Result<CertificateParams> {
     let mut p = CertificateParams::new(Vec::<String>::new())?;
-    p.distinguished_name
-        .push(DnType::CommonName, "vk-cocoon-testbed-ca");
+    p.distinguished_name.push(DnType::CommonName, cn);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,

@@ -4,12 +4,17 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::certs::Pki;
+use crate::certs::{CertPair, Pki};
 use crate::rundir::write_file;
 
 /// Writes an admin kubeconfig for `server` that refers to the PEM files by path (both kubectl
 /// and kube-rs resolve them), so a human can inspect the certificates next to it.
 pub fn write(path: &Path, server: &str, pki: &Pki) -> Result<()> {
+    write_for(path, server, pki, &pki.admin)
+}
+
+/// The same for the user of another client certificate of the testbed CA.
+pub fn write_for(path: &Path, server: &str, pki: &Pki, user: &CertPair) -> Result<()> {
     let yaml = format!(
         "apiVersion: v1
 kind: Config
@@ -19,7 +24,7 @@ clusters:
     server: {server}
     certificate-authority: {ca}
 users:
-- name: admin
+- name: {user_name}
   user:
     client-certificate: {cert}
     client-key: {key}
@@ -27,13 +32,17 @@ contexts:
 - name: testbed
   context:
     cluster: testbed
-    user: admin
+    user: {user_name}
     namespace: default
 current-context: testbed
 ",
         ca = pki.ca.cert.display(),
-        cert = pki.admin.cert.display(),
-        key = pki.admin.key.display(),
+        user_name = user
+            .cert
+            .file_stem()
+            .map_or("user".into(), |s| s.to_string_lossy()),
+        cert = user.cert.display(),
+        key = user.key.display(),
     );
     write_file(path, &yaml)
 }

@@ -2,7 +2,7 @@
 //!
 //! A [`Testbed`] runs what a cocoon node talks to in production, on loopback only: etcd and
 //! kube-apiserver (no scheduler or controller-manager, so tests bind pods with `spec.nodeName`),
-//! a distribution registry, Prometheus and the cocoon simulator. Everything it starts lives
+//! a distribution registry, Prometheus, metrics-server and the cocoon simulator. Everything it starts lives
 //! under one run directory in `/tmp/vk-cocoon-testbed/`, so a run that was killed with SIGKILL
 //! is swept by the next one (see [`rundir`] and [`procs`]).
 
@@ -14,6 +14,7 @@ pub mod etcd;
 pub mod kube;
 pub mod kubeconfig;
 pub mod log;
+pub mod metrics_server;
 pub mod ports;
 pub mod procs;
 pub mod prometheus;

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use crate::apiserver::ApiServer;
 use crate::certs::Pki;
 use crate::etcd::Etcd;
+use crate::metrics_server::MetricsServer;
 use crate::procs::Proc;
 use crate::prometheus::{Prometheus, ScrapeJob};
 use crate::registry::Registry;
@@ -24,6 +25,9 @@ pub struct TestbedOptions {
     /// Start Prometheus scraping these jobs (it always scrapes itself too).
     pub prometheus: Option<Vec<ScrapeJob>>,
     pub sim: bool,
+    /// Start metrics-server as the `metrics.k8s.io` API, scraping every this often (at least
+    /// 10 s, its floor); implies the control plane.
+    pub metrics_server: Option<std::time::Duration>,
     /// Namespaces to create, each with its `default` ServiceAccount ("default" always is).
     pub namespaces: Vec<String>,
 }
@@ -43,6 +47,7 @@ impl TestbedOptions {
             registry: true,
             prometheus: Some(Vec::new()),
             sim: true,
+            metrics_server: None,
             namespaces: Vec::new(),
         }
     }
@@ -62,6 +67,14 @@ impl TestbedOptions {
         self
     }
 
+    /// metrics-server behind the apiserver, for `kubectl top` (see [`crate::metrics_server`]).
+    /// Opt-in: it costs a build (`build-deps.sh metrics-server`) and ~1 s of start.
+    pub fn with_metrics_server(mut self) -> Self {
+        self.control_plane = true;
+        self.metrics_server = Some(std::time::Duration::from_secs(10));
+        self
+    }
+
     pub fn with_namespace(mut self, ns: &str) -> Self {
         self.namespaces.push(ns.to_string());
         self
@@ -72,6 +85,7 @@ impl TestbedOptions {
 /// runs `cocoon sim cleanup` and removes the run directory.
 pub struct Testbed {
     // Teardown order: consumers before what they consume, the run directory last.
+    pub metrics_server: Option<MetricsServer>,
     pub prometheus: Option<Prometheus>,
     pub registry: Option<Registry>,
     pub apiserver: Option<ApiServer>,
@@ -94,10 +108,14 @@ impl Testbed {
         if opts.registry {
             crate::bins::built("registry")?;
         }
+        if opts.metrics_server.is_some() {
+            crate::bins::built("metrics-server")?;
+        }
         if opts.prometheus.is_some() {
             crate::bins::prometheus()?;
         }
         let mut tb = Testbed {
+            metrics_server: None,
             prometheus: None,
             registry: None,
             apiserver: None,
@@ -157,6 +175,15 @@ impl Testbed {
             for ns in &nss {
                 tb.ensure_namespace(ns).await?;
             }
+        }
+        if let (Some(resolution), Some(pki), Some(api), Some(client)) = (
+            opts.metrics_server,
+            tb.pki.as_ref(),
+            tb.apiserver.as_ref(),
+            tb.client.as_ref(),
+        ) {
+            tb.metrics_server =
+                Some(MetricsServer::start(&tb.run, pki, api, client, resolution).await?);
         }
         step!("testbed up in {}", tb.run.path().display());
         Ok(tb)
@@ -238,6 +265,12 @@ impl Testbed {
         if let Some(p) = &self.prometheus {
             v.push(("TESTBED_PROMETHEUS".into(), p.url.clone()));
         }
+        if let Some(m) = &self.metrics_server {
+            v.push((
+                "TESTBED_METRICS_SERVER".into(),
+                format!("https://127.0.0.1:{}", m.port),
+            ));
+        }
         if let Some(s) = &self.sim {
             v.push(("COCOON_SIM_BIN".into(), s.bin.display().to_string()));
             v.extend(s.env().into_iter().filter(|(k, _)| k != "PATH"));
@@ -287,6 +320,7 @@ impl Testbed {
     pub fn detach(mut self) -> Result<PathBuf> {
         self.run.detach()?;
         for p in [
+            self.metrics_server.as_mut().map(|c| &mut c.proc),
             self.prometheus.as_mut().map(|c| &mut c.proc),
             self.registry.as_mut().map(|c| &mut c.proc),
             self.apiserver.as_mut().map(|c| &mut c.proc),
@@ -318,6 +352,7 @@ impl Drop for Testbed {
             // failure, and the test harness shows them with the panic.
             self.print_log_tails(20);
         }
+        drop(self.metrics_server.take());
         drop(self.prometheus.take());
         drop(self.registry.take());
         drop(self.apiserver.take());

@@ -27,7 +27,8 @@ pub struct VmSample {
     pub rss: u64,
     /// Allocated bytes of the COW disk (sparse files count what they hold, not their size).
     pub cow_bytes: u64,
-    /// Through the VM's TAPs, seen from the guest: a TAP's transmit is the guest's receive.
+    /// Through the first NIC's TAP, seen from the guest: a TAP's transmit is the guest's
+    /// receive (M2).
     pub net: procfs::NetBytes,
 }
 
@@ -37,10 +38,43 @@ pub struct Sample {
     pub vms: Vec<VmSample>,
 }
 
+/// Where the figures are read and the kernel units they are read in: the host's for the
+/// daemon, a fixture tree's for tests.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    /// The procfs root: `stat`, `meminfo`, `net/dev` and `<pid>/{stat,net/dev}` under it.
+    pub proc: PathBuf,
+    /// `<cgroup2 mount>/<COCOON_CGROUP_PARENT>`; `None` on a host without cgroup v2.
+    pub scopes: Option<PathBuf>,
+    pub page_size: u64,
+    /// Clock ticks per second, the unit of /proc/stat.
+    pub user_hz: f64,
+}
+
+impl Sources {
+    /// DEC-1: COCOON_CGROUP_PARENT is taken relative to the cgroup v2 mount.
+    pub fn host(cgroup_parent: &str) -> Self {
+        let scopes = procfs::cgroup2_mount(&read("/proc/self/mountinfo"))
+            .map(|m| PathBuf::from(m).join(cgroup_parent.trim_start_matches('/')));
+        // SAFETY: sysconf has no preconditions.
+        let (hz, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK) as f64,
+                libc::sysconf(libc::_SC_PAGESIZE) as u64,
+            )
+        };
+        Self {
+            proc: PathBuf::from("/proc"),
+            scopes,
+            page_size: page,
+            user_hz: hz.max(1.0),
+        }
+    }
+}
+
 pub struct Sampler {
     views: Views,
-    /// `<cgroup2 mount>/<COCOON_CGROUP_PARENT>`; `None` on a host without cgroup v2.
-    scopes: Option<PathBuf>,
+    sources: Sources,
     root_dir: String,
     cache: Mutex<Option<(Instant, Arc<Sample>)>>,
 }
@@ -50,13 +84,14 @@ fn read(path: impl AsRef<std::path::Path>) -> String {
 }
 
 impl Sampler {
-    /// DEC-1: COCOON_CGROUP_PARENT is taken relative to the cgroup v2 mount.
     pub fn new(views: Views, cgroup_parent: &str, root_dir: &str) -> Self {
-        let scopes = procfs::cgroup2_mount(&read("/proc/self/mountinfo"))
-            .map(|m| PathBuf::from(m).join(cgroup_parent.trim_start_matches('/')));
+        Self::with_sources(views, Sources::host(cgroup_parent), root_dir)
+    }
+
+    pub fn with_sources(views: Views, sources: Sources, root_dir: &str) -> Self {
         Self {
             views,
-            scopes,
+            sources,
             root_dir: root_dir.to_string(),
             cache: Mutex::new(None),
         }
@@ -75,29 +110,25 @@ impl Sampler {
     }
 
     fn build(&self) -> Sample {
-        // SAFETY: sysconf has no preconditions.
-        let (hz, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_CLK_TCK) as f64,
-                libc::sysconf(libc::_SC_PAGESIZE) as u64,
-            )
-        };
+        let src = &self.sources;
         let (avail, total) = statfs(&self.root_dir);
         let node = NodeSample {
-            cpu_seconds: procfs::node_cpu_seconds(&read("/proc/stat"), hz.max(1.0)),
-            memory_used: procfs::node_memory_used(&read("/proc/meminfo")),
+            cpu_seconds: procfs::node_cpu_seconds(&read(src.proc.join("stat")), src.user_hz),
+            memory_used: procfs::node_memory_used(&read(src.proc.join("meminfo"))),
             storage_available: avail,
             storage_total: total,
         };
-        let vms: Vec<VmView> = self.views.vms.iter().map(|e| e.value().clone()).collect();
+        let mut vms: Vec<VmView> = self.views.vms.iter().map(|e| e.value().clone()).collect();
+        // Pod order, so every surface lists the VMs the same way from one scrape to the next.
+        vms.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
         // A TAP lives in the hypervisor's network namespace (CNI) or in the host's (bridge
-        // mode): the VMM's /proc view is tried first, the host's once per sample after it.
+        // mode): the VMM's view is tried first, the host's, read once per sample, after it.
         let host_net = std::sync::OnceLock::new();
         let vms = vms
             .into_iter()
             .filter(|v| v.pid > 0 && !v.unmanaged)
             .map(|vm| {
-                let cpu = self
+                let cpu = src
                     .scopes
                     .as_ref()
                     .map(|s| {
@@ -106,25 +137,25 @@ impl Sampler {
                         ))
                     })
                     .unwrap_or_default();
-                let rss = procfs::rss_bytes(&read(format!("/proc/{}/stat", vm.pid)), page);
+                let pid_dir = src.proc.join(vm.pid.to_string());
+                let rss = procfs::rss_bytes(&read(pid_dir.join("stat")), src.page_size);
                 let cow_bytes = vm.cow.as_deref().map_or(0, allocated_bytes);
-                let own = procfs::net_dev(&read(format!("/proc/{}/net/dev", vm.pid)));
-                let net = vm
-                    .taps
-                    .iter()
-                    .fold(procfs::NetBytes::default(), |sum, tap| {
-                        let dev = own.get(tap).copied().or_else(|| {
+                let net = vm.taps.first().map_or_else(Default::default, |tap| {
+                    let dev = procfs::net_dev(&read(pid_dir.join("net/dev")))
+                        .get(tap)
+                        .copied()
+                        .or_else(|| {
                             host_net
-                                .get_or_init(|| procfs::net_dev(&read("/proc/net/dev")))
+                                .get_or_init(|| procfs::net_dev(&read(src.proc.join("net/dev"))))
                                 .get(tap)
                                 .copied()
-                        });
-                        let dev = dev.unwrap_or_default();
-                        procfs::NetBytes {
-                            rx: sum.rx + dev.tx,
-                            tx: sum.tx + dev.rx,
-                        }
-                    });
+                        })
+                        .unwrap_or_default();
+                    procfs::NetBytes {
+                        rx: dev.tx,
+                        tx: dev.rx,
+                    }
+                });
                 VmSample {
                     vm,
                     cpu,

@@ -35,8 +35,11 @@ async fn up() -> Result<()> {
         return Ok(());
     }
     // The daemon's default metrics port: a daemon started by hand is scraped without any edit.
-    let opts =
-        TestbedOptions::all().with_prometheus(vec![ScrapeJob::new("vk-cocoon", "127.0.0.1:9091")]);
+    // metrics-server too, so `kubectl top` works against a daemon started with
+    // VK_CLIENT_CA_FILE=$TESTBED_CA.
+    let opts = TestbedOptions::all()
+        .with_prometheus(vec![ScrapeJob::new("vk-cocoon", "127.0.0.1:9091")])
+        .with_metrics_server();
     let tb = Testbed::start(opts).await?;
     let mut lines: String = tb
         .summary()
