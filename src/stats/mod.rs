@@ -186,3 +186,38 @@ fn statfs(path: &str) -> (u64, u64) {
     let b = s.f_bsize as u64;
     (s.f_bavail as u64 * b, s.f_blocks as u64 * b)
 }
+
+#[cfg(test)]
+mod reuse_tests {
+    use super::*;
+
+    /// M1: every surface asking within the freshness window gets the same sample, so a
+    /// scrape storm reads the kernel once; what changed meanwhile shows in the next one.
+    #[test]
+    fn a_sample_is_shared_until_it_goes_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let stat = dir.path().join("stat");
+        std::fs::write(&stat, "cpu  100 0 100 0 0 0 0 0 0 0\n").unwrap();
+        std::fs::write(dir.path().join("meminfo"), "MemTotal: 1024 kB\nMemAvailable: 512 kB\n")
+            .unwrap();
+        let sources = Sources {
+            proc: dir.path().to_path_buf(),
+            scopes: None,
+            page_size: 4096,
+            user_hz: 100.0,
+        };
+        let sampler = Sampler::with_sources(Views::default(), sources, "/");
+        let first = sampler.sample();
+        assert_eq!(first.node.cpu_seconds, 2.0);
+        std::fs::write(&stat, "cpu  900 0 100 0 0 0 0 0 0 0\n").unwrap();
+        let again = sampler.sample();
+        assert!(Arc::ptr_eq(&first, &again), "read again within the window");
+        // Age the cached sample past the window instead of waiting for it.
+        if let Some((at, _)) = sampler.cache.lock().unwrap().as_mut() {
+            *at -= FRESH_FOR;
+        }
+        let fresh = sampler.sample();
+        assert!(!Arc::ptr_eq(&first, &fresh));
+        assert_eq!(fresh.node.cpu_seconds, 10.0);
+    }
+}
