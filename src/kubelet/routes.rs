@@ -17,13 +17,6 @@ pub async fn not_found() -> HttpResponse {
     text(StatusCode::NOT_FOUND, "404 request not found")
 }
 
-pub async fn not_implemented(req: HttpRequest) -> HttpResponse {
-    text(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("{} is not implemented by vk-cocoon", req.path()),
-    )
-}
-
 fn pod_list(items: Vec<Value>) -> HttpResponse {
     HttpResponse::Ok()
         .json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))

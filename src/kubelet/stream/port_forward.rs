@@ -1,0 +1,272 @@
+//! `kubectl port-forward` (K4): the client opens a pair of SPDY streams per connection it
+//! forwards, `error` and `data`, tied by `requestID` and naming the `port`; each pair becomes
+//! one TCP connection to the pod's own IP. A failure is written on the pair's error stream,
+//! which kubectl prints, and the other pairs carry on.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::spdy_frame::Frame;
+use super::spdy_session::{Event, Session};
+use super::wire::IDLE;
+
+const CONNECT: Duration = Duration::from_secs(10);
+const CHUNK: usize = 32 * 1024;
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+/// Bytes for the client on a stream; `fin` ends the stream.
+#[derive(Debug, PartialEq)]
+pub struct Send {
+    pub stream: u32,
+    pub data: Bytes,
+    pub fin: bool,
+}
+
+#[derive(Default)]
+struct Pair {
+    error: Option<u32>,
+    data: Option<u32>,
+    port: String,
+    to_guest: Option<mpsc::UnboundedSender<Bytes>>,
+}
+
+/// Only 1–65535, written as a plain decimal number.
+pub fn port(text: &str) -> Result<u16, String> {
+    match text.parse::<u16>() {
+        Ok(p) if p > 0 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(format!(
+            "invalid port {text:?}: want a number from 1 to 65535"
+        )),
+    }
+}
+
+/// One forwarded connection: bytes from `from_client` go to the guest until the client
+/// finishes its data stream; the guest's bytes go back until it closes.
+pub async fn forward(
+    ip: IpAddr,
+    port_text: String,
+    data: u32,
+    error: u32,
+    mut from_client: mpsc::UnboundedReceiver<Bytes>,
+    out: mpsc::Sender<Send>,
+) {
+    let fail = |msg: String| {
+        let out = out.clone();
+        async move {
+            let _ = out
+                .send(Send {
+                    stream: error,
+                    data: Bytes::from(msg),
+                    fin: true,
+                })
+                .await;
+            let _ = out
+                .send(Send {
+                    stream: data,
+                    data: Bytes::new(),
+                    fin: true,
+                })
+                .await;
+        }
+    };
+    let port = match port(&port_text) {
+        Ok(p) => p,
+        Err(e) => return fail(e).await,
+    };
+    let conn = tokio::time::timeout(CONNECT, tokio::net::TcpStream::connect((ip, port))).await;
+    let conn = match conn {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            return fail(format!("error forwarding port {port} to {ip}: {e}")).await;
+        }
+        Err(_) => {
+            return fail(format!(
+                "error forwarding port {port} to {ip}: no answer in {}s",
+                CONNECT.as_secs()
+            ))
+            .await;
+        }
+    };
+    let (mut rd, mut wr) = conn.into_split();
+    let to_guest = async move {
+        while let Some(b) = from_client.recv().await {
+            if wr.write_all(&b).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+        // Keep the write half until the guest is done, so the guest sees a half-close only.
+        std::future::pending::<()>().await
+    };
+    let to_client = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let sent = out
+                        .send(Send {
+                            stream: data,
+                            data: Bytes::copy_from_slice(&buf[..n]),
+                            fin: false,
+                        })
+                        .await;
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = to_guest => {}
+        _ = to_client => {}
+    }
+    for stream in [data, error] {
+        let _ = out
+            .send(Send {
+                stream,
+                data: Bytes::new(),
+                fin: true,
+            })
+            .await;
+    }
+}
+
+/// Serves one port-forward connection over SPDY to the pod at `ip`.
+pub async fn spdy(mut s: Session, ip: IpAddr) {
+    let mut pairs: HashMap<String, Pair> = HashMap::new();
+    let mut by_stream: HashMap<u32, String> = HashMap::new();
+    let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
+    let mut running = FuturesUnordered::new();
+    let mut tick = tokio::time::interval(IDLE_CHECK);
+    loop {
+        tokio::select! {
+            ev = s.next() => match ev {
+                Ok(Event::Opened { stream, headers }) => {
+                    let kind = Frame::header(&headers, "streamType").unwrap_or_default().to_string();
+                    let request = Frame::header(&headers, "requestID").unwrap_or_default().to_string();
+                    let port_text = Frame::header(&headers, "port").unwrap_or_default().to_string();
+                    let pair = pairs.entry(request.clone()).or_default();
+                    match kind.as_str() {
+                        "error" => pair.error = Some(stream),
+                        "data" => pair.data = Some(stream),
+                        _ => continue,
+                    }
+                    pair.port = port_text;
+                    by_stream.insert(stream, request.clone());
+                    if let (Some(error), Some(data), None) = (pair.error, pair.data, &pair.to_guest) {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        pair.to_guest = Some(tx);
+                        running.push(forward(ip, pair.port.clone(), data, error, rx, out_tx.clone()));
+                    }
+                }
+                Ok(Event::Data { stream, data }) => {
+                    if let Some(pair) = by_stream.get(&stream).and_then(|r| pairs.get(r)) {
+                        if pair.data == Some(stream) {
+                            if let Some(tx) = &pair.to_guest {
+                                let _ = tx.send(data);
+                            }
+                        }
+                    }
+                }
+                Ok(Event::Finished { stream }) => {
+                    if let Some(pair) = by_stream.get(&stream).and_then(|r| pairs.get_mut(r)) {
+                        if pair.data == Some(stream) {
+                            pair.to_guest = None;
+                        }
+                    }
+                }
+                Err(_) => return,
+            },
+            Some(o) = out_rx.recv() => {
+                if s.data(o.stream, o.data, o.fin).await.is_err() {
+                    return;
+                }
+            },
+            Some(()) = running.next(), if !running.is_empty() => {},
+            _ = tick.tick() => if s.idle_for() >= IDLE && running.is_empty() {
+                s.go_away().await;
+                return;
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_real_port_numbers_are_dialled() {
+        assert_eq!(port("8080"), Ok(8080));
+        assert_eq!(port("1"), Ok(1));
+        assert_eq!(port("65535"), Ok(65535));
+        for bad in ["0", "65536", "-1", "+80", "", "80a", " 80"] {
+            assert!(port(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_go_both_ways_and_a_refused_port_is_reported() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let (to_guest, rx) = mpsc::unbounded_channel();
+        let (out, mut got) = mpsc::channel(8);
+        to_guest.send(Bytes::from_static(b"ping")).unwrap();
+        drop(to_guest);
+        forward(addr.ip(), addr.port().to_string(), 3, 1, rx, out).await;
+        let mut seen = Vec::new();
+        while let Some(s) = got.recv().await {
+            seen.push(s);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                Send {
+                    stream: 3,
+                    data: Bytes::from_static(b"echo:ping"),
+                    fin: false
+                },
+                Send {
+                    stream: 3,
+                    data: Bytes::new(),
+                    fin: true
+                },
+                Send {
+                    stream: 1,
+                    data: Bytes::new(),
+                    fin: true
+                },
+            ]
+        );
+
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let (_tx, rx) = mpsc::unbounded_channel();
+        let (out, mut got) = mpsc::channel(8);
+        forward(addr.ip(), port.to_string(), 3, 1, rx, out).await;
+        let first = got.recv().await.unwrap();
+        assert_eq!(first.stream, 1);
+        assert!(
+            String::from_utf8_lossy(&first.data).contains("error forwarding port"),
+            "{first:?}"
+        );
+    }
+}
