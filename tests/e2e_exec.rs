@@ -177,12 +177,14 @@ async fn scenario(websocket: bool) -> Result<()> {
         exit.stderr
     );
 
-    // -it: `script` gives kubectl the terminal it insists on; the command runs without one.
+    // A tty: `script` gives kubectl the terminal `-t` needs; the command runs without one.
+    // Without `-i`: the simulator's commands read stdin to its end when it is open, and a
+    // terminal's stdin never ends.
     let kubectl_bin = e2e::bins::built("kubectl")?.display().to_string();
     let mut tty = kubectl_command(&tb, "script")?;
     tty.args([
         "-qec",
-        &format!("{kubectl_bin} exec -it exec-a -- echo from-a-tty"),
+        &format!("{kubectl_bin} exec -t exec-a -- echo from-a-tty"),
         "/dev/null",
     ])
     .stdin(Stdio::piped())
@@ -190,11 +192,11 @@ async fn scenario(websocket: bool) -> Result<()> {
     .stderr(Stdio::piped());
     let tty = tokio::time::timeout(Duration::from_secs(60), tty.spawn()?.wait_with_output())
         .await
-        .context("kubectl exec -it did not finish")??;
+        .context("kubectl exec -t did not finish")??;
     let tty_out = String::from_utf8_lossy(&tty.stdout);
     ensure!(
         tty.status.success() && tty_out.contains("from-a-tty"),
-        "kubectl exec -it: {:?} {tty_out:?} {:?}",
+        "kubectl exec -t: {:?} {tty_out:?} {:?}",
         tty.status,
         String::from_utf8_lossy(&tty.stderr)
     );
@@ -256,6 +258,26 @@ async fn scenario(websocket: bool) -> Result<()> {
         exec_children() == 0,
         "a cocoon vm exec outlived its session"
     );
+
+    // The transport the apiserver chose, as the daemon logged it.
+    let log = d.proc.log_tail(400);
+    let named = |l: &str, t: &str| {
+        l.contains(&format!("transport={t}")) || l.contains(&format!("transport=\"{t}\""))
+    };
+    let (want, other) = match websocket {
+        true => ("websocket", "spdy"),
+        false => ("spdy", "websocket"),
+    };
+    for what in ["exec", "port-forward"] {
+        let used: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!(": {what} ")) && l.contains("transport="))
+            .collect();
+        ensure!(
+            !used.is_empty() && used.iter().all(|l| named(l, want) && !named(l, other)),
+            "{what} sessions should all have come as {want}: {used:?}"
+        );
+    }
 
     // Straight at the port: a token without nodes/proxy may not exec.
     tb.kubectl(&["create", "serviceaccount", "reader", "-n", NS])

@@ -45,6 +45,21 @@ fn refuse(code: StatusCode, message: impl Into<String>) -> HttpResponse {
     }))
 }
 
+impl Transport {
+    fn name(&self) -> &'static str {
+        match self {
+            Transport::WebSocket { .. } => "websocket",
+            Transport::Spdy { .. } => "spdy",
+        }
+    }
+
+    fn protocol(&self) -> &'static str {
+        match self {
+            Transport::WebSocket { protocol, .. } | Transport::Spdy { protocol } => protocol,
+        }
+    }
+}
+
 enum Transport {
     /// A WebSocket with the subprotocol chosen and the `Sec-WebSocket-Accept` answer.
     WebSocket {
@@ -208,6 +223,8 @@ pub async fn exec(
         Ok(p) => p,
         Err(r) => return r,
     };
+    tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
+        protocol = transport.protocol(), command = ?q.command, "exec");
     let cli = ctx.cocoon.clone();
     let streams = q.streams;
     let worker: remotecommand::Worker<_> = Box::new(move |stdin, out| {
@@ -281,6 +298,8 @@ pub async fn port_forward(
         Ok(p) => p,
         Err(r) => return r,
     };
+    tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
+        protocol = transport.protocol(), "port-forward");
     let (out, resp) = switch(&transport);
     let session = match transport {
         Transport::WebSocket { protocol, .. } if protocol == PORT_FORWARD_TUNNEL => {
