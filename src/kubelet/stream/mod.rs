@@ -169,27 +169,30 @@ pub fn exec_query(query: &str) -> Result<ExecQuery, String> {
     Ok(q)
 }
 
+/// A refusal before the upgrade: the status and what [`refuse`] tells the client.
+type Refusal = (StatusCode, String);
+
 /// The pod's live VM, or the refusal that says why there is none.
-fn vm_of(ctx: &Ctx, ns: &str, pod: &str) -> Result<VmView, HttpResponse> {
+fn vm_of(ctx: &Ctx, ns: &str, pod: &str) -> Result<VmView, Refusal> {
     let key = format!("{ns}/{pod}");
     if !ctx.views.pods.contains_key(&key) {
-        return Err(refuse(
+        return Err((
             StatusCode::NOT_FOUND,
             format!("pod {key} is not on this node"),
         ));
     }
     match ctx.views.vms.get(&key).map(|v| v.value().clone()) {
         Some(vm) => Ok(vm),
-        None => Err(refuse(
+        None => Err((
             StatusCode::NOT_FOUND,
             format!("vk-cocoon: pod {key} has no live VM"),
         )),
     }
 }
 
-fn permit(ctx: &Ctx) -> Result<tokio::sync::OwnedSemaphorePermit, HttpResponse> {
+fn permit(ctx: &Ctx) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
     ctx.streams.clone().try_acquire_owned().map_err(|_| {
-        refuse(
+        (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "{} exec and port-forward sessions are running on this node; try again later",
@@ -213,7 +216,7 @@ pub async fn exec(
     };
     let vm = match vm_of(&ctx, &ns, &pod) {
         Ok(vm) => vm,
-        Err(r) => return r,
+        Err((code, msg)) => return refuse(code, msg),
     };
     let transport = match negotiate(&req, &REMOTECOMMAND) {
         Ok(t) => t,
@@ -221,7 +224,7 @@ pub async fn exec(
     };
     let permit = match permit(&ctx) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err((code, msg)) => return refuse(code, msg),
     };
     tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
         protocol = transport.protocol(), command = ?q.command, "exec");
@@ -281,7 +284,7 @@ pub async fn port_forward(
     let (ns, pod) = path.into_inner();
     let vm = match vm_of(&ctx, &ns, &pod) {
         Ok(vm) => vm,
-        Err(r) => return r,
+        Err((code, msg)) => return refuse(code, msg),
     };
     // Only the pod's own address is ever dialled, whatever the client asks.
     let Some(ip) = vm.ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
@@ -296,7 +299,7 @@ pub async fn port_forward(
     };
     let permit = match permit(&ctx) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err((code, msg)) => return refuse(code, msg),
     };
     tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
         protocol = transport.protocol(), "port-forward");
