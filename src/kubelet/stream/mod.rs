@@ -30,6 +30,8 @@ const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";
 const REMOTECOMMAND: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 const PORT_FORWARD: &str = "portforward.k8s.io";
 const PORT_FORWARD_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
+/// The WebSocket port-forward of clients that do not tunnel SPDY (one channel pair per port).
+const PORT_FORWARD_CHANNELS: &str = "v4.channel.k8s.io";
 
 /// A refusal before the upgrade, as a Status kubectl prints.
 fn refuse(code: StatusCode, message: impl Into<String>) -> HttpResponse {
@@ -81,20 +83,28 @@ fn offered(req: &HttpRequest, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The transport and protocol for this request, ours chosen in our order of preference.
-fn negotiate(req: &HttpRequest, ours: &[&'static str]) -> Result<Transport, String> {
+/// The transport and protocol for this request, ours (`spdy` or `ws`, by transport) chosen in
+/// our order of preference.
+fn negotiate(
+    req: &HttpRequest,
+    spdy_ours: &[&'static str],
+    ws_ours: &[&'static str],
+) -> Result<Transport, String> {
     let upgrade = req
         .headers()
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_ascii_lowercase();
-    let pick = |theirs: Vec<String>| ours.iter().copied().find(|p| theirs.iter().any(|t| t == p));
+    let pick = |ours: &[&'static str], theirs: &[String]| {
+        ours.iter().copied().find(|p| theirs.iter().any(|t| t == p))
+    };
     let spdy = req.headers().contains_key(super::upgrade_head::SPDY_MARK);
     if upgrade == "websocket" && !spdy {
         let accept = wire::ws_accept(req)?;
         let theirs = offered(req, "Sec-WebSocket-Protocol");
-        let protocol = pick(theirs.clone()).ok_or_else(|| {
+        let ours = ws_ours;
+        let protocol = pick(ours, &theirs).ok_or_else(|| {
             format!(
                 "none of the WebSocket subprotocols {theirs:?} is served here; vk-cocoon speaks {ours:?}"
             )
@@ -103,7 +113,8 @@ fn negotiate(req: &HttpRequest, ours: &[&'static str]) -> Result<Transport, Stri
     }
     if spdy || upgrade.starts_with("spdy/3.1") {
         let theirs = offered(req, PROTOCOL_HEADER);
-        let protocol = pick(theirs.clone()).ok_or_else(|| {
+        let ours = spdy_ours;
+        let protocol = pick(ours, &theirs).ok_or_else(|| {
             format!(
                 "none of the stream protocols {theirs:?} is served here; vk-cocoon speaks {ours:?}"
             )
@@ -218,7 +229,7 @@ pub async fn exec(
         Ok(vm) => vm,
         Err((code, msg)) => return refuse(code, msg),
     };
-    let transport = match negotiate(&req, &REMOTECOMMAND) {
+    let transport = match negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND) {
         Ok(t) => t,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
@@ -293,7 +304,8 @@ pub async fn port_forward(
             format!("vk-cocoon: pod {ns}/{pod} has no IP yet"),
         );
     };
-    let transport = match negotiate(&req, &[PORT_FORWARD, PORT_FORWARD_TUNNEL]) {
+    let ws = [PORT_FORWARD_TUNNEL, PORT_FORWARD_CHANNELS];
+    let transport = match negotiate(&req, &[PORT_FORWARD], &ws) {
         Ok(t) => t,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
@@ -303,24 +315,40 @@ pub async fn port_forward(
     };
     tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
         protocol = transport.protocol(), "port-forward");
-    let (out, resp) = switch(&transport);
-    let session = match transport {
-        Transport::WebSocket { protocol, .. } if protocol == PORT_FORWARD_TUNNEL => {
-            let inbound = wire::ws_messages(payload, out.clone());
-            spdy_session::Session::new(inbound, out, wire::ws_binary)
+    let channel_ports = match (&transport, transport.protocol()) {
+        (Transport::WebSocket { .. }, PORT_FORWARD_CHANNELS) => {
+            match port_forward::query_ports(req.query_string()) {
+                Ok(p) => Some(p),
+                Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+            }
         }
-        Transport::WebSocket { .. } => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                format!("port-forward over WebSocket is served as {PORT_FORWARD_TUNNEL} only"),
-            )
-        }
-        Transport::Spdy { .. } => spdy_session::Session::new(wire::raw(payload), out, |b| b),
+        _ => None,
     };
-    actix_web::rt::spawn(async move {
-        port_forward::spdy(session, ip).await;
-        drop(permit);
-    });
+    let (out, resp) = switch(&transport);
+    match (transport, channel_ports) {
+        (Transport::WebSocket { .. }, Some(ports)) => {
+            let inbound = wire::ws_messages(payload, out.clone());
+            actix_web::rt::spawn(async move {
+                port_forward::websocket(inbound, out, ip, ports).await;
+                drop(permit);
+            });
+        }
+        (transport, _) => {
+            let session = match transport {
+                Transport::WebSocket { .. } => {
+                    let inbound = wire::ws_messages(payload, out.clone());
+                    spdy_session::Session::new(inbound, out, wire::ws_binary)
+                }
+                Transport::Spdy { .. } => {
+                    spdy_session::Session::new(wire::raw(payload), out, |b| b)
+                }
+            };
+            actix_web::rt::spawn(async move {
+                port_forward::spdy(session, ip).await;
+                drop(permit);
+            });
+        }
+    }
     resp
 }
 
@@ -374,7 +402,7 @@ mod tests {
             ),
         ]);
         assert!(matches!(
-            negotiate(&req, &REMOTECOMMAND),
+            negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND),
             Ok(Transport::Spdy {
                 protocol: "v5.channel.k8s.io"
             })
@@ -386,7 +414,7 @@ mod tests {
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
             ("Sec-WebSocket-Protocol", "v4.channel.k8s.io"),
         ]);
-        match negotiate(&req, &REMOTECOMMAND) {
+        match negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND) {
             Ok(Transport::WebSocket { protocol, accept }) => {
                 assert_eq!(protocol, "v4.channel.k8s.io");
                 assert_eq!(accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
@@ -398,7 +426,7 @@ mod tests {
             ("Connection", "Upgrade"),
             (PROTOCOL_HEADER, "channel.k8s.io"),
         ]);
-        assert!(negotiate(&req, &REMOTECOMMAND).is_err());
-        assert!(negotiate(&request(&[]), &REMOTECOMMAND).is_err());
+        assert!(negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND).is_err());
+        assert!(negotiate(&request(&[]), &REMOTECOMMAND, &REMOTECOMMAND).is_err());
     }
 }

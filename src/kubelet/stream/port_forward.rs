@@ -2,6 +2,11 @@
 //! forwards, `error` and `data`, tied by `requestID` and naming the `port`; each pair becomes
 //! one TCP connection to the pod's own IP. A failure is written on the pair's error stream,
 //! which kubectl prints, and the other pairs carry on.
+//!
+//! Clients that speak WebSocket without SPDY (`v4.channel.k8s.io`, as the Go kubelet serves
+//! it) name their ports in the query instead: each port gets a data channel (2i) and an error
+//! channel (2i+1), both opened with the port number (two bytes, little-endian), and one
+//! connection to the guest for the life of the WebSocket.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -15,7 +20,7 @@ use tokio::sync::mpsc;
 
 use super::spdy_frame::Frame;
 use super::spdy_session::{Event, Session};
-use super::wire::IDLE;
+use super::wire::{self, Inbound, Outbound, IDLE};
 
 const CONNECT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 32 * 1024;
@@ -200,6 +205,93 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
     }
 }
 
+/// The `port` query values (each may list several, comma-separated), as a kubelet reads them.
+pub fn query_ports(query: &str) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if k == "port" {
+            for p in v.split(',') {
+                ports.push(port(p)?);
+            }
+        }
+    }
+    match ports.len() {
+        0 => Err("query parameter \"port\" is required".into()),
+        // Channel numbers are one byte: two per port.
+        n if n > 127 => Err(format!("{n} ports asked for; at most 127")),
+        _ => Ok(ports),
+    }
+}
+
+fn channel_message(ch: u8, data: &[u8]) -> Bytes {
+    let mut m = Vec::with_capacity(data.len() + 1);
+    m.push(ch);
+    m.extend_from_slice(data);
+    wire::ws_binary(Bytes::from(m))
+}
+
+/// Serves one port-forward over the WebSocket channel protocol.
+pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: Vec<u16>) {
+    let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
+    let mut to_guest = Vec::new();
+    let mut running = FuturesUnordered::new();
+    for (i, p) in ports.iter().enumerate() {
+        let (data, error) = (2 * i as u8, 2 * i as u8 + 1);
+        for ch in [data, error] {
+            if out
+                .send(channel_message(ch, &p.to_le_bytes()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        to_guest.push(tx);
+        running.push(forward(
+            ip,
+            p.to_string(),
+            data.into(),
+            error.into(),
+            rx,
+            out_tx.clone(),
+        ));
+    }
+    let mut last_seen = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(IDLE_CHECK);
+    loop {
+        tokio::select! {
+            m = inbound.next() => match m {
+                Some(m) => {
+                    last_seen = tokio::time::Instant::now();
+                    if let Some(&ch) = m.first() {
+                        if ch % 2 == 0 {
+                            if let Some(tx) = to_guest.get(usize::from(ch / 2)) {
+                                let _ = tx.send(m.slice(1..));
+                            }
+                        }
+                    }
+                }
+                None => return,
+            },
+            Some(s) = out_rx.recv() => {
+                last_seen = tokio::time::Instant::now();
+                // A channel cannot be closed in this protocol: an end is simply no more data.
+                if !s.data.is_empty()
+                    && out.send(channel_message(s.stream as u8, &s.data)).await.is_err()
+                {
+                    return;
+                }
+            },
+            Some(()) = running.next(), if !running.is_empty() => {},
+            _ = tick.tick() => if last_seen.elapsed() >= IDLE {
+                let _ = out.send(wire::ws_close()).await;
+                return;
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +304,53 @@ mod tests {
         for bad in ["0", "65536", "-1", "+80", "", "80a", " 80"] {
             assert!(port(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn ports_come_from_the_query() {
+        assert_eq!(
+            query_ports("port=80&port=8080,9090"),
+            Ok(vec![80, 8080, 9090])
+        );
+        assert!(query_ports("").is_err());
+        assert!(query_ports("port=0").is_err());
+        assert!(query_ports("port=http").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_websocket_channels_carry_each_port() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4];
+            c.read_exact(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+        let inbound: Inbound =
+            futures::stream::unfold(
+                in_rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            )
+            .boxed_local();
+        let (out, mut got) = mpsc::channel(16);
+        let port = addr.port();
+        let session = tokio::task::LocalSet::new();
+        session
+            .run_until(async move {
+                let task = tokio::task::spawn_local(websocket(inbound, out, addr.ip(), vec![port]));
+                let p = port.to_le_bytes();
+                assert_eq!(got.recv().await.unwrap(), channel_message(0, &p));
+                assert_eq!(got.recv().await.unwrap(), channel_message(1, &p));
+                in_tx.send(Bytes::from_static(b"\x00ping")).unwrap();
+                assert_eq!(got.recv().await.unwrap(), channel_message(0, b"echo:ping"));
+                drop(in_tx);
+                task.await.unwrap();
+            })
+            .await;
     }
 
     #[tokio::test]
