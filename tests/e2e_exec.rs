@@ -169,6 +169,29 @@ async fn scenario(websocket: bool) -> Result<()> {
         cat.stderr
     );
 
+    // A quiet session outlives the 30 s idle limit: the client's pings keep it alive.
+    let mut quiet = kubectl_command(&tb, &e2e::bins::built("kubectl")?.display().to_string())?;
+    quiet
+        .args(["exec", "-i", "exec-a", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut quiet = quiet.spawn()?;
+    let mut quiet_in = quiet.stdin.take().context("stdin")?;
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    quiet_in.write_all(b"after-a-quiet-while\n").await?;
+    drop(quiet_in);
+    let quiet = tokio::time::timeout(Duration::from_secs(30), quiet.wait_with_output())
+        .await
+        .context("kubectl exec -i after 35 s of quiet did not finish")??;
+    ensure!(
+        quiet.status.success() && quiet.stdout == b"after-a-quiet-while\n",
+        "kubectl exec -i after 35 s of quiet: {:?} {:?} {:?}",
+        quiet.status,
+        String::from_utf8_lossy(&quiet.stdout),
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+
     let exit = kubectl(&tb, &["exec", "exec-a", "--", "exit", "3"], None).await?;
     ensure!(
         exit.code == 3,

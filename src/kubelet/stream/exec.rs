@@ -285,6 +285,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_windows_guest_is_pointed_to_rdp() {
+        let (tx, rx) = mpsc::channel(8);
+        windows_notice("10.0.0.7".into(), tx).await;
+        assert_eq!(
+            collect(rx).await,
+            vec![
+                Out::Stdout(Bytes::from_static(
+                    b"vk-cocoon: Windows guest: use RDP to 10.0.0.7\n"
+                )),
+                Out::Status(success())
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn a_cocoon_failure_is_an_error_not_an_exit_code() {
         let dir = tempfile::tempdir().unwrap();
         let cli = stand_in(
