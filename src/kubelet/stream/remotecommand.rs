@@ -211,3 +211,154 @@ pub async fn websocket<F: Future<Output = ()>>(
         let _ = out.send(wire::ws_close()).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::super::exec::success;
+    use super::super::spdy_frame::Codec;
+    use super::*;
+
+    /// A worker that copies stdin to stdout, then reports success.
+    fn echo() -> Worker<impl Future<Output = ()>> {
+        Box::new(|stdin, out| async move {
+            if let Some(mut rx) = stdin {
+                while let Some(b) = rx.recv().await {
+                    let _ = out.send(Out::Stdout(b)).await;
+                }
+            }
+            let _ = out.send(Out::Status(success())).await;
+        })
+    }
+
+    fn frames(client: &mut Codec, wire: &[Bytes]) -> Vec<Frame> {
+        let mut buf = BytesMut::new();
+        for b in wire {
+            buf.extend_from_slice(b);
+        }
+        let mut out = Vec::new();
+        while let Some(f) = client.decode(&mut buf).unwrap() {
+            out.push(f);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn an_spdy_exec_answers_streams_relays_and_ends_with_the_status() {
+        let mut client = Codec::default();
+        let open = |c: &mut Codec, stream: u32, kind: &str| {
+            c.encode(&Frame::SynStream {
+                stream,
+                fin: false,
+                headers: vec![("streamtype".into(), kind.into())],
+            })
+        };
+        let sent = vec![
+            open(&mut client, 1, "error"),
+            open(&mut client, 3, "stdin"),
+            open(&mut client, 5, "stdout"),
+            client.encode(&Frame::Ping { id: 1 }),
+            client.encode(&Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"typed"),
+            }),
+        ];
+        let inbound: Inbound = futures::stream::iter(sent)
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let session = Session::new(inbound, out, |b| b);
+        let want = Streams {
+            stdin: true,
+            stdout: true,
+            ..Streams::default()
+        };
+        spdy(session, want, echo()).await;
+        let mut wire = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            wire.push(b);
+        }
+        let mut server = Codec::default();
+        let got = frames(&mut server, &wire);
+        let reply = |stream| Frame::SynReply {
+            stream,
+            fin: false,
+            headers: vec![],
+        };
+        let data = |stream, fin, d: &[u8]| Frame::Data {
+            stream,
+            fin,
+            data: Bytes::copy_from_slice(d),
+        };
+        let status = serde_json::to_vec(&success()).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                reply(1),
+                reply(3),
+                reply(5),
+                Frame::Ping { id: 1 },
+                data(5, false, b"typed"),
+                data(5, true, b""),
+                data(3, true, b""),
+                data(1, true, &status),
+                Frame::GoAway {
+                    last_good: 5,
+                    status: 0
+                },
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_never_opened_end_the_session_after_the_creation_timeout() {
+        let mut client = Codec::default();
+        let sent = vec![client.encode(&Frame::SynStream {
+            stream: 1,
+            fin: false,
+            headers: vec![("streamtype".into(), "error".into())],
+        })];
+        let inbound: Inbound = futures::stream::iter(sent)
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let session = Session::new(inbound, out, |b| b);
+        let want = Streams {
+            stdout: true,
+            ..Streams::default()
+        };
+        let started = tokio::time::Instant::now();
+        spdy(session, want, echo()).await;
+        assert!(started.elapsed() >= IDLE);
+        let mut wire = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            wire.push(b);
+        }
+        let got = frames(&mut Codec::default(), &wire);
+        assert!(matches!(got.last(), Some(Frame::GoAway { .. })), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn a_v5_websocket_exec_closes_stdin_on_the_signal() {
+        let sent = vec![
+            Bytes::from_static(b"\x00abc"),
+            Bytes::from_static(&[CH_CLOSE, CH_STDIN]),
+        ];
+        let inbound: Inbound = futures::stream::iter(sent)
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let want = Streams {
+            stdin: true,
+            stdout: true,
+            ..Streams::default()
+        };
+        websocket(inbound, out, want, true, echo()).await;
+        let status = serde_json::to_vec(&success()).unwrap();
+        assert_eq!(rx.recv().await.unwrap(), channel_message(CH_STDOUT, b"abc"));
+        assert_eq!(rx.recv().await.unwrap(), channel_message(CH_ERROR, &status));
+        assert_eq!(rx.recv().await.unwrap(), wire::ws_close());
+    }
+}
