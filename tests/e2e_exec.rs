@@ -192,6 +192,25 @@ async fn scenario(websocket: bool) -> Result<()> {
         String::from_utf8_lossy(&quiet.stderr)
     );
 
+    // A client that goes away takes its command with it.
+    let mut gone = kubectl_command(&tb, &e2e::bins::built("kubectl")?.display().to_string())?;
+    gone.args(["exec", "-i", "exec-a", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut gone = gone.spawn()?;
+    until("a cocoon vm exec for the open session", LIMIT, || async {
+        Ok((exec_children() == 1).then_some(()))
+    })
+    .await?;
+    gone.kill().await?;
+    until(
+        "the cocoon vm exec of a killed kubectl gone",
+        LIMIT,
+        || async { Ok((exec_children() == 0).then_some(())) },
+    )
+    .await?;
+
     let exit = kubectl(&tb, &["exec", "exec-a", "--", "exit", "3"], None).await?;
     ensure!(
         exit.code == 3,
