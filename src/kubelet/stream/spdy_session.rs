@@ -35,6 +35,10 @@ pub struct Session {
     closed: bool,
     pending_fin: Option<u32>,
     last_seen: std::time::Instant,
+    /// Replies and pongs `next` owes the client. `next` must not wait to send them (it is
+    /// raced against the session's other work, and a lost reply would hang the client's new
+    /// stream), so they queue here and go out before anything else is sent.
+    owed: std::collections::VecDeque<Bytes>,
 }
 
 /// The client is gone, or broke the protocol: the session is over.
@@ -55,13 +59,15 @@ impl Session {
             closed: false,
             pending_fin: None,
             last_seen: std::time::Instant::now(),
+            owed: std::collections::VecDeque::new(),
         }
     }
 
-    /// The next stream event; `Err` once the connection is over. Cancel-safe: bytes read are
-    /// kept in the session until a whole frame is there.
+    /// The next stream event; `Err` once the connection is over. Cancel-safe: its only wait
+    /// is for the client's bytes, which are kept in the session until a whole frame is there.
     pub async fn next(&mut self) -> Result<Event, Closed> {
         loop {
+            self.pay_what_is_owed();
             if self.closed {
                 return Err(Closed);
             }
@@ -100,12 +106,12 @@ impl Session {
                     headers,
                 } => {
                     self.last_stream = self.last_stream.max(stream);
-                    self.send(Frame::SynReply {
+                    self.owe(Frame::SynReply {
                         stream,
                         fin: false,
                         headers: Vec::new(),
-                    })
-                    .await?;
+                    });
+                    self.pay_what_is_owed();
                     if fin {
                         // Rare (a stream opened already finished), but keep the order.
                         self.pending_fin = Some(stream);
@@ -129,8 +135,8 @@ impl Session {
                 }
                 Frame::RstStream { stream, .. } => return Ok(Event::Finished { stream }),
                 Frame::Ping { id } => {
-                    let bytes = (self.wrap)(self.codec.encode(&Frame::Ping { id }));
-                    let _ = self.out.try_send(bytes);
+                    self.owe(Frame::Ping { id });
+                    self.pay_what_is_owed();
                 }
                 Frame::GoAway { .. } => {
                     self.closed = true;
@@ -141,7 +147,33 @@ impl Session {
         }
     }
 
+    fn owe(&mut self, frame: Frame) {
+        // Encoded now: header compression is one stream, so frames are encoded in send order.
+        let bytes = (self.wrap)(self.codec.encode(&frame));
+        self.owed.push_back(bytes);
+    }
+
+    /// Sends what is owed as far as the queue to the client has room, without waiting.
+    fn pay_what_is_owed(&mut self) {
+        while let Some(b) = self.owed.pop_front() {
+            match self.out.try_send(b) {
+                Ok(()) => {}
+                Err(tokio::sync::mpsc::error::TrySendError::Full(b)) => {
+                    self.owed.push_front(b);
+                    return;
+                }
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                    self.owed.clear();
+                    return;
+                }
+            }
+        }
+    }
+
     pub async fn send(&mut self, frame: Frame) -> Result<(), Closed> {
+        while let Some(b) = self.owed.pop_front() {
+            self.out.send(b).await.map_err(|_| Closed)?;
+        }
         let bytes = (self.wrap)(self.codec.encode(&frame));
         self.last_seen = std::time::Instant::now();
         self.out.send(bytes).await.map_err(|_| Closed)
@@ -166,5 +198,55 @@ impl Session {
                 status: 0,
             })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    /// A client's new stream is reported even while the queue to the client is full, and its
+    /// reply still goes out before anything sent after it.
+    #[tokio::test]
+    async fn a_full_queue_to_the_client_delays_no_event() {
+        let mut client = Codec::default();
+        let open = client.encode(&Frame::SynStream {
+            stream: 1,
+            fin: false,
+            headers: vec![("streamtype".into(), "data".into())],
+        });
+        let inbound: Inbound = futures::stream::iter(vec![open])
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = tokio::sync::mpsc::channel(1);
+        out.try_send(Bytes::from_static(b"earlier")).unwrap();
+        let mut s = Session::new(inbound, out, |b| b);
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(5), s.next())
+            .await
+            .expect("next waited on the full queue");
+        assert!(matches!(ev, Ok(Event::Opened { stream: 1, .. })));
+        assert_eq!(&rx.recv().await.unwrap()[..], b"earlier");
+        let mut buf = BytesMut::new();
+        let (sent, ()) = tokio::join!(s.data(1, Bytes::from_static(b"x"), true), async {
+            for _ in 0..2 {
+                buf.extend_from_slice(&rx.recv().await.unwrap());
+            }
+        });
+        sent.unwrap();
+        let mut reader = Codec::default();
+        assert!(matches!(
+            reader.decode(&mut buf).unwrap(),
+            Some(Frame::SynReply { stream: 1, .. })
+        ));
+        assert!(matches!(
+            reader.decode(&mut buf).unwrap(),
+            Some(Frame::Data {
+                stream: 1,
+                fin: true,
+                ..
+            })
+        ));
     }
 }
