@@ -34,12 +34,26 @@ pub struct Send {
     pub fin: bool,
 }
 
-#[derive(Default)]
 struct Pair {
     error: Option<u32>,
     data: Option<u32>,
     port: String,
     to_guest: Option<mpsc::UnboundedSender<Bytes>>,
+    started: bool,
+    opened: tokio::time::Instant,
+}
+
+impl Default for Pair {
+    fn default() -> Self {
+        Self {
+            error: None,
+            data: None,
+            port: String::new(),
+            to_guest: None,
+            started: false,
+            opened: tokio::time::Instant::now(),
+        }
+    }
 }
 
 /// Only 1–65535, written as a plain decimal number.
@@ -167,10 +181,15 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
                     }
                     pair.port = port_text;
                     by_stream.insert(stream, request.clone());
-                    if let (Some(error), Some(data), None) = (pair.error, pair.data, &pair.to_guest) {
+                    if let (Some(error), Some(data), false) = (pair.error, pair.data, pair.started) {
                         let (tx, rx) = mpsc::unbounded_channel();
                         pair.to_guest = Some(tx);
-                        running.push(forward(ip, pair.port.clone(), data, error, rx, out_tx.clone()));
+                        pair.started = true;
+                        let job = forward(ip, pair.port.clone(), data, error, rx, out_tx.clone());
+                        running.push(async move {
+                            job.await;
+                            request
+                        });
                     }
                 }
                 Ok(Event::Data { stream, data }) => {
@@ -196,10 +215,33 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
                     return;
                 }
             },
-            Some(()) = running.next(), if !running.is_empty() => {},
-            _ = tick.tick() => if s.idle_for() >= IDLE && running.is_empty() {
-                s.go_away().await;
-                return;
+            Some(request) = running.next(), if !running.is_empty() => {
+                // Done with: a long forward session opens many pairs and must not keep them.
+                if let Some(pair) = pairs.remove(&request) {
+                    for id in [pair.error, pair.data].into_iter().flatten() {
+                        by_stream.remove(&id);
+                    }
+                }
+            },
+            _ = tick.tick() => {
+                if s.idle_for() >= IDLE && running.is_empty() {
+                    s.go_away().await;
+                    return;
+                }
+                // A pair whose other half never came is given up, as a kubelet does.
+                let stale: Vec<String> = pairs
+                    .iter()
+                    .filter(|(_, p)| !p.started && p.opened.elapsed() >= IDLE)
+                    .map(|(r, _)| r.clone())
+                    .collect();
+                for request in stale {
+                    if let Some(pair) = pairs.remove(&request) {
+                        for id in [pair.error, pair.data].into_iter().flatten() {
+                            by_stream.remove(&id);
+                            let _ = s.send(Frame::RstStream { stream: id, status: 5 }).await;
+                        }
+                    }
+                }
             },
         }
     }
@@ -295,6 +337,7 @@ pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
 
     #[test]
     fn only_real_port_numbers_are_dialled() {
@@ -304,6 +347,86 @@ mod tests {
         for bad in ["0", "65536", "-1", "+80", "", "80a", " 80"] {
             assert!(port(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn an_spdy_pair_becomes_one_connection_to_the_guest() {
+        use super::super::spdy_frame::Codec;
+        use super::super::wire::Inbound;
+        use bytes::BytesMut;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let mut client = Codec::default();
+        let port = addr.port().to_string();
+        let open = |c: &mut Codec, stream: u32, kind: &str| {
+            c.encode(&Frame::SynStream {
+                stream,
+                fin: false,
+                headers: vec![
+                    ("streamtype".into(), kind.into()),
+                    ("port".into(), port.clone()),
+                    ("requestid".into(), "0".into()),
+                ],
+            })
+        };
+        let sent = vec![
+            open(&mut client, 1, "error"),
+            open(&mut client, 3, "data"),
+            client.encode(&Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"hi"),
+            }),
+        ];
+        let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+        for b in sent {
+            in_tx.send(b).unwrap();
+        }
+        let inbound: Inbound =
+            futures::stream::unfold(
+                in_rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            )
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let session = Session::new(inbound, out, |b| b);
+        let run = spdy(session, addr.ip());
+        let read = async {
+            let mut reader = Codec::default();
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            while got.len() < 5 {
+                buf.extend_from_slice(&rx.recv().await.unwrap());
+                while let Some(f) = reader.decode(&mut buf).unwrap() {
+                    got.push(f);
+                }
+            }
+            drop(in_tx); // the client leaves; the session ends
+            got
+        };
+        let ((), got) = tokio::join!(run, read);
+        let data = |stream, fin, d: &'static [u8]| Frame::Data {
+            stream,
+            fin,
+            data: Bytes::from_static(d),
+        };
+        assert_eq!(
+            got[2..],
+            [
+                data(3, false, b"echo:hi"),
+                data(3, true, b""),
+                data(1, true, b"")
+            ]
+        );
     }
 
     #[test]
