@@ -103,8 +103,13 @@ async fn scenario(websocket: bool) -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     let journal = tb.run_dir().join("journal").join("events.jsonl");
     let kubelet_port = e2e::ports::free_port()?;
+    // The simulator runs guest commands for real (in the guest's network namespace when it
+    // has one), so a command reads its stdin as it comes and ends when it likes.
     let opts = DaemonOptions {
-        env: vec![("VK_KUBELET_WEBSOCKET".into(), websocket.to_string())],
+        env: vec![
+            ("VK_KUBELET_WEBSOCKET".into(), websocket.to_string()),
+            ("COCOON_SIM_EXEC".into(), "host".into()),
+        ],
         ..DaemonOptions::default()
     };
     let d = daemon::start(&tb, &opts, &journal, e2e::ports::free_port()?, kubelet_port)?;
@@ -169,7 +174,8 @@ async fn scenario(websocket: bool) -> Result<()> {
         cat.stderr
     );
 
-    // A quiet session outlives the 30 s idle limit: the client's pings keep it alive.
+    // An interactive session: each line comes back while stdin is still open, and a quiet
+    // session outlives the 30 s idle limit, the client's pings keeping it alive.
     let mut quiet = kubectl_command(&tb, &e2e::bins::built("kubectl")?.display().to_string())?;
     quiet
         .args(["exec", "-i", "exec-a", "--", "cat"])
@@ -178,12 +184,32 @@ async fn scenario(websocket: bool) -> Result<()> {
         .stderr(Stdio::piped());
     let mut quiet = quiet.spawn()?;
     let mut quiet_in = quiet.stdin.take().context("stdin")?;
+    let mut quiet_out = quiet.stdout.take().context("stdout")?;
+    quiet_in.write_all(b"first\n").await?;
+    let mut first = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(20), async {
+        use tokio::io::AsyncReadExt;
+        quiet_out.read_exact(&mut first).await
+    })
+    .await
+    .context("a line typed into kubectl exec -i did not come back while stdin was open")??;
+    ensure!(&first == b"first\n", "kubectl exec -i echoed {first:?}");
     tokio::time::sleep(Duration::from_secs(35)).await;
     quiet_in.write_all(b"after-a-quiet-while\n").await?;
     drop(quiet_in);
-    let quiet = tokio::time::timeout(Duration::from_secs(30), quiet.wait_with_output())
-        .await
-        .context("kubectl exec -i after 35 s of quiet did not finish")??;
+    let rest = async {
+        use tokio::io::AsyncReadExt;
+        let mut rest = Vec::new();
+        quiet_out.read_to_end(&mut rest).await?;
+        anyhow::Ok(rest)
+    };
+    let (rest, status) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(rest, quiet.wait_with_output())
+    })
+    .await
+    .context("kubectl exec -i after 35 s of quiet did not finish")?;
+    let mut quiet = status?;
+    quiet.stdout = rest?;
     ensure!(
         quiet.status.success() && quiet.stdout == b"after-a-quiet-while\n",
         "kubectl exec -i after 35 s of quiet: {:?} {:?} {:?}",
@@ -211,7 +237,7 @@ async fn scenario(websocket: bool) -> Result<()> {
     )
     .await?;
 
-    let exit = kubectl(&tb, &["exec", "exec-a", "--", "exit", "3"], None).await?;
+    let exit = kubectl(&tb, &["exec", "exec-a", "--", "sh", "-c", "exit 3"], None).await?;
     ensure!(
         exit.code == 3,
         "a command exiting 3 made kubectl exit {} ({:?})",
@@ -219,14 +245,12 @@ async fn scenario(websocket: bool) -> Result<()> {
         exit.stderr
     );
 
-    // A tty: `script` gives kubectl the terminal `-t` needs; the command runs without one.
-    // Without `-i`: the simulator's commands read stdin to its end when it is open, and a
-    // terminal's stdin never ends.
+    // -it: `script` gives kubectl the terminal it insists on; the command runs without one.
     let kubectl_bin = e2e::bins::built("kubectl")?.display().to_string();
     let mut tty = kubectl_command(&tb, "script")?;
     tty.args([
         "-qec",
-        &format!("{kubectl_bin} exec -t exec-a -- echo from-a-tty"),
+        &format!("{kubectl_bin} exec -it exec-a -- echo from-a-tty"),
         "/dev/null",
     ])
     .stdin(Stdio::piped())
@@ -234,11 +258,11 @@ async fn scenario(websocket: bool) -> Result<()> {
     .stderr(Stdio::piped());
     let tty = tokio::time::timeout(Duration::from_secs(60), tty.spawn()?.wait_with_output())
         .await
-        .context("kubectl exec -t did not finish")??;
+        .context("kubectl exec -it did not finish")??;
     let tty_out = String::from_utf8_lossy(&tty.stdout);
     ensure!(
         tty.status.success() && tty_out.contains("from-a-tty"),
-        "kubectl exec -t: {:?} {tty_out:?} {:?}",
+        "kubectl exec -it: {:?} {tty_out:?} {:?}",
         tty.status,
         String::from_utf8_lossy(&tty.stderr)
     );

@@ -238,7 +238,7 @@ pub async fn exec(
         Err((code, msg)) => return refuse(code, msg),
     };
     tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
-        protocol = transport.protocol(), command = ?q.command, "exec");
+        protocol = transport.protocol(), "exec");
     let cli = ctx.cocoon.clone();
     let streams = q.streams;
     let worker: remotecommand::Worker<_> = Box::new(move |stdin, out| {
