@@ -47,6 +47,17 @@ fn refuse(code: StatusCode, message: impl Into<String>) -> HttpResponse {
     }))
 }
 
+enum Transport {
+    /// A WebSocket with the subprotocol chosen and the `Sec-WebSocket-Accept` answer.
+    WebSocket {
+        protocol: &'static str,
+        accept: String,
+    },
+    Spdy {
+        protocol: &'static str,
+    },
+}
+
 impl Transport {
     fn name(&self) -> &'static str {
         match self {
@@ -60,17 +71,6 @@ impl Transport {
             Transport::WebSocket { protocol, .. } | Transport::Spdy { protocol } => protocol,
         }
     }
-}
-
-enum Transport {
-    /// A WebSocket with the subprotocol chosen and the `Sec-WebSocket-Accept` answer.
-    WebSocket {
-        protocol: &'static str,
-        accept: String,
-    },
-    Spdy {
-        protocol: &'static str,
-    },
 }
 
 fn offered(req: &HttpRequest, name: &str) -> Vec<String> {
