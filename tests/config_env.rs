@@ -33,6 +33,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_TLS_KEY", "/tls/c.key"),
     ("VK_CLIENT_CA_FILE", "/tls/clients-ca.crt"),
     ("VK_KUBELET_ANONYMOUS", "false"),
+    ("VK_KUBELET_WEBSOCKET", "false"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
     ("VK_LOG_LEVEL", "DEBUG"),
@@ -102,6 +103,7 @@ fn every_variable_is_read() {
         Some(PathBuf::from("/secrets/sa.json"))
     );
     assert_eq!(c.orphan_policy, OrphanPolicy::Keep);
+    assert!(!c.kubelet_websocket);
     assert_eq!(c.dhcp_leases_path, PathBuf::from("/run/leases.json"));
     assert_eq!(
         c.cocoon_net_control_socket,
@@ -157,6 +159,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.kubelet_port, 10250);
     assert_eq!(c.client_ca_file, None);
     assert!(!c.kubelet_anonymous);
+    assert!(c.kubelet_websocket);
     assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
     assert_eq!(c.peer_addr.to_string(), "0.0.0.0:12501");
     assert_eq!(c.log_level, LogLevel::Info);

@@ -120,6 +120,9 @@ pub struct Config {
     pub client_ca_file: Option<PathBuf>,
     /// K9: requests without credentials are served unchecked.
     pub kubelet_anonymous: bool,
+    /// K4: the Node declares `ExtendWebSocketsToKubelet`, so the apiserver passes exec and
+    /// port-forward WebSockets through instead of turning them into SPDY.
+    pub kubelet_websocket: bool,
     pub metrics_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     pub log_level: LogLevel,
@@ -324,6 +327,7 @@ impl Config {
                     .into(),
             );
         }
+        let kubelet_websocket = e.or("VK_KUBELET_WEBSOCKET", true, parse::boolean);
         let metrics_addr = e.or(
             "VK_METRICS_ADDR",
             parse::listen_addr(":9091").expect("default"),
@@ -444,6 +448,7 @@ impl Config {
             tls_key,
             client_ca_file,
             kubelet_anonymous,
+            kubelet_websocket,
             metrics_addr,
             peer_addr,
             log_level,

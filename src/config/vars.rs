@@ -68,6 +68,11 @@ pub const VARS: &[Var] = &[
         "false",
         "true: the kubelet API serves requests without credentials, unchecked (warning)",
     ),
+    var(
+        "VK_KUBELET_WEBSOCKET",
+        "true",
+        "true: the Node declares ExtendWebSocketsToKubelet, so exec and port-forward reach the kubelet API as WebSockets; false: the apiserver speaks SPDY to it",
+    ),
     var("VK_METRICS_ADDR", ":9091", "listen address of /metrics"),
     var(
         "VK_PEER_ADDR",

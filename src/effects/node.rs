@@ -19,6 +19,8 @@ pub struct NodeSettings {
     pub cpu_class: Option<String>,
     pub provider_id: Option<String>,
     pub kubelet_port: u16,
+    /// K4: declare `ExtendWebSocketsToKubelet` (`VK_KUBELET_WEBSOCKET`).
+    pub websocket: bool,
     pub version: String,
     pub capacity: BTreeMap<String, i128>,
     pub allocatable: BTreeMap<String, i128>,
@@ -64,9 +66,22 @@ fn status(s: &NodeSettings) -> Value {
             cond("NetworkUnavailable", "False", "RouteCreated", "NodeController create implicit route"),
         ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": s.kubelet_port}},
+        "declaredFeatures": declared_features(s),
         "nodeInfo": {"kubeletVersion": s.version, "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
                      "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": std::env::consts::ARCH},
     })
+}
+
+/// K4: the node features the apiserver consults before proxying. With
+/// `ExtendWebSocketsToKubelet` it hands exec and port-forward WebSockets straight to the
+/// kubelet API; without it, it translates them to SPDY first. Both are served, so this only
+/// picks the transport. An empty list is written rather than none, so turning the setting off
+/// withdraws an earlier declaration.
+fn declared_features(s: &NodeSettings) -> Vec<&'static str> {
+    match s.websocket {
+        true => vec!["ExtendWebSocketsToKubelet"],
+        false => Vec::new(),
+    }
 }
 
 /// N19: a Node of this name that no virtual kubelet made (no `type=virtual-kubelet` label)

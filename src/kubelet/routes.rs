@@ -18,13 +18,6 @@ pub async fn not_found() -> HttpResponse {
     text(StatusCode::NOT_FOUND, "404 request not found")
 }
 
-pub async fn not_implemented(req: HttpRequest) -> HttpResponse {
-    text(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("{} is not implemented by vk-cocoon", req.path()),
-    )
-}
-
 fn pod_list(items: Vec<Value>) -> HttpResponse {
     HttpResponse::Ok()
         .json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
@@ -516,6 +509,7 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
             node: "node-a".into(),
             started: "2026-12-01T19:00:00Z".into(),
             log_streams: super::super::log_streams(),
+            streams: super::super::streams(),
         };
         let app = test::init_service(
             App::new()

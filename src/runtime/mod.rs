@@ -150,6 +150,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             node: settings.node.name.clone(),
             started: k8s_openapi::jiff::Timestamp::now().to_string(),
             log_streams: crate::kubelet::log_streams(),
+            streams: crate::kubelet::streams(),
         },
     )?;
     if let Some(addr) = settings.metrics_addr {

@@ -32,6 +32,7 @@ impl Settings {
                 cpu_class: c.snapshot_cpu_class.clone(),
                 provider_id: c.provider_id.clone(),
                 kubelet_port: c.kubelet_port,
+                websocket: c.kubelet_websocket,
                 version: crate::version::kubelet_version().to_string(),
                 capacity,
                 allocatable,

@@ -198,8 +198,11 @@ mod reuse_tests {
         let dir = tempfile::tempdir().unwrap();
         let stat = dir.path().join("stat");
         std::fs::write(&stat, "cpu  100 0 100 0 0 0 0 0 0 0\n").unwrap();
-        std::fs::write(dir.path().join("meminfo"), "MemTotal: 1024 kB\nMemAvailable: 512 kB\n")
-            .unwrap();
+        std::fs::write(
+            dir.path().join("meminfo"),
+            "MemTotal: 1024 kB\nMemAvailable: 512 kB\n",
+        )
+        .unwrap();
         let sources = Sources {
             proc: dir.path().to_path_buf(),
             scopes: None,

@@ -1,0 +1,534 @@
+//! `kubectl port-forward` (K4): the client opens a pair of SPDY streams per connection it
+//! forwards, `error` and `data`, tied by `requestID` and naming the `port`; each pair becomes
+//! one TCP connection to the pod's own IP. A failure is written on the pair's error stream,
+//! which kubectl prints, and the other pairs carry on.
+//!
+//! Clients that speak WebSocket without SPDY (`v4.channel.k8s.io`, as the Go kubelet serves
+//! it) name their ports in the query instead: each port gets a data channel (2i) and an error
+//! channel (2i+1), both opened with the port number (two bytes, little-endian), and one
+//! connection to the guest for the life of the WebSocket.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::spdy_frame::Frame;
+use super::spdy_session::{Event, Session};
+use super::wire::{self, Inbound, Outbound, IDLE};
+
+const CONNECT: Duration = Duration::from_secs(10);
+const CHUNK: usize = 32 * 1024;
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+/// Bytes for the client on a stream; `fin` ends the stream.
+#[derive(Debug, PartialEq)]
+pub struct Send {
+    pub stream: u32,
+    pub data: Bytes,
+    pub fin: bool,
+}
+
+struct Pair {
+    error: Option<u32>,
+    data: Option<u32>,
+    port: String,
+    to_guest: Option<mpsc::UnboundedSender<Bytes>>,
+    started: bool,
+    opened: tokio::time::Instant,
+}
+
+impl Default for Pair {
+    fn default() -> Self {
+        Self {
+            error: None,
+            data: None,
+            port: String::new(),
+            to_guest: None,
+            started: false,
+            opened: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// Only 1–65535, written as a plain decimal number.
+pub fn port(text: &str) -> Result<u16, String> {
+    match text.parse::<u16>() {
+        Ok(p) if p > 0 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(format!(
+            "invalid port {text:?}: want a number from 1 to 65535"
+        )),
+    }
+}
+
+/// One forwarded connection: bytes from `from_client` go to the guest until the client
+/// finishes its data stream; the guest's bytes go back until it closes.
+pub async fn forward(
+    ip: IpAddr,
+    port_text: String,
+    data: u32,
+    error: u32,
+    mut from_client: mpsc::UnboundedReceiver<Bytes>,
+    out: mpsc::Sender<Send>,
+) {
+    let fail = |msg: String| {
+        let out = out.clone();
+        async move {
+            let _ = out
+                .send(Send {
+                    stream: error,
+                    data: Bytes::from(msg),
+                    fin: true,
+                })
+                .await;
+            let _ = out
+                .send(Send {
+                    stream: data,
+                    data: Bytes::new(),
+                    fin: true,
+                })
+                .await;
+        }
+    };
+    let port = match port(&port_text) {
+        Ok(p) => p,
+        Err(e) => return fail(e).await,
+    };
+    let conn = tokio::time::timeout(CONNECT, tokio::net::TcpStream::connect((ip, port))).await;
+    let conn = match conn {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            return fail(format!("error forwarding port {port} to {ip}: {e}")).await;
+        }
+        Err(_) => {
+            return fail(format!(
+                "error forwarding port {port} to {ip}: no answer in {}s",
+                CONNECT.as_secs()
+            ))
+            .await;
+        }
+    };
+    let (mut rd, mut wr) = conn.into_split();
+    let to_guest = async move {
+        while let Some(b) = from_client.recv().await {
+            if wr.write_all(&b).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+        // Keep the write half until the guest is done, so the guest sees a half-close only.
+        std::future::pending::<()>().await
+    };
+    let to_client = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let sent = out
+                        .send(Send {
+                            stream: data,
+                            data: Bytes::copy_from_slice(&buf[..n]),
+                            fin: false,
+                        })
+                        .await;
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = to_guest => {}
+        _ = to_client => {}
+    }
+    for stream in [data, error] {
+        let _ = out
+            .send(Send {
+                stream,
+                data: Bytes::new(),
+                fin: true,
+            })
+            .await;
+    }
+}
+
+/// Serves one port-forward connection over SPDY to the pod at `ip`.
+pub async fn spdy(mut s: Session, ip: IpAddr) {
+    let mut pairs: HashMap<String, Pair> = HashMap::new();
+    let mut by_stream: HashMap<u32, String> = HashMap::new();
+    let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
+    let mut running = FuturesUnordered::new();
+    let mut tick = tokio::time::interval(IDLE_CHECK);
+    loop {
+        tokio::select! {
+            ev = s.next() => match ev {
+                Ok(Event::Opened { stream, headers }) => {
+                    let kind = Frame::header(&headers, "streamType").unwrap_or_default().to_string();
+                    let request = Frame::header(&headers, "requestID").unwrap_or_default().to_string();
+                    let port_text = Frame::header(&headers, "port").unwrap_or_default().to_string();
+                    let pair = pairs.entry(request.clone()).or_default();
+                    match kind.as_str() {
+                        "error" => pair.error = Some(stream),
+                        "data" => pair.data = Some(stream),
+                        _ => continue,
+                    }
+                    pair.port = port_text;
+                    by_stream.insert(stream, request.clone());
+                    if let (Some(error), Some(data), false) = (pair.error, pair.data, pair.started) {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        pair.to_guest = Some(tx);
+                        pair.started = true;
+                        let job = forward(ip, pair.port.clone(), data, error, rx, out_tx.clone());
+                        running.push(async move {
+                            job.await;
+                            request
+                        });
+                    }
+                }
+                Ok(Event::Data { stream, data }) => {
+                    if let Some(pair) = by_stream.get(&stream).and_then(|r| pairs.get(r)) {
+                        if pair.data == Some(stream) {
+                            if let Some(tx) = &pair.to_guest {
+                                let _ = tx.send(data);
+                            }
+                        }
+                    }
+                }
+                Ok(Event::Finished { stream }) => {
+                    if let Some(pair) = by_stream.get(&stream).and_then(|r| pairs.get_mut(r)) {
+                        if pair.data == Some(stream) {
+                            pair.to_guest = None;
+                        }
+                    }
+                }
+                Err(_) => return,
+            },
+            Some(o) = out_rx.recv() => {
+                if s.data(o.stream, o.data, o.fin).await.is_err() {
+                    return;
+                }
+            },
+            Some(request) = running.next(), if !running.is_empty() => {
+                // Done with: a long forward session opens many pairs and must not keep them.
+                if let Some(pair) = pairs.remove(&request) {
+                    for id in [pair.error, pair.data].into_iter().flatten() {
+                        by_stream.remove(&id);
+                    }
+                }
+            },
+            _ = tick.tick() => {
+                if s.idle_for() >= IDLE && running.is_empty() {
+                    s.go_away().await;
+                    return;
+                }
+                // A pair whose other half never came is given up, as a kubelet does.
+                let stale: Vec<String> = pairs
+                    .iter()
+                    .filter(|(_, p)| !p.started && p.opened.elapsed() >= IDLE)
+                    .map(|(r, _)| r.clone())
+                    .collect();
+                for request in stale {
+                    if let Some(pair) = pairs.remove(&request) {
+                        for id in [pair.error, pair.data].into_iter().flatten() {
+                            by_stream.remove(&id);
+                            let _ = s.send(Frame::RstStream { stream: id, status: 5 }).await;
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// The `port` query values (each may list several, comma-separated), as a kubelet reads them.
+pub fn query_ports(query: &str) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if k == "port" {
+            for p in v.split(',') {
+                ports.push(port(p)?);
+            }
+        }
+    }
+    match ports.len() {
+        0 => Err("query parameter \"port\" is required".into()),
+        // Channel numbers are one byte: two per port.
+        n if n > 127 => Err(format!("{n} ports asked for; at most 127")),
+        _ => Ok(ports),
+    }
+}
+
+fn channel_message(ch: u8, data: &[u8]) -> Bytes {
+    let mut m = Vec::with_capacity(data.len() + 1);
+    m.push(ch);
+    m.extend_from_slice(data);
+    wire::ws_binary(Bytes::from(m))
+}
+
+/// Serves one port-forward over the WebSocket channel protocol.
+pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: Vec<u16>) {
+    let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
+    let mut to_guest = Vec::new();
+    let mut running = FuturesUnordered::new();
+    for (i, p) in ports.iter().enumerate() {
+        let (data, error) = (2 * i as u8, 2 * i as u8 + 1);
+        for ch in [data, error] {
+            if out
+                .send(channel_message(ch, &p.to_le_bytes()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        to_guest.push(tx);
+        running.push(forward(
+            ip,
+            p.to_string(),
+            data.into(),
+            error.into(),
+            rx,
+            out_tx.clone(),
+        ));
+    }
+    let mut last_seen = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(IDLE_CHECK);
+    loop {
+        tokio::select! {
+            m = inbound.next() => match m {
+                Some(m) => {
+                    last_seen = tokio::time::Instant::now();
+                    if let Some(&ch) = m.first() {
+                        if ch % 2 == 0 {
+                            if let Some(tx) = to_guest.get(usize::from(ch / 2)) {
+                                let _ = tx.send(m.slice(1..));
+                            }
+                        }
+                    }
+                }
+                None => return,
+            },
+            Some(s) = out_rx.recv() => {
+                last_seen = tokio::time::Instant::now();
+                // A channel cannot be closed in this protocol: an end is simply no more data.
+                if !s.data.is_empty()
+                    && out.send(channel_message(s.stream as u8, &s.data)).await.is_err()
+                {
+                    return;
+                }
+            },
+            Some(()) = running.next(), if !running.is_empty() => {},
+            _ = tick.tick() => if last_seen.elapsed() >= IDLE {
+                let _ = out.send(wire::ws_close()).await;
+                return;
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    #[test]
+    fn only_real_port_numbers_are_dialled() {
+        assert_eq!(port("8080"), Ok(8080));
+        assert_eq!(port("1"), Ok(1));
+        assert_eq!(port("65535"), Ok(65535));
+        for bad in ["0", "65536", "-1", "+80", "", "80a", " 80"] {
+            assert!(port(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_spdy_pair_becomes_one_connection_to_the_guest() {
+        use super::super::spdy_frame::Codec;
+        use super::super::wire::Inbound;
+        use bytes::BytesMut;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let mut client = Codec::default();
+        let port = addr.port().to_string();
+        let open = |c: &mut Codec, stream: u32, kind: &str| {
+            c.encode(&Frame::SynStream {
+                stream,
+                fin: false,
+                headers: vec![
+                    ("streamtype".into(), kind.into()),
+                    ("port".into(), port.clone()),
+                    ("requestid".into(), "0".into()),
+                ],
+            })
+        };
+        let sent = vec![
+            open(&mut client, 1, "error"),
+            open(&mut client, 3, "data"),
+            client.encode(&Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"hi"),
+            }),
+        ];
+        let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+        for b in sent {
+            in_tx.send(b).unwrap();
+        }
+        let inbound: Inbound =
+            futures::stream::unfold(
+                in_rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            )
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let session = Session::new(inbound, out, |b| b);
+        let run = spdy(session, addr.ip());
+        let read = async {
+            let mut reader = Codec::default();
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            while got.len() < 5 {
+                buf.extend_from_slice(&rx.recv().await.unwrap());
+                while let Some(f) = reader.decode(&mut buf).unwrap() {
+                    got.push(f);
+                }
+            }
+            drop(in_tx); // the client leaves; the session ends
+            got
+        };
+        let ((), got) = tokio::join!(run, read);
+        let data = |stream, fin, d: &'static [u8]| Frame::Data {
+            stream,
+            fin,
+            data: Bytes::from_static(d),
+        };
+        assert_eq!(
+            got[2..],
+            [
+                data(3, false, b"echo:hi"),
+                data(3, true, b""),
+                data(1, true, b"")
+            ]
+        );
+    }
+
+    #[test]
+    fn ports_come_from_the_query() {
+        assert_eq!(
+            query_ports("port=80&port=8080,9090"),
+            Ok(vec![80, 8080, 9090])
+        );
+        assert!(query_ports("").is_err());
+        assert!(query_ports("port=0").is_err());
+        assert!(query_ports("port=http").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_websocket_channels_carry_each_port() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4];
+            c.read_exact(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+        let inbound: Inbound =
+            futures::stream::unfold(
+                in_rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            )
+            .boxed_local();
+        let (out, mut got) = mpsc::channel(16);
+        let port = addr.port();
+        let session = tokio::task::LocalSet::new();
+        session
+            .run_until(async move {
+                let task = tokio::task::spawn_local(websocket(inbound, out, addr.ip(), vec![port]));
+                let p = port.to_le_bytes();
+                assert_eq!(got.recv().await.unwrap(), channel_message(0, &p));
+                assert_eq!(got.recv().await.unwrap(), channel_message(1, &p));
+                in_tx.send(Bytes::from_static(b"\x00ping")).unwrap();
+                assert_eq!(got.recv().await.unwrap(), channel_message(0, b"echo:ping"));
+                drop(in_tx);
+                task.await.unwrap();
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn bytes_go_both_ways_and_a_refused_port_is_reported() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let (to_guest, rx) = mpsc::unbounded_channel();
+        let (out, mut got) = mpsc::channel(8);
+        to_guest.send(Bytes::from_static(b"ping")).unwrap();
+        drop(to_guest);
+        forward(addr.ip(), addr.port().to_string(), 3, 1, rx, out).await;
+        let mut seen = Vec::new();
+        while let Some(s) = got.recv().await {
+            seen.push(s);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                Send {
+                    stream: 3,
+                    data: Bytes::from_static(b"echo:ping"),
+                    fin: false
+                },
+                Send {
+                    stream: 3,
+                    data: Bytes::new(),
+                    fin: true
+                },
+                Send {
+                    stream: 1,
+                    data: Bytes::new(),
+                    fin: true
+                },
+            ]
+        );
+
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let (_tx, rx) = mpsc::unbounded_channel();
+        let (out, mut got) = mpsc::channel(8);
+        forward(addr.ip(), port.to_string(), 3, 1, rx, out).await;
+        let first = got.recv().await.unwrap();
+        assert_eq!(first.stream, 1);
+        assert!(
+            String::from_utf8_lossy(&first.data).contains("error forwarding port"),
+            "{first:?}"
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! The remotecommand protocol (`v4`/`v5.channel.k8s.io`) over either transport. The command
+//! itself is a worker that reads stdin from a channel and reports `exec::Out`; this module
+//! only carries bytes between it and the client.
+//!
+//! SPDY: the client opens one stream per `streamType` (error, stdin, stdout, stderr, resize);
+//! the status goes on the error stream, then every stream is finished and the connection
+//! said goodbye to, which is what ends kubectl's copies.
+//! WebSocket: one byte of channel before each message (0 stdin, 1 stdout, 2 stderr, 3 status,
+//! 4 resize, which is dropped); in v5 the client's `[255, 0]` closes stdin; a close frame ends the session.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+use super::exec::{failure, Out};
+use super::spdy_frame::Frame;
+use super::spdy_session::{Event, Session};
+use super::wire::{self, Inbound, Outbound, IDLE};
+
+/// The streams the caller asked for in the query.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Streams {
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+}
+
+pub const CH_STDIN: u8 = 0;
+pub const CH_STDOUT: u8 = 1;
+pub const CH_STDERR: u8 = 2;
+pub const CH_ERROR: u8 = 3;
+pub const CH_CLOSE: u8 = 255;
+
+/// How often the idle limit is looked at.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+pub type Worker<F> =
+    Box<dyn FnOnce(Option<mpsc::UnboundedReceiver<Bytes>>, mpsc::Sender<Out>) -> F>;
+
+fn idle_status() -> serde_json::Value {
+    failure(format!(
+        "vk-cocoon: the stream saw no traffic for {}s and was closed",
+        IDLE.as_secs()
+    ))
+}
+
+#[derive(Default)]
+struct Ids {
+    error: Option<u32>,
+    stdin: Option<u32>,
+    stdout: Option<u32>,
+    stderr: Option<u32>,
+}
+
+/// Serves one exec over SPDY: waits (at most the creation timeout) for the streams the query
+/// promised, then runs `worker` and relays.
+pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker: Worker<F>) {
+    let mut ids = Ids::default();
+    let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+    let mut in_tx = Some(in_tx);
+    let complete = |ids: &Ids| {
+        ids.error.is_some()
+            && (!want.stdin || ids.stdin.is_some())
+            && (!want.stdout || ids.stdout.is_some())
+            && (!want.stderr || ids.stderr.is_some())
+    };
+    let deadline = tokio::time::sleep(IDLE);
+    tokio::pin!(deadline);
+    while !complete(&ids) {
+        let ev = tokio::select! {
+            ev = s.next() => ev,
+            _ = &mut deadline => {
+                tracing::debug!("exec client did not open its streams in time");
+                s.go_away().await;
+                return;
+            }
+        };
+        match ev {
+            Ok(Event::Opened { stream, headers }) => {
+                match Frame::header(&headers, "streamType").unwrap_or_default() {
+                    "error" => ids.error = Some(stream),
+                    "stdin" => ids.stdin = Some(stream),
+                    "stdout" => ids.stdout = Some(stream),
+                    "stderr" => ids.stderr = Some(stream),
+                    _ => {}
+                }
+            }
+            Ok(Event::Data { stream, data }) if Some(stream) == ids.stdin => {
+                if let Some(tx) = &in_tx {
+                    let _ = tx.send(data);
+                }
+            }
+            Ok(Event::Finished { stream }) if Some(stream) == ids.stdin => in_tx = None,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+    let (out_tx, mut out_rx) = mpsc::channel::<Out>(16);
+    let job = worker(want.stdin.then_some(in_rx), out_tx);
+    tokio::pin!(job);
+    let mut job_done = false;
+    let mut tick = tokio::time::interval(IDLE_CHECK);
+    let status = loop {
+        tokio::select! {
+            ev = s.next() => match ev {
+                Ok(Event::Data { stream, data }) if Some(stream) == ids.stdin => {
+                    if let Some(tx) = &in_tx {
+                        let _ = tx.send(data);
+                    }
+                }
+                Ok(Event::Finished { stream }) if Some(stream) == ids.stdin => in_tx = None,
+                Ok(_) => {}
+                Err(_) => return, // The client is gone: dropping `job` kills the command.
+            },
+            out = out_rx.recv() => match out {
+                Some(Out::Stdout(b)) => {
+                    if let Some(id) = ids.stdout {
+                        if s.data(id, b, false).await.is_err() { return; }
+                    }
+                }
+                Some(Out::Stderr(b)) => {
+                    if let Some(id) = ids.stderr {
+                        if s.data(id, b, false).await.is_err() { return; }
+                    }
+                }
+                Some(Out::Status(st)) => break st,
+                None => break failure("vk-cocoon: the command ended without a status"),
+            },
+            _ = &mut job, if !job_done => job_done = true,
+            _ = tick.tick() => if s.idle_for() >= IDLE { break idle_status() },
+        }
+    };
+    for id in [ids.stdout, ids.stderr, ids.stdin].into_iter().flatten() {
+        if s.data(id, Bytes::new(), true).await.is_err() {
+            return;
+        }
+    }
+    if let Some(id) = ids.error {
+        let body = Bytes::from(serde_json::to_vec(&status).unwrap_or_default());
+        if s.data(id, body, true).await.is_err() {
+            return;
+        }
+    }
+    s.go_away().await;
+}
+
+fn channel_message(ch: u8, data: &[u8]) -> Bytes {
+    let mut m = BytesMut::with_capacity(data.len() + 1);
+    m.put_u8(ch);
+    m.put_slice(data);
+    wire::ws_binary(m.freeze())
+}
+
+/// Serves one exec over a WebSocket channel protocol (`v5` when `close_signal`).
+pub async fn websocket<F: Future<Output = ()>>(
+    mut inbound: Inbound,
+    out: Outbound,
+    want: Streams,
+    close_signal: bool,
+    worker: Worker<F>,
+) {
+    use futures::StreamExt;
+    let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+    let mut in_tx = Some(in_tx);
+    let (out_tx, mut out_rx) = mpsc::channel::<Out>(16);
+    let job = worker(want.stdin.then_some(in_rx), out_tx);
+    tokio::pin!(job);
+    let mut job_done = false;
+    let mut last_seen = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(IDLE_CHECK);
+    let status = loop {
+        tokio::select! {
+            msg = inbound.next() => match msg {
+                Some(m) => {
+                    last_seen = tokio::time::Instant::now();
+                    match (m.first().copied(), m.get(1).copied()) {
+                        (Some(CH_STDIN), _) => {
+                            if let Some(tx) = &in_tx {
+                                let _ = tx.send(m.slice(1..));
+                            }
+                        }
+                        (Some(CH_CLOSE), Some(CH_STDIN)) if close_signal => in_tx = None,
+                        // Resize: cocoon gives the command no terminal to resize.
+                        _ => {}
+                    }
+                }
+                None => return,
+            },
+            o = out_rx.recv() => {
+                last_seen = tokio::time::Instant::now();
+                let frame = match o {
+                    Some(Out::Stdout(b)) if want.stdout => channel_message(CH_STDOUT, &b),
+                    Some(Out::Stderr(b)) if want.stderr => channel_message(CH_STDERR, &b),
+                    Some(Out::Status(st)) => break st,
+                    Some(_) => continue,
+                    None => break failure("vk-cocoon: the command ended without a status"),
+                };
+                if out.send(frame).await.is_err() {
+                    return;
+                }
+            },
+            _ = &mut job, if !job_done => job_done = true,
+            _ = tick.tick() => if last_seen.elapsed() >= IDLE { break idle_status() },
+        }
+    };
+    let body = serde_json::to_vec(&status).unwrap_or_default();
+    if out.send(channel_message(CH_ERROR, &body)).await.is_ok() {
+        let _ = out.send(wire::ws_close()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::super::exec::success;
+    use super::super::spdy_frame::Codec;
+    use super::*;
+
+    /// A worker that copies stdin to stdout, then reports success.
+    fn echo() -> Worker<impl Future<Output = ()>> {
+        Box::new(|stdin, out| async move {
+            if let Some(mut rx) = stdin {
+                while let Some(b) = rx.recv().await {
+                    let _ = out.send(Out::Stdout(b)).await;
+                }
+            }
+            let _ = out.send(Out::Status(success())).await;
+        })
+    }
+
+    fn frames(client: &mut Codec, wire: &[Bytes]) -> Vec<Frame> {
+        let mut buf = BytesMut::new();
+        for b in wire {
+            buf.extend_from_slice(b);
+        }
+        let mut out = Vec::new();
+        while let Some(f) = client.decode(&mut buf).unwrap() {
+            out.push(f);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn an_spdy_exec_answers_streams_relays_and_ends_with_the_status() {
+        let mut client = Codec::default();
+        let open = |c: &mut Codec, stream: u32, kind: &str| {
+            c.encode(&Frame::SynStream {
+                stream,
+                fin: false,
+                headers: vec![("streamtype".into(), kind.into())],
+            })
+        };
+        let sent = vec![
+            open(&mut client, 1, "error"),
+            open(&mut client, 3, "stdin"),
+            open(&mut client, 5, "stdout"),
+            client.encode(&Frame::Ping { id: 1 }),
+            client.encode(&Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"typed"),
+            }),
+        ];
+        let inbound: Inbound = futures::stream::iter(sent)
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let session = Session::new(inbound, out, |b| b);
+        let want = Streams {
+            stdin: true,
+            stdout: true,
+            ..Streams::default()
+        };
+        spdy(session, want, echo()).await;
+        let mut wire = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            wire.push(b);
+        }
+        let mut server = Codec::default();
+        let got = frames(&mut server, &wire);
+        let reply = |stream| Frame::SynReply {
+            stream,
+            fin: false,
+            headers: vec![],
+        };
+        let data = |stream, fin, d: &[u8]| Frame::Data {
+            stream,
+            fin,
+            data: Bytes::copy_from_slice(d),
+        };
+        let status = serde_json::to_vec(&success()).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                reply(1),
+                reply(3),
+                reply(5),
+                Frame::Ping { id: 1 },
+                data(5, false, b"typed"),
+                data(5, true, b""),
+                data(3, true, b""),
+                data(1, true, &status),
+                Frame::GoAway {
+                    last_good: 5,
+                    status: 0
+                },
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_never_opened_end_the_session_after_the_creation_timeout() {
+        let mut client = Codec::default();
+        let sent = vec![client.encode(&Frame::SynStream {
+            stream: 1,
+            fin: false,
+            headers: vec![("streamtype".into(), "error".into())],
+        })];
+        let inbound: Inbound = futures::stream::iter(sent)
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let session = Session::new(inbound, out, |b| b);
+        let want = Streams {
+            stdout: true,
+            ..Streams::default()
+        };
+        let started = tokio::time::Instant::now();
+        spdy(session, want, echo()).await;
+        assert!(started.elapsed() >= IDLE);
+        let mut wire = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            wire.push(b);
+        }
+        let got = frames(&mut Codec::default(), &wire);
+        assert!(matches!(got.last(), Some(Frame::GoAway { .. })), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn a_v5_websocket_exec_closes_stdin_on_the_signal() {
+        let sent = vec![
+            Bytes::from_static(b"\x00abc"),
+            Bytes::from_static(&[CH_CLOSE, CH_STDIN]),
+        ];
+        let inbound: Inbound = futures::stream::iter(sent)
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(64);
+        let want = Streams {
+            stdin: true,
+            stdout: true,
+            ..Streams::default()
+        };
+        websocket(inbound, out, want, true, echo()).await;
+        let status = serde_json::to_vec(&success()).unwrap();
+        assert_eq!(rx.recv().await.unwrap(), channel_message(CH_STDOUT, b"abc"));
+        assert_eq!(rx.recv().await.unwrap(), channel_message(CH_ERROR, &status));
+        assert_eq!(rx.recv().await.unwrap(), wire::ws_close());
+    }
+}
