@@ -172,7 +172,15 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
         return fail("exec: VM not running");
     }
     record_exec(env, &vm, argv, vars, interactive);
-    guest_side_effects(env, &vm, argv)?;
+    // A fixup never runs on the host, whatever the exec mode: it would rewrite the host's
+    // hostname and network configuration.
+    let fixup = env
+        .guest_fixup
+        .then(|| crate::fixup::classify(argv))
+        .flatten();
+    if fixup.is_none() {
+        guest_side_effects(env, &vm, argv)?;
+    }
     let code = match faults::take_exec(env, &vm.id)? {
         Some(s) => {
             let _ = drain_stdin(interactive);
@@ -181,8 +189,14 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
             let _ = std::io::stdout().flush();
             s.exit_code
         }
-        None if env.exec == ExecMode::Host => host_exec(&vm, argv, vars, interactive),
-        None => builtin(&vm, argv, interactive),
+        None => match &fixup {
+            Some(a) => {
+                let _ = drain_stdin(interactive);
+                crate::fixup::attempt(env, &vm, a)?
+            }
+            None if env.exec == ExecMode::Host => host_exec(&vm, argv, vars, interactive),
+            None => builtin(&vm, argv, interactive),
+        },
     };
     let _ = std::io::stdout().flush();
     if code != 0 {
