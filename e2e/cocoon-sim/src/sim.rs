@@ -17,7 +17,15 @@ use crate::vm_ops::update_vm;
 pub fn dispatch(env: &Env, cmd: SimCmd) -> Result<()> {
     match cmd {
         SimCmd::Fault(f) => fault(env, f),
-        SimCmd::Cleanup { all_leftovers } => crate::cleanup::cleanup(env, all_leftovers),
+        SimCmd::Cleanup { all_leftovers } => {
+            crate::cleanup::cleanup(env, all_leftovers)?;
+            // cocoon-macos guests of this root live under <root>/macos.
+            let mac = crate::macos::env_for(env);
+            if mac.root.is_dir() {
+                crate::cleanup::cleanup(&mac, false)?;
+            }
+            Ok(())
+        }
         SimCmd::SeedSnapshot(a) => crate::snapshot::seed(env, a),
         SimCmd::Lease(l) => lease(env, l),
         SimCmd::Info { args } => info(env, &args),
