@@ -1,6 +1,9 @@
 //! Where the simulator keeps state and how it behaves, from flags and environment.
 //! Root precedence: `--root-dir` > `COCOON_SIM_ROOT` > `COCOON_ROOT_DIR`; there is no default,
 //! so the simulator can never touch a real cocoon's /var/lib/cocoon by accident.
+//! Opt-in guest behaviour: `COCOON_SIM_GUEST_FIXUP=1` (clones owe the post-clone fixup, see
+//! `fixup`) and `COCOON_SIM_SAC=1` (Windows SAC console, see `sac`); unset, guests behave as
+//! plain copies that come up at once.
 
 use std::path::{Path, PathBuf};
 

@@ -344,7 +344,7 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
     let sac = ctl
         .sac
         .as_ref()
-        .map(|c| Arc::new(Mutex::new(crate::sac::Sac::new(c.boot.clone()))));
+        .map(|c| Arc::new(Mutex::new(crate::sac::Sac::resume(c))));
     if let (Some(c), Some(shared)) = (&ctl.sac, &sac) {
         if c.fault.no_socket {
             say(id, "SAC console off (injected)");

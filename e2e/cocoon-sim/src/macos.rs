@@ -122,16 +122,18 @@ pub fn personality(argv: &mut Vec<String>) -> bool {
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .is_some_and(|n| n == NAME);
-    let mut flag = false;
-    if let Some(i) = argv.iter().position(|a| a == "--personality") {
-        if argv.get(i + 1).map(String::as_str) == Some("macos") {
-            argv.drain(i..i + 2);
-            flag = true;
+    // Only right after the binary, so a guest command's own arguments are never taken for it.
+    let flag = match argv.get(1).map(String::as_str) {
+        Some("--personality") if argv.get(2).map(String::as_str) == Some("macos") => {
+            argv.drain(1..3);
+            true
         }
-    } else if let Some(i) = argv.iter().position(|a| a == "--personality=macos") {
-        argv.remove(i);
-        flag = true;
-    }
+        Some("--personality=macos") => {
+            argv.remove(1);
+            true
+        }
+        _ => false,
+    };
     by_name || flag
 }
 
@@ -319,5 +321,8 @@ mod tests {
         assert_eq!(b, argv(&["cocoon", "vm", "list"]));
         let mut c = argv(&["cocoon", "vm", "list"]);
         assert!(!personality(&mut c));
+        let mut d = argv(&["cocoon", "vm", "exec", "X", "--", "--personality", "macos"]);
+        assert!(!personality(&mut d));
+        assert_eq!(d.len(), 7);
     }
 }

@@ -109,6 +109,18 @@ impl Sac {
         }
     }
 
+    /// A restarted guest keeps what SAC set before, as Windows keeps it in its registry.
+    pub fn resume(ctl: &crate::guest::SacControl) -> Sac {
+        let mut s = Sac::new(ctl.boot.clone());
+        let prev = std::fs::read(&ctl.state_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Sac>(&b).ok());
+        if let Some(p) = prev.filter(|p| p.set.len() == s.set.len()) {
+            s.set = p.set;
+        }
+        s
+    }
+
     /// What `i` lists: a set address wins; NIC 0 shows its live address unless it is waiting
     /// for SAC; otherwise the address the guest booted (or was cloned) with.
     pub fn shown(&self) -> Vec<SacNic> {

@@ -308,6 +308,15 @@ fn windows_static_clone_is_set_through_sac() {
         TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()
     });
     assert_eq!(sim.info(&id)["sac"][0]["ip"], ip);
+
+    // Windows keeps a SAC-set address across a reboot.
+    sim.run(&["sim", "fault", "crash", &id]).ok();
+    sim.run(&["vm", "start", &id]).ok();
+    let mut con = Console::dial(&socket);
+    assert!(con.send("i").contains(&format!("Net: 7, Ip={ip} ")));
+    wait_for("the static address after a restart", || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()
+    });
 }
 
 #[test]
