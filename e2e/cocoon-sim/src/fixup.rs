@@ -379,6 +379,42 @@ mod tests {
         }
     }
 
+    /// One line per step, `ip link set dev`, and networkd files written with printf escapes.
+    #[test]
+    fn the_printf_form_passes() {
+        let v = vm(FC, false, true);
+        let mut lines = vec![
+            "echo 3 > /proc/sys/vm/drop_caches".to_string(),
+            "echo vk-ns-web-0 > /etc/hostname".to_string(),
+        ];
+        for (i, n) in v.network_configs.iter().enumerate() {
+            lines.push(format!(
+                "ip link set dev eth{i} down && ip link set dev eth{i} address {} && ip link set dev eth{i} up",
+                n.mac
+            ));
+        }
+        lines.push("rm -f /etc/systemd/network/10-*.network".into());
+        for n in &v.network_configs {
+            let cfg = match &n.network {
+                Some(st) => format!(
+                    "[Match]\\nMACAddress={}\\n\\n[Network]\\nAddress={}/{}\\nGateway={}\\n",
+                    n.mac, st.ip, st.prefix, st.gateway
+                ),
+                None => format!(
+                    "[Match]\\nMACAddress={}\\n\\n[Network]\\nDHCP=ipv4\\n",
+                    n.mac
+                ),
+            };
+            lines.push(format!(
+                "printf '{cfg}' > /etc/systemd/network/10-{}.network",
+                n.mac.replace(':', "")
+            ));
+        }
+        lines.push("systemctl restart systemd-networkd".into());
+        let a = classify(&sh(&lines.join("\n"))).unwrap();
+        assert_eq!(problems(&v, &a), Vec::<String>::new(), "{}", a.script);
+    }
+
     #[test]
     fn the_cloud_init_variant_passes() {
         let v = vm(CH, false, true);
@@ -437,6 +473,8 @@ mod tests {
         };
         let good = "Get-PnpDevice -Class Net -PresentOnly | ForEach-Object { Disable-PnpDevice -InstanceId $_.InstanceId -Confirm:$false; Enable-PnpDevice -InstanceId $_.InstanceId -Confirm:$false }";
         assert!(problems(&v, &classify(&ps(good)).unwrap()).is_empty());
+        let piped = "$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false";
+        assert!(problems(&v, &classify(&ps(piped)).unwrap()).is_empty());
         let only_disable = "Get-PnpDevice -Class Net | Disable-PnpDevice -Confirm:$false";
         assert!(problems(&v, &classify(&ps(only_disable)).unwrap())
             .iter()

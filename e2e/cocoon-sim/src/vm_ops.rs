@@ -178,10 +178,12 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
         .guest_fixup
         .then(|| crate::fixup::classify(argv))
         .flatten();
+    // Whatever fails on the host side is cocoon's error, not the guest command's status.
+    let setup = |e: Error| e.wrap("exec");
     if fixup.is_none() {
-        guest_side_effects(env, &vm, argv)?;
+        guest_side_effects(env, &vm, argv).map_err(setup)?;
     }
-    let code = match faults::take_exec(env, &vm.id)? {
+    let code = match faults::take_exec(env, &vm.id).map_err(setup)? {
         Some(s) => {
             let _ = drain_stdin(interactive);
             print!("{}", s.stdout);
@@ -192,7 +194,7 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
         None => match &fixup {
             Some(a) => {
                 let _ = drain_stdin(interactive);
-                crate::fixup::attempt(env, &vm, a)?
+                crate::fixup::attempt(env, &vm, a).map_err(setup)?
             }
             None if env.exec == ExecMode::Host => host_exec(&vm, argv, vars, interactive),
             None => builtin(&vm, argv, interactive),
