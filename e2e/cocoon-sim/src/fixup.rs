@@ -4,7 +4,7 @@
 //!
 //! Which clones need one: Windows guests, Firecracker guests, and guests with a static NIC.
 //! A cloud-hypervisor Linux clone with DHCP NICs only gets fresh MACs hot-plugged and re-runs
-//! DHCP by itself, so it comes up as before.
+//! DHCP by itself, so it comes up at once.
 //!
 //! What the guest accepts:
 //! - Linux: `sh -c <script>` that writes the VM name into `/etc/hostname`; on Firecracker sets
