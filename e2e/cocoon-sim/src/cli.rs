@@ -393,6 +393,39 @@ pub enum FaultCmd {
         #[arg(long, default_value_t = 1)]
         times: u32,
     },
+    /// Make post-clone fixups (`vm exec` of the fixup script) fail in the guest
+    Fixup {
+        /// VM ID or name, or `*` for every VM, later ones included
+        vm: String,
+        /// Fail this many attempts per VM, then let them through
+        #[arg(long)]
+        times: Option<u32>,
+        /// Fail every attempt
+        #[arg(long)]
+        always: bool,
+        #[arg(long)]
+        message: Option<String>,
+        /// Remove this fault
+        #[arg(long)]
+        clear: bool,
+    },
+    /// Make a Windows guest's SAC console misbehave
+    Sac {
+        /// VM ID or name, or `*` for every VM (a missing socket only affects guests started later)
+        vm: String,
+        /// Do not create the console socket
+        #[arg(long = "no-socket")]
+        no_socket: bool,
+        /// Accept connections but never answer, not even the prompt
+        #[arg(long = "no-prompt")]
+        no_prompt: bool,
+        /// Answer `i <net> <ip> <mask> <gw>` with a failure and keep the address
+        #[arg(long = "refuse-set")]
+        refuse_set: bool,
+        /// Back to a well-behaved console
+        #[arg(long)]
+        reset: bool,
+    },
     /// Remove all verb and exec faults
     Clear,
     /// Print the fault file

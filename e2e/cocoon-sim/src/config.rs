@@ -1,6 +1,9 @@
 //! Where the simulator keeps state and how it behaves, from flags and environment.
 //! Root precedence: `--root-dir` > `COCOON_SIM_ROOT` > `COCOON_ROOT_DIR`; there is no default,
 //! so the simulator can never touch a real cocoon's /var/lib/cocoon by accident.
+//! Opt-in guest behaviour: `COCOON_SIM_GUEST_FIXUP=1` (clones owe the post-clone fixup, see
+//! `fixup`) and `COCOON_SIM_SAC=1` (Windows SAC console, see `sac`); unset, guests behave as
+//! plain copies that come up at once.
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +37,11 @@ pub struct Env {
     pub exec: ExecMode,
     pub disk_bytes: u64,
     pub disk_data_bytes: u64,
+    /// `COCOON_SIM_GUEST_FIXUP`: clones that need the daemon's post-clone fixup keep the source's
+    /// network identity until the right `vm exec` script has run.
+    pub guest_fixup: bool,
+    /// `COCOON_SIM_SAC` (also on with the fixup knob): Windows guests serve a SAC console.
+    pub sac: bool,
 }
 
 #[derive(Default, Clone, Debug)]
@@ -55,6 +63,14 @@ fn bytes(name: &str, default: u64) -> Result<u64> {
             Ok(n) if n >= 0 => Ok(n as u64),
             _ => fail(format!("{name}={v:?}: not a byte size")),
         },
+    }
+}
+
+fn flag(name: &str) -> Result<bool> {
+    match var(name).as_deref() {
+        None | Some("0") | Some("false") => Ok(false),
+        Some("1") | Some("true") => Ok(true),
+        Some(other) => fail(format!("{name}={other:?}: want 1 or 0")),
     }
 }
 
@@ -152,7 +168,11 @@ impl Env {
                 crate::disk::GUESTFS_REGION
             ));
         }
+        let guest_fixup = flag("COCOON_SIM_GUEST_FIXUP")?;
+        let sac = guest_fixup || flag("COCOON_SIM_SAC")?;
         Ok(Env {
+            guest_fixup,
+            sac,
             disk_bytes,
             disk_data_bytes: bytes("COCOON_SIM_DISK_DATA_BYTES", 0)?,
             run_dir,

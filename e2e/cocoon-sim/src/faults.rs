@@ -45,6 +45,34 @@ pub struct Faults {
     /// Scripted results for the next `vm exec` calls, per VM ID.
     #[serde(default)]
     pub exec: BTreeMap<String, Vec<ExecScript>>,
+    /// Post-clone fixup failures, per VM ID or `*` for every VM.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fixup: BTreeMap<String, FixupFault>,
+    /// SAC console misbehaviour, per VM ID or `*` for every VM.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sac: BTreeMap<String, SacFault>,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone, Debug)]
+pub struct FixupFault {
+    /// How many attempts per VM fail; `None` = every attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Attempts already failed, per VM ID.
+    #[serde(default)]
+    pub used: BTreeMap<String, u32>,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone, Copy, Debug, PartialEq)]
+pub struct SacFault {
+    #[serde(default)]
+    pub no_socket: bool,
+    #[serde(default)]
+    pub no_prompt: bool,
+    #[serde(default)]
+    pub refuse_set: bool,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -150,6 +178,40 @@ pub fn take_exec(env: &Env, vm_id: &str) -> Result<Option<ExecScript>> {
         }
         s
     })
+}
+
+/// The fixup failure owed to this attempt, if any: the VM's own entry first, then `*`.
+pub fn take_fixup_failure(env: &Env, vm_id: &str) -> Result<Option<String>> {
+    if read(env).fixup.is_empty() {
+        return Ok(None);
+    }
+    update(env, |f| {
+        let key = if f.fixup.contains_key(vm_id) {
+            vm_id
+        } else {
+            "*"
+        };
+        let ff = f.fixup.get_mut(key)?;
+        let used = ff.used.entry(vm_id.to_string()).or_default();
+        if ff.times.is_some_and(|t| *used >= t) {
+            return None;
+        }
+        *used += 1;
+        Some(if ff.message.is_empty() {
+            format!("injected fixup failure (attempt {used})")
+        } else {
+            ff.message.clone()
+        })
+    })
+}
+
+pub fn sac_fault(env: &Env, vm_id: &str) -> SacFault {
+    let f = read(env);
+    f.sac
+        .get(vm_id)
+        .or_else(|| f.sac.get("*"))
+        .copied()
+        .unwrap_or_default()
 }
 
 /// Truncated JSON that no decoder accepts, for the "garbage output" fault.

@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Env;
@@ -34,6 +34,23 @@ pub struct Control {
     pub lease_delay_ms: u64,
     pub withhold: bool,
     pub leases_path: String,
+    /// A clone waiting for its post-clone fixup: network down.
+    #[serde(default)]
+    pub fixup_pending: bool,
+    #[serde(default)]
+    pub prefix: i64,
+    #[serde(default)]
+    pub gateway: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sac: Option<SacControl>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct SacControl {
+    pub socket: String,
+    pub state_file: String,
+    pub boot: crate::model::SacBoot,
+    pub fault: crate::faults::SacFault,
 }
 
 pub fn control_path(env: &Env, id: &str) -> PathBuf {
@@ -55,6 +72,7 @@ pub fn lease_mac(vm: &StoredVm) -> String {
 
 pub fn control_for(env: &Env, vm: &StoredVm) -> Control {
     let lease = &vm.sim.lease;
+    let static0 = vm.network_configs.first().and_then(|n| n.network.as_ref());
     Control {
         id: vm.id.clone(),
         name: vm.config.name.clone(),
@@ -70,6 +88,21 @@ pub fn control_for(env: &Env, vm: &StoredVm) -> Control {
         lease_delay_ms: lease.delay_ms.unwrap_or(env.lease_delay_ms),
         withhold: lease.withhold || (lease.until_renew && !lease.renewed),
         leases_path: env.leases.display().to_string(),
+        fixup_pending: crate::fixup::pending(vm),
+        prefix: static0.map(|n| n.prefix).unwrap_or(16),
+        gateway: static0
+            .map(|n| n.gateway.clone())
+            .unwrap_or_else(|| crate::vmnet::gateway_of(&vm.sim.ip)),
+        sac: vm.sim.sac.as_ref().map(|boot| SacControl {
+            socket: crate::sac::socket_path(vm).display().to_string(),
+            state_file: env
+                .vm_state_dir(&vm.id)
+                .join("sac.json")
+                .display()
+                .to_string(),
+            boot: boot.clone(),
+            fault: crate::faults::sac_fault(env, &vm.id),
+        }),
     }
 }
 
@@ -230,6 +263,54 @@ fn read_control(path: &Path) -> Option<Control> {
     serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
+/// Feeds the control's view into SAC and asks whether NIC 0 still waits for its address.
+fn sac_holds(ctl: &Control, sac: Option<&Mutex<crate::sac::Sac>>) -> bool {
+    let (Some(c), Some(sac)) = (&ctl.sac, sac) else {
+        return false;
+    };
+    let mut g = sac.lock().unwrap_or_else(|p| p.into_inner());
+    g.refuse_set = c.fault.refuse_set;
+    g.no_prompt = c.fault.no_prompt;
+    g.live0 = match g.boot.nics.first() {
+        Some(n) if !ctl.fixup_pending && !ctl.ip.is_empty() => Some(crate::model::SacNic {
+            net: n.net,
+            ip: ctl.ip.clone(),
+            mask: crate::sac::mask(ctl.prefix),
+            gateway: ctl.gateway.clone(),
+        }),
+        _ => None,
+    };
+    !g.satisfied(&ctl.ip)
+}
+
+/// A guest whose network is down has no address on eth0, so nothing reaches it; the address
+/// comes back once it is up. Runs inside the VM's netns.
+fn set_address(id: &str, ctl: &Control, held: bool, on: Option<bool>) -> Option<bool> {
+    let cidr = format!("{}/{}", ctl.ip, ctl.prefix);
+    let (args, now): (Vec<&str>, bool) = match (held, on) {
+        (true, None | Some(true)) => (vec!["addr", "flush", "dev", "eth0"], false),
+        (false, Some(false)) => (vec!["addr", "replace", &cidr, "dev", "eth0"], true),
+        _ => return on,
+    };
+    match crate::netns::ip(&args) {
+        Ok(()) => {
+            say(
+                id,
+                if now {
+                    format!("network up: {cidr}")
+                } else {
+                    "network down".into()
+                },
+            );
+            Some(now)
+        }
+        Err(e) => {
+            say(id, format!("eth0: {e}"));
+            on
+        }
+    }
+}
+
 pub fn run(id: &str, control_file: &Path) -> Result<()> {
     let Some(mut ctl) = read_control(control_file) else {
         return fail(format!(
@@ -260,6 +341,26 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
     let mut leased: Option<String> = None;
     let mut wanted: Option<(String, Instant)> = None;
     let mut announced = false;
+    let sac = ctl
+        .sac
+        .as_ref()
+        .map(|c| Arc::new(Mutex::new(crate::sac::Sac::resume(c))));
+    if let (Some(c), Some(shared)) = (&ctl.sac, &sac) {
+        if c.fault.no_socket {
+            say(id, "SAC console off (injected)");
+        } else {
+            match crate::sac::serve(
+                Path::new(&c.socket),
+                shared.clone(),
+                PathBuf::from(&c.state_file),
+            ) {
+                Ok(()) => say(id, format!("SAC console on {}", c.socket)),
+                Err(e) => say(id, format!("SAC console {}: {e}", c.socket)),
+            }
+        }
+    }
+    // None = as plumbed; Some(on) = whether eth0 carries the VM's address.
+    let mut addr_on: Option<bool> = None;
     loop {
         // The VM dir vanishes with rm/cleanup: never outlive our own record.
         if !vm_dir.is_dir() {
@@ -269,21 +370,25 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
         if let Some(c) = read_control(control_file) {
             ctl = c;
         }
+        let held = ctl.fixup_pending || sac_holds(&ctl, sac.as_deref());
+        if !ctl.netns.is_empty() {
+            addr_on = set_address(id, &ctl, held, addr_on);
+        }
+        let ports: Vec<u16> = if held { Vec::new() } else { ctl.ports.clone() };
         if booted.elapsed() >= Duration::from_millis(ctl.boot_ms) {
             if !announced {
                 say(id, "boot complete");
                 announced = true;
             }
             open.retain(|port, stop| {
-                let keep = ctl.ports.contains(port);
+                let keep = ports.contains(port);
                 if !keep {
                     stop.store(true, Ordering::Relaxed);
                     say(id, format!("closed port {port}"));
                 }
                 keep
             });
-            let missing: Vec<u16> = ctl
-                .ports
+            let missing: Vec<u16> = ports
                 .iter()
                 .copied()
                 .filter(|p| !open.contains_key(p))
@@ -309,8 +414,8 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
                 }
             }
         }
-        let want =
-            (ctl.dhcp && !ctl.withhold && !ctl.lease_mac.is_empty()).then(|| ctl.lease_mac.clone());
+        let want = (ctl.dhcp && !ctl.withhold && !held && !ctl.lease_mac.is_empty())
+            .then(|| ctl.lease_mac.clone());
         if want.as_ref() != wanted.as_ref().map(|w| &w.0) {
             wanted = want.map(|m| (m, Instant::now()));
         }

@@ -9,17 +9,20 @@ mod disk;
 mod error;
 mod events;
 mod faults;
+mod fixup;
 mod guest;
 mod ids;
 mod images;
 mod ipam;
 mod leases;
 mod lock;
+mod macos;
 mod model;
 mod names;
 mod net_control;
 mod netns;
 mod output;
+mod sac;
 mod sim;
 mod snapshot;
 mod sparse;
@@ -126,25 +129,25 @@ fn help_and_exit() -> i32 {
     0
 }
 
-fn main() {
-    let argv: Vec<String> = std::env::args().collect();
-    let cli = match Cli::try_parse_from(&argv) {
-        Ok(c) => c,
-        Err(e) => match e.kind() {
-            ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            | ErrorKind::MissingSubcommand => {
-                let _ = e.print();
-                std::process::exit(0);
-            }
-            _ => {
-                eprintln!("Error: {}", cobra_text(&e, &argv));
-                std::process::exit(1);
-            }
-        },
-    };
-    match dispatch(cli) {
+fn parse_error(e: clap::Error, argv: &[String], binary: &str) -> ! {
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        | ErrorKind::MissingSubcommand => {
+            let _ = e.print();
+            std::process::exit(0);
+        }
+        _ => {
+            let text = cobra_text(&e, argv).replace("\"cocoon", &format!("\"{binary}"));
+            eprintln!("Error: {text}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn finish(r: Result<()>) {
+    match r {
         Ok(()) => {}
         Err(Error::Exit(code)) => std::process::exit(code),
         Err(Error::Msg(m)) => {
@@ -152,6 +155,31 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// cocoon-macos: its own grammar over the shared machinery.
+fn main_macos(argv: &[String]) {
+    let cli = match macos::MacCli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => parse_error(e, argv, macos::NAME),
+    };
+    let flags = config::DirFlags {
+        root_dir: cli.root_dir.clone(),
+        ..Default::default()
+    };
+    finish(config::Env::load(&flags).and_then(|env| macos::dispatch(&env, cli)));
+}
+
+fn main() {
+    let mut argv: Vec<String> = std::env::args().collect();
+    if macos::personality(&mut argv) {
+        return main_macos(&argv);
+    }
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(c) => c,
+        Err(e) => parse_error(e, &argv, "cocoon"),
+    };
+    finish(dispatch(cli));
 }
 
 /// Cobra's positional-count checks.

@@ -108,6 +108,38 @@ pub struct SimInfo {
     /// Firecracker clones keep the source VM's MAC in the guest until it is fixed via exec.
     #[serde(default)]
     pub guest_mac: String,
+    /// Set on clones that need the daemon's post-clone fixup (`COCOON_SIM_GUEST_FIXUP`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixup: Option<FixupState>,
+    /// Windows guests with a SAC console (`COCOON_SIM_SAC`): what `i` lists at boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sac: Option<SacBoot>,
+    /// cocoon-macos personality: the VNC display QEMU serves, -1 when off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vnc: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct FixupState {
+    /// `linux`, `linux_fc` or `windows`: which script the guest will accept.
+    pub kind: String,
+    pub done: bool,
+}
+
+/// One NIC as Windows SAC's `i` command lists it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct SacNic {
+    pub net: u32,
+    pub ip: String,
+    pub mask: String,
+    pub gateway: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct SacBoot {
+    pub nics: Vec<SacNic>,
+    /// A clone with a static NIC 0: its pod address answers only once SAC has set it.
+    pub need_set: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

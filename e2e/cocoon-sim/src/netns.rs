@@ -86,7 +86,7 @@ pub fn ensure_bridge(gateway: &str) -> Result<()> {
 }
 
 /// Netns + veth pair with the guest end named eth0, carrying the VM's MAC and address.
-pub fn plumb(ns: &str, veth: &str, mac: &str, ip_addr: &str, prefix: i64) -> Result<()> {
+pub fn plumb(ns: &str, veth: &str, mac: &str, addr: Option<(&String, i64)>) -> Result<()> {
     if !netns_exists(ns) {
         ip(&["netns", "add", ns])?;
     }
@@ -102,8 +102,10 @@ pub fn plumb(ns: &str, veth: &str, mac: &str, ip_addr: &str, prefix: i64) -> Res
     if !mac.is_empty() {
         ip(&["-n", ns, "link", "set", "eth0", "address", mac])?;
     }
-    let cidr = format!("{ip_addr}/{prefix}");
-    ip(&["-n", ns, "addr", "replace", &cidr, "dev", "eth0"])?;
+    if let Some((ip_addr, prefix)) = addr {
+        let cidr = format!("{ip_addr}/{prefix}");
+        ip(&["-n", ns, "addr", "replace", &cidr, "dev", "eth0"])?;
+    }
     ip(&["-n", ns, "link", "set", "eth0", "up"])?;
     ip(&["-n", ns, "link", "set", "lo", "up"])
 }

@@ -17,7 +17,15 @@ use crate::vm_ops::update_vm;
 pub fn dispatch(env: &Env, cmd: SimCmd) -> Result<()> {
     match cmd {
         SimCmd::Fault(f) => fault(env, f),
-        SimCmd::Cleanup { all_leftovers } => crate::cleanup::cleanup(env, all_leftovers),
+        SimCmd::Cleanup { all_leftovers } => {
+            crate::cleanup::cleanup(env, all_leftovers)?;
+            // cocoon-macos guests of this root live under <root>/macos.
+            let mac = crate::macos::env_for(env);
+            if mac.root.is_dir() {
+                crate::cleanup::cleanup(&mac, false)?;
+            }
+            Ok(())
+        }
         SimCmd::SeedSnapshot(a) => crate::snapshot::seed(env, a),
         SimCmd::Lease(l) => lease(env, l),
         SimCmd::Info { args } => info(env, &args),
@@ -56,7 +64,59 @@ fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
         FaultCmd::Clear => faults::update(env, |f| {
             f.verbs.clear();
             f.exec.clear();
+            f.fixup.clear();
+            f.sac.clear();
         }),
+        FaultCmd::Fixup {
+            vm,
+            times,
+            always,
+            message,
+            clear,
+        } => {
+            let key = vm_key(env, &vm)?;
+            if !clear && times.is_none() && !always {
+                return fail("want --times N, --always or --clear");
+            }
+            faults::update(env, |f| {
+                if clear {
+                    f.fixup.remove(&key);
+                } else {
+                    f.fixup.insert(
+                        key,
+                        faults::FixupFault {
+                            times: if always { None } else { times },
+                            message: message.unwrap_or_default(),
+                            used: Default::default(),
+                        },
+                    );
+                }
+            })
+        }
+        FaultCmd::Sac {
+            vm,
+            no_socket,
+            no_prompt,
+            refuse_set,
+            reset,
+        } => {
+            let key = vm_key(env, &vm)?;
+            faults::update(env, |f| {
+                if reset {
+                    f.sac.remove(&key);
+                } else {
+                    let e = f.sac.entry(key.clone()).or_default();
+                    e.no_socket |= no_socket;
+                    e.no_prompt |= no_prompt;
+                    e.refuse_set |= refuse_set;
+                }
+            })?;
+            // A running guest learns of the change through its control file.
+            if key != "*" {
+                update_vm(env, &key, |_| {})?;
+            }
+            Ok(())
+        }
         FaultCmd::List => output::print_pretty(&faults::read(env)),
         FaultCmd::Crash { vm } => {
             let v = lookup(env, &vm)?;
@@ -163,6 +223,14 @@ fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
     }
 }
 
+/// `*` stays `*`; anything else must name a VM.
+fn vm_key(env: &Env, reference: &str) -> Result<String> {
+    if reference == "*" {
+        return Ok(reference.to_string());
+    }
+    Ok(lookup(env, reference)?.id)
+}
+
 fn lease(env: &Env, cmd: LeaseCmd) -> Result<()> {
     match cmd {
         LeaseCmd::Put { mac, ip, expiry } => match expiry {
@@ -191,6 +259,13 @@ struct Info {
     leases_path: String,
     run_dir: String,
     log_file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fixup: Option<crate::model::FixupState>,
+    /// The SAC console: path, and what `i` lists now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sac_socket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sac: Option<Vec<crate::model::SacNic>>,
 }
 
 fn info(env: &Env, args: &[String]) -> Result<()> {
@@ -212,5 +287,18 @@ fn info(env: &Env, args: &[String]) -> Result<()> {
         leases_path: env.leases.display().to_string(),
         run_dir: v.sim.run_dir.clone(),
         log_file: v.log_file(),
+        fixup: v.sim.fixup.clone(),
+        sac_socket: v
+            .sim
+            .sac
+            .as_ref()
+            .map(|_| crate::sac::socket_path(&v).display().to_string()),
+        sac: v.sim.sac.as_ref().map(|boot| {
+            std::fs::read(env.vm_state_dir(&v.id).join("sac.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<crate::sac::Sac>(&b).ok())
+                .unwrap_or_else(|| crate::sac::Sac::new(boot.clone()))
+                .shown()
+        }),
     })
 }

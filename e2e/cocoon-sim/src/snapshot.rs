@@ -86,6 +86,17 @@ struct CocoonJson {
     source_vm: String,
     #[serde(default)]
     macs: Vec<String>,
+    /// The source's guest addresses, what a clone's Windows SAC lists until one is set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ips: Vec<String>,
+}
+
+pub fn source_ips_in(dir: &Path) -> Vec<String> {
+    fs::read(dir.join("cocoon.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<CocoonJson>(&b).ok())
+        .map(|c| c.ips)
+        .unwrap_or_default()
 }
 
 pub fn source_macs_in(dir: &Path) -> Vec<String> {
@@ -97,7 +108,13 @@ pub fn source_macs_in(dir: &Path) -> Vec<String> {
 }
 
 /// The snapshot's files besides its disk.
-fn write_state(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -> Result<()> {
+fn write_state(
+    dir: &Path,
+    hypervisor: &str,
+    source_vm: &str,
+    macs: &[String],
+    ips: &[String],
+) -> Result<()> {
     fs::create_dir_all(dir)?;
     let files: &[&str] = if hypervisor == FC {
         &["vmstate", "mem"]
@@ -110,6 +127,7 @@ fn write_state(dir: &Path, hypervisor: &str, source_vm: &str, macs: &[String]) -
     let meta = CocoonJson {
         source_vm: source_vm.to_string(),
         macs: macs.to_vec(),
+        ips: ips.to_vec(),
     };
     fs::write(dir.join("cocoon.json"), serde_json::to_vec_pretty(&meta)?)?;
     Ok(())
@@ -227,7 +245,12 @@ fn save(env: &Env, name: String, description: String, args: &[String]) -> Result
     insert_pending(&store, &cfg, &macs, "save snapshot")?;
     fx.sleep();
     let dir = env.snapshot_dir(&id);
-    let captured = write_state(&dir, &vm.hypervisor, &vm.id, &macs).and_then(|()| {
+    let ips = if env.sac && !vm.sim.ip.is_empty() {
+        vec![vm.sim.ip.clone()]
+    } else {
+        Vec::new()
+    };
+    let captured = write_state(&dir, &vm.hypervisor, &vm.id, &macs, &ips).and_then(|()| {
         let disk = disk::flush_guestfs(&vm)?;
         let name = disk.file_name().unwrap_or_default();
         sparse::copy(&disk, &dir.join(name)).ctx(format!("copy disk {}", disk.display()))
@@ -498,7 +521,7 @@ pub fn seed(env: &Env, a: crate::cli::SeedArgs) -> Result<()> {
     let store = Store::new(&env.root);
     insert_pending(&store, &cfg, &macs, "seed snapshot")?;
     let dir = env.snapshot_dir(&id);
-    write_state(&dir, &a.hypervisor, "seed", &macs)?;
+    write_state(&dir, &a.hypervisor, "seed", &macs, &[])?;
     disk::create(
         &disk::in_snapshot(&dir, &cfg.image_type),
         env.disk_bytes,

@@ -303,6 +303,7 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
         &bridge,
     );
     let mut vm = blank_vm(env, &id, hypervisor, config, nics);
+    vm.sim.sac = crate::sac::boot(env, &vm, &[], &[], false);
     let _owner = reserve(env, &store, &mut vm, "create VM")?;
     vm.transition("created", "create", now_ns());
     bring_up(env, &store, &mut vm, &fx, &format!("start VM {id}"), None)?;
@@ -480,6 +481,9 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
     if fc {
         vm.sim.guest_mac = source_macs.first().cloned().unwrap_or_default();
     }
+    crate::fixup::mark(env, &mut vm);
+    let source_ips = crate::snapshot::source_ips_in(&src_dir);
+    vm.sim.sac = crate::sac::boot(env, &vm, &source_ips, &source_macs, true);
     let _owner = reserve(env, &store, &mut vm, "clone VM")?;
     bring_up(
         env,

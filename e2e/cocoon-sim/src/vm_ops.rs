@@ -172,8 +172,18 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
         return fail("exec: VM not running");
     }
     record_exec(env, &vm, argv, vars, interactive);
-    guest_side_effects(env, &vm, argv)?;
-    let code = match faults::take_exec(env, &vm.id)? {
+    // A fixup never runs on the host, whatever the exec mode: it would rewrite the host's
+    // hostname and network configuration.
+    let fixup = env
+        .guest_fixup
+        .then(|| crate::fixup::classify(argv))
+        .flatten();
+    // Whatever fails on the host side is cocoon's error, not the guest command's status.
+    let setup = |e: Error| e.wrap("exec");
+    if fixup.is_none() {
+        guest_side_effects(env, &vm, argv).map_err(setup)?;
+    }
+    let code = match faults::take_exec(env, &vm.id).map_err(setup)? {
         Some(s) => {
             let _ = drain_stdin(interactive);
             print!("{}", s.stdout);
@@ -181,8 +191,14 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
             let _ = std::io::stdout().flush();
             s.exit_code
         }
-        None if env.exec == ExecMode::Host => host_exec(&vm, argv, vars, interactive),
-        None => builtin(&vm, argv, interactive),
+        None => match &fixup {
+            Some(a) => {
+                let _ = drain_stdin(interactive);
+                crate::fixup::attempt(env, &vm, a).map_err(setup)?
+            }
+            None if env.exec == ExecMode::Host => host_exec(&vm, argv, vars, interactive),
+            None => builtin(&vm, argv, interactive),
+        },
     };
     let _ = std::io::stdout().flush();
     if code != 0 {

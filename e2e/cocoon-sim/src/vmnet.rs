@@ -16,6 +16,15 @@ pub fn is_static(network: &str) -> bool {
     network.contains("static")
 }
 
+/// The bridge-side address of the simulator's /16 an address belongs to.
+pub fn gateway_of(ip: &str) -> String {
+    let mut o = ip.split('.');
+    match (o.next(), o.next()) {
+        (Some(a), Some(b)) if !ip.is_empty() => format!("{a}.{b}.0.1"),
+        _ => String::new(),
+    }
+}
+
 fn want_netns(env: &Env) -> bool {
     match env.net {
         NetMode::Netns => true,
@@ -53,8 +62,10 @@ fn attach_netns(env: &Env, vm: &mut StoredVm) -> Result<()> {
     let ns = netns::netns_name(&vm.id);
     let veth = vm.network_configs[0].tap.clone();
     let mac = vm.network_configs[0].mac.clone();
+    // A guest that starts with its network down must never answer, not even briefly.
+    let held = crate::fixup::pending(vm) || vm.sim.sac.as_ref().is_some_and(|s| s.need_set);
     let res = netns::ensure_bridge(&addr.gateway)
-        .and_then(|_| netns::plumb(&ns, &veth, &mac, &addr.ip, addr.prefix));
+        .and_then(|_| netns::plumb(&ns, &veth, &mac, (!held).then_some((&addr.ip, addr.prefix))));
     if let Err(e) = res {
         netns::teardown(&ns, &veth);
         ipam::release(env, &addr.ip, &vm.id);
@@ -106,7 +117,7 @@ pub fn recover(env: &Env, vm: &mut StoredVm) -> Result<()> {
     let gw = format!("{}.{}.0.1", ipam::NETNS_NET[0], ipam::NETNS_NET[1]);
     netns::ensure_bridge(&gw)?;
     let mac = vm.network_configs[0].mac.clone();
-    netns::plumb(&vm.sim.netns, &vm.sim.veth, &mac, &vm.sim.ip, 16)
+    netns::plumb(&vm.sim.netns, &vm.sim.veth, &mac, Some((&vm.sim.ip, 16)))
 }
 
 pub fn attach_cgroup(env: &Env, vm: &mut StoredVm) {
