@@ -10,7 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, pod_ip, pod_manifest, until, wait_ready, DaemonOptions};
+use daemon::{
+    annotation, create_pod, curl_status, pod_ip, pod_manifest, until, wait_ready, DaemonOptions,
+};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
@@ -76,27 +78,6 @@ fn exec_children() -> usize {
             args.windows(2).any(|w| w == [b"vm".as_slice(), b"exec"])
         })
         .count()
-}
-
-async fn curl_status(url: &str, args: &[&str]) -> Result<String> {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "10",
-        ])
-        .args(args)
-        .arg(url)
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .output()
-        .await
-        .context("running curl")?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 async fn scenario(websocket: bool) -> Result<()> {

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, pod_manifest, until, wait_ready, DaemonOptions};
+use daemon::{
+    annotation, create_pod, curl_status as status, pod_manifest, until, wait_ready, DaemonOptions,
+};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
@@ -19,28 +21,6 @@ use tokio::io::AsyncBufReadExt;
 const NS: &str = "default";
 const NODE: &str = "node-a";
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The HTTP status `curl` got, or `000` when the TLS handshake was refused.
-async fn status(url: &str, args: &[&str]) -> Result<String> {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "10",
-        ])
-        .args(args)
-        .arg(url)
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .output()
-        .await
-        .context("running curl")?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
 
 fn append(path: &PathBuf, lines: &[String]) -> Result<()> {
     use std::io::Write;

@@ -273,3 +273,25 @@ pub fn usage(pid: u32) -> Result<(f64, u64)> {
     let rss = f[21].parse::<u64>()? * 4096;
     Ok((cpu, rss))
 }
+
+/// The HTTP status `curl` got, or `000` when the TLS handshake was refused.
+pub async fn curl_status(url: &str, args: &[&str]) -> Result<String> {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .args(args)
+        .arg(url)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .output()
+        .await
+        .context("running curl")?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

@@ -358,8 +358,9 @@ mod tests {
 
     #[test]
     fn the_exec_query_is_read_and_checked_as_a_kubelet_checks_it() {
-        let q = exec_query("command=sh&command=-c&command=echo+hi&stdin=1&stdout=true").unwrap();
-        assert_eq!(q.command, ["sh", "-c", "echo hi"]);
+        let q =
+            exec_query("command=printf&command=%25s+%25s&command=a+b&stdin=1&stdout=true").unwrap();
+        assert_eq!(q.command, ["printf", "%s %s", "a b"]);
         assert_eq!(
             q.streams,
             Streams {
