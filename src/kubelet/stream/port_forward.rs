@@ -339,6 +339,21 @@ mod tests {
     use super::*;
     use futures::StreamExt;
 
+    /// A guest port that answers one connection with `echo:` and what it read to the end.
+    async fn echo_guest() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        addr
+    }
+
     #[test]
     fn only_real_port_numbers_are_dialled() {
         assert_eq!(port("8080"), Ok(8080));
@@ -355,16 +370,7 @@ mod tests {
         use super::super::wire::Inbound;
         use bytes::BytesMut;
 
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut c, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            c.read_to_end(&mut buf).await.unwrap();
-            c.write_all(&[b"echo:".as_slice(), &buf].concat())
-                .await
-                .unwrap();
-        });
+        let addr = echo_guest().await;
         let mut client = Codec::default();
         let port = addr.port().to_string();
         let open = |c: &mut Codec, stream: u32, kind: &str| {
@@ -478,16 +484,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_go_both_ways_and_a_refused_port_is_reported() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut c, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            c.read_to_end(&mut buf).await.unwrap();
-            c.write_all(&[b"echo:".as_slice(), &buf].concat())
-                .await
-                .unwrap();
-        });
+        let addr = echo_guest().await;
         let (to_guest, rx) = mpsc::unbounded_channel();
         let (out, mut got) = mpsc::channel(8);
         to_guest.send(Bytes::from_static(b"ping")).unwrap();
