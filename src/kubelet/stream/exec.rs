@@ -115,7 +115,7 @@ async fn pump(
 pub async fn run(
     cli: &CocoonCli,
     argv: Vec<String>,
-    stdin: Option<mpsc::UnboundedReceiver<Bytes>>,
+    stdin: Option<mpsc::Receiver<Bytes>>,
     want_stdout: bool,
     want_stderr: bool,
     out: mpsc::Sender<Out>,
@@ -273,8 +273,8 @@ mod tests {
     async fn stdin_is_relayed_and_the_exit_code_reported() {
         let dir = tempfile::tempdir().unwrap();
         let cli = stand_in(dir.path(), "cat; echo oops >&2; exit 3");
-        let (in_tx, in_rx) = mpsc::unbounded_channel();
-        in_tx.send(Bytes::from_static(b"hello\n")).unwrap();
+        let (in_tx, in_rx) = mpsc::channel(1);
+        in_tx.try_send(Bytes::from_static(b"hello\n")).unwrap();
         drop(in_tx);
         let (tx, rx) = mpsc::channel(8);
         run(&cli, vec![], Some(in_rx), true, true, tx).await;

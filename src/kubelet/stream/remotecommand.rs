@@ -37,8 +37,39 @@ pub const CH_CLOSE: u8 = 255;
 /// How often the idle limit is looked at.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 
-pub type Worker<F> =
-    Box<dyn FnOnce(Option<mpsc::UnboundedReceiver<Bytes>>, mpsc::Sender<Out>) -> F>;
+pub type Worker<F> = Box<dyn FnOnce(Option<mpsc::Receiver<Bytes>>, mpsc::Sender<Out>) -> F>;
+
+/// Chunks of the caller's stdin waiting for the command. When they are full the connection
+/// is not read until the command takes one: the caller waits, the daemon's memory does not
+/// grow (at most this many frames per session).
+const STDIN_QUEUE: usize = 64;
+
+/// Hands `data` to the command's stdin, or keeps it in `pending` when the queue is full; the
+/// relay then reads nothing more from the caller until it is taken.
+fn to_stdin(tx: &Option<mpsc::Sender<Bytes>>, data: Bytes, pending: &mut Option<Bytes>) {
+    if let Some(tx) = tx {
+        if let Err(mpsc::error::TrySendError::Full(data)) = tx.try_send(data) {
+            *pending = Some(data);
+        }
+    }
+}
+
+/// Waits for room in the stdin queue and moves `pending` into it (dropped when the command
+/// no longer reads: its stdin is gone).
+async fn flush_stdin(tx: &Option<mpsc::Sender<Bytes>>, pending: &mut Option<Bytes>) {
+    let Some(tx) = tx else {
+        *pending = None;
+        return;
+    };
+    match tx.reserve().await {
+        Ok(permit) => {
+            if let Some(data) = pending.take() {
+                permit.send(data);
+            }
+        }
+        Err(_) => *pending = None,
+    }
+}
 
 fn idle_status() -> serde_json::Value {
     failure(format!(
@@ -59,8 +90,9 @@ struct Ids {
 /// promised, then runs `worker` and relays.
 pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker: Worker<F>) {
     let mut ids = Ids::default();
-    let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+    let (in_tx, in_rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
     let mut in_tx = Some(in_tx);
+    let mut pending: Option<Bytes> = None;
     let complete = |ids: &Ids| {
         ids.error.is_some()
             && (!want.stdin || ids.stdin.is_some())
@@ -89,8 +121,12 @@ pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker:
                 }
             }
             Ok(Event::Data { stream, data }) if Some(stream) == ids.stdin => {
-                if let Some(tx) = &in_tx {
-                    let _ = tx.send(data);
+                to_stdin(&in_tx, data, &mut pending);
+                if pending.is_some() {
+                    // A queue's worth of stdin before the streams are even open.
+                    tracing::debug!("exec client sent too much before opening its streams");
+                    s.go_away().await;
+                    return;
                 }
             }
             Ok(Event::Finished { stream }) if Some(stream) == ids.stdin => in_tx = None,
@@ -105,11 +141,9 @@ pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker:
     let mut tick = tokio::time::interval(IDLE_CHECK);
     let status = loop {
         tokio::select! {
-            ev = s.next() => match ev {
+            ev = s.next(), if pending.is_none() => match ev {
                 Ok(Event::Data { stream, data }) if Some(stream) == ids.stdin => {
-                    if let Some(tx) = &in_tx {
-                        let _ = tx.send(data);
-                    }
+                    to_stdin(&in_tx, data, &mut pending);
                 }
                 Ok(Event::Finished { stream }) if Some(stream) == ids.stdin => in_tx = None,
                 Ok(_) => {}
@@ -129,6 +163,7 @@ pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker:
                 Some(Out::Status(st)) => break st,
                 None => break failure("vk-cocoon: the command ended without a status"),
             },
+            () = flush_stdin(&in_tx, &mut pending), if pending.is_some() => {}
             _ = &mut job, if !job_done => job_done = true,
             _ = tick.tick() => if s.idle_for() >= IDLE { break idle_status() },
         }
@@ -163,8 +198,9 @@ pub async fn websocket<F: Future<Output = ()>>(
     worker: Worker<F>,
 ) {
     use futures::StreamExt;
-    let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+    let (in_tx, in_rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
     let mut in_tx = Some(in_tx);
+    let mut pending: Option<Bytes> = None;
     let (out_tx, mut out_rx) = mpsc::channel::<Out>(16);
     let job = worker(want.stdin.then_some(in_rx), out_tx);
     tokio::pin!(job);
@@ -173,15 +209,11 @@ pub async fn websocket<F: Future<Output = ()>>(
     let mut tick = tokio::time::interval(IDLE_CHECK);
     let status = loop {
         tokio::select! {
-            msg = inbound.next() => match msg {
+            msg = inbound.next(), if pending.is_none() => match msg {
                 Some(m) => {
                     last_seen = tokio::time::Instant::now();
                     match (m.first().copied(), m.get(1).copied()) {
-                        (Some(CH_STDIN), _) => {
-                            if let Some(tx) = &in_tx {
-                                let _ = tx.send(m.slice(1..));
-                            }
-                        }
+                        (Some(CH_STDIN), _) => to_stdin(&in_tx, m.slice(1..), &mut pending),
                         (Some(CH_CLOSE), Some(CH_STDIN)) if close_signal => in_tx = None,
                         // Resize: cocoon gives the command no terminal to resize.
                         _ => {}
@@ -202,6 +234,7 @@ pub async fn websocket<F: Future<Output = ()>>(
                     return;
                 }
             },
+            () = flush_stdin(&in_tx, &mut pending), if pending.is_some() => {}
             _ = &mut job, if !job_done => job_done = true,
             _ = tick.tick() => if last_seen.elapsed() >= IDLE { break idle_status() },
         }
@@ -360,5 +393,36 @@ mod tests {
         assert_eq!(rx.recv().await.unwrap(), channel_message(CH_STDOUT, b"abc"));
         assert_eq!(rx.recv().await.unwrap(), channel_message(CH_ERROR, &status));
         assert_eq!(rx.recv().await.unwrap(), wire::ws_close());
+    }
+
+    /// A command that does not read its stdin holds the caller back: the relay stops reading
+    /// the connection once the queue is full, instead of holding whatever the caller sends.
+    #[tokio::test]
+    async fn stdin_the_command_does_not_take_is_not_read_without_bound() {
+        let read = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let counted = read.clone();
+        let sent = (0..1000).map(|_| Bytes::from_static(b"\x00x"));
+        let inbound: Inbound = futures::stream::iter(sent)
+            .inspect(move |_| counted.set(counted.get() + 1))
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, _rx) = mpsc::channel(64);
+        let want = Streams {
+            stdin: true,
+            stdout: true,
+            ..Streams::default()
+        };
+        // Holds stdin without reading it, and never ends.
+        let stuck: Worker<_> = Box::new(|stdin, out| async move {
+            let _keep = (stdin, out);
+            futures::future::pending::<()>().await
+        });
+        let relay = websocket(inbound, out, want, true, stuck);
+        let _ = tokio::time::timeout(Duration::from_millis(200), relay).await;
+        assert_eq!(
+            read.get(),
+            STDIN_QUEUE + 1,
+            "the queue, and the one chunk held back"
+        );
     }
 }
