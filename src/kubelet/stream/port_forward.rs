@@ -38,7 +38,7 @@ struct Pair {
     error: Option<u32>,
     data: Option<u32>,
     port: String,
-    to_guest: Option<mpsc::UnboundedSender<Bytes>>,
+    to_guest: Option<mpsc::Sender<Bytes>>,
     started: bool,
     opened: tokio::time::Instant,
 }
@@ -73,7 +73,7 @@ pub async fn forward(
     port_text: String,
     data: u32,
     error: u32,
-    mut from_client: mpsc::UnboundedReceiver<Bytes>,
+    mut from_client: mpsc::Receiver<Bytes>,
     out: mpsc::Sender<Send>,
 ) {
     let fail = |msg: String| {
@@ -159,6 +159,33 @@ pub async fn forward(
     }
 }
 
+/// Chunks from the caller waiting for one pair's guest connection. When they are full the
+/// connection is not read until the guest takes one: a caller cannot make the daemon hold
+/// what a slow guest does not read (at most this many frames per pair, plus one held).
+const TO_GUEST_QUEUE: usize = 64;
+
+/// A chunk that found its pair's queue full, with that queue.
+type Held = Option<(mpsc::Sender<Bytes>, Bytes)>;
+
+fn to_guest(tx: &mpsc::Sender<Bytes>, data: Bytes, held: &mut Held) {
+    if let Err(mpsc::error::TrySendError::Full(data)) = tx.try_send(data) {
+        *held = Some((tx.clone(), data));
+    }
+}
+
+/// Waits for room in the held chunk's queue and moves it there (dropped when that pair's
+/// guest connection is gone).
+async fn flush(held: &mut Held) {
+    let Some(tx) = held.as_ref().map(|(tx, _)| tx.clone()) else {
+        return;
+    };
+    let permit = tx.reserve().await;
+    if let (Ok(permit), Some((_, data))) = (permit, held.take()) {
+        permit.send(data);
+    }
+    *held = None;
+}
+
 /// Serves one port-forward connection over SPDY to the pod at `ip`.
 pub async fn spdy(mut s: Session, ip: IpAddr) {
     let mut pairs: HashMap<String, Pair> = HashMap::new();
@@ -166,9 +193,10 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
     let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
     let mut running = FuturesUnordered::new();
     let mut tick = tokio::time::interval(IDLE_CHECK);
+    let mut held: Held = None;
     loop {
         tokio::select! {
-            ev = s.next() => match ev {
+            ev = s.next(), if held.is_none() => match ev {
                 Ok(Event::Opened { stream, headers }) => {
                     let kind = Frame::header(&headers, "streamType").unwrap_or_default().to_string();
                     let request = Frame::header(&headers, "requestID").unwrap_or_default().to_string();
@@ -182,7 +210,7 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
                     pair.port = port_text;
                     by_stream.insert(stream, request.clone());
                     if let (Some(error), Some(data), false) = (pair.error, pair.data, pair.started) {
-                        let (tx, rx) = mpsc::unbounded_channel();
+                        let (tx, rx) = mpsc::channel(TO_GUEST_QUEUE);
                         pair.to_guest = Some(tx);
                         pair.started = true;
                         let job = forward(ip, pair.port.clone(), data, error, rx, out_tx.clone());
@@ -196,7 +224,7 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
                     if let Some(pair) = by_stream.get(&stream).and_then(|r| pairs.get(r)) {
                         if pair.data == Some(stream) {
                             if let Some(tx) = &pair.to_guest {
-                                let _ = tx.send(data);
+                                to_guest(tx, data, &mut held);
                             }
                         }
                     }
@@ -215,6 +243,7 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
                     return;
                 }
             },
+            () = flush(&mut held), if held.is_some() => {},
             Some(request) = running.next(), if !running.is_empty() => {
                 // Done with: a long forward session opens many pairs and must not keep them.
                 if let Some(pair) = pairs.remove(&request) {
@@ -275,7 +304,7 @@ fn channel_message(ch: u8, data: &[u8]) -> Bytes {
 /// Serves one port-forward over the WebSocket channel protocol.
 pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: Vec<u16>) {
     let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
-    let mut to_guest = Vec::new();
+    let mut guests = Vec::new();
     let mut running = FuturesUnordered::new();
     for (i, p) in ports.iter().enumerate() {
         let (data, error) = (2 * i as u8, 2 * i as u8 + 1);
@@ -288,8 +317,8 @@ pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: V
                 return;
             }
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        to_guest.push(tx);
+        let (tx, rx) = mpsc::channel(TO_GUEST_QUEUE);
+        guests.push(tx);
         running.push(forward(
             ip,
             p.to_string(),
@@ -301,15 +330,16 @@ pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: V
     }
     let mut last_seen = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(IDLE_CHECK);
+    let mut held: Held = None;
     loop {
         tokio::select! {
-            m = inbound.next() => match m {
+            m = inbound.next(), if held.is_none() => match m {
                 Some(m) => {
                     last_seen = tokio::time::Instant::now();
                     if let Some(&ch) = m.first() {
                         if ch % 2 == 0 {
-                            if let Some(tx) = to_guest.get(usize::from(ch / 2)) {
-                                let _ = tx.send(m.slice(1..));
+                            if let Some(tx) = guests.get(usize::from(ch / 2)) {
+                                to_guest(tx, m.slice(1..), &mut held);
                             }
                         }
                     }
@@ -326,6 +356,7 @@ pub async fn websocket(mut inbound: Inbound, out: Outbound, ip: IpAddr, ports: V
                 }
             },
             Some(()) = running.next(), if !running.is_empty() => {},
+            () = flush(&mut held), if held.is_some() => {},
             _ = tick.tick() => if last_seen.elapsed() >= IDLE {
                 let _ = out.send(wire::ws_close()).await;
                 return;
@@ -485,9 +516,9 @@ mod tests {
     #[tokio::test]
     async fn bytes_go_both_ways_and_a_refused_port_is_reported() {
         let addr = echo_guest().await;
-        let (to_guest, rx) = mpsc::unbounded_channel();
+        let (to_guest, rx) = mpsc::channel(1);
         let (out, mut got) = mpsc::channel(8);
-        to_guest.send(Bytes::from_static(b"ping")).unwrap();
+        to_guest.try_send(Bytes::from_static(b"ping")).unwrap();
         drop(to_guest);
         forward(addr.ip(), addr.port().to_string(), 3, 1, rx, out).await;
         let mut seen = Vec::new();
@@ -518,7 +549,7 @@ mod tests {
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = closed.local_addr().unwrap().port();
         drop(closed);
-        let (_tx, rx) = mpsc::unbounded_channel();
+        let (_tx, rx) = mpsc::channel(1);
         let (out, mut got) = mpsc::channel(8);
         forward(addr.ip(), port.to_string(), 3, 1, rx, out).await;
         let first = got.recv().await.unwrap();
@@ -526,6 +557,37 @@ mod tests {
         assert!(
             String::from_utf8_lossy(&first.data).contains("error forwarding port"),
             "{first:?}"
+        );
+    }
+
+    /// A guest that does not read holds the caller back: once its queue and the socket's
+    /// buffers are full, the relay stops reading the caller instead of keeping what it sends.
+    #[tokio::test]
+    async fn what_a_guest_does_not_read_is_not_held_without_bound() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (c, _) = listener.accept().await.unwrap();
+            // Holds the connection open and never reads from it.
+            let _c = c;
+            std::future::pending::<()>().await
+        });
+        const CHUNKS: usize = 2000;
+        let read = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let counted = read.clone();
+        let chunk = Bytes::from([vec![0u8], vec![7u8; 64 * 1024]].concat());
+        let inbound: Inbound = futures::stream::iter(std::iter::repeat_n(chunk, CHUNKS))
+            .inspect(move |_| counted.set(counted.get() + 1))
+            .chain(futures::stream::pending())
+            .boxed_local();
+        let (out, mut got) = mpsc::channel(16);
+        tokio::spawn(async move { while got.recv().await.is_some() {} });
+        let relay = websocket(inbound, out, addr.ip(), vec![addr.port()]);
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), relay).await;
+        assert!(
+            read.get() < CHUNKS / 2,
+            "{} of {CHUNKS} 64 KiB chunks read for a guest that reads nothing",
+            read.get()
         );
     }
 }
