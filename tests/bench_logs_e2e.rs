@@ -19,14 +19,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use daemon::{
-    annotation, create_pod, is_ready, percentile, pod_manifest, until, usage, wait_ready,
-    DaemonOptions,
+    annotation, create_pod, is_ready, percentile, until, usage, wait_ready, DaemonOptions,
 };
 use e2e::testbed::{Testbed, TestbedOptions};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
-use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
 const NS: &str = "default";
@@ -83,15 +81,7 @@ fn status_writes(journal: &std::path::Path, from: i64, to: i64) -> Result<Vec<f6
 }
 
 fn run_pod(name: &str) -> Result<Pod> {
-    pod_manifest(
-        NS,
-        name,
-        NODE,
-        json!({"cocoonset.cocoonstack.io/managed": "true",
-            "vm.cocoonstack.io/name": format!("vk-default-{name}"),
-            "cocoonset.cocoonstack.io/mode": "run",
-            "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
-    )
+    daemon::run_pod(NS, name, NODE)
 }
 
 /// Creates BATCH pods named `<prefix>-<i>` at once; returns create → Ready in ms, sorted, as
@@ -203,12 +193,7 @@ async fn bench_logs_followers() -> Result<()> {
     };
     let d = daemon::start(&tb, &opts, &journal, e2e::ports::free_port()?, kubelet_port)?;
     let pid = d.proc.pid();
-    let nodes: Api<Node> = Api::all(tb.client()?);
-    until("node registered", LIMIT, || async {
-        Ok(nodes.get_opt(NODE).await?.map(|_| ()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(40))?;
+    daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
 
     eprintln!("[bench] {FOLLOWED} pods to follow");

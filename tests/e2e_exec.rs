@@ -10,13 +10,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{
-    annotation, create_pod, curl_status, pod_ip, pod_manifest, until, wait_ready, DaemonOptions,
-};
+use daemon::{annotation, create_pod, curl_status, pod_ip, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 const NS: &str = "default";
@@ -94,12 +91,7 @@ async fn scenario(websocket: bool) -> Result<()> {
         ..DaemonOptions::default()
     };
     let d = daemon::start(&tb, &opts, &journal, e2e::ports::free_port()?, kubelet_port)?;
-    let nodes: Api<Node> = Api::all(tb.client()?);
-    until("node registered", LIMIT, || async {
-        Ok(nodes.get_opt(NODE).await?.map(|_| ()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(40))?;
+    daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
     let declared = tb
         .kubectl(&[
             "get",
@@ -115,14 +107,7 @@ async fn scenario(websocket: bool) -> Result<()> {
     );
 
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
-    let pod = pod_manifest(
-        NS,
-        "exec-a",
-        NODE,
-        json!({"cocoonset.cocoonstack.io/managed": "true",
-            "vm.cocoonstack.io/name": "vk-default-exec-a", "cocoonset.cocoonstack.io/mode": "run",
-            "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
-    )?;
+    let pod = daemon::run_pod(NS, "exec-a", NODE)?;
     create_pod(&pods, &pod).await?;
     let p = wait_ready(&pods, "exec-a", LIMIT)
         .await

@@ -9,13 +9,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{
-    annotation, create_pod, curl_status as status, pod_manifest, until, wait_ready, DaemonOptions,
-};
+use daemon::{annotation, create_pod, curl_status as status, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
 const NS: &str = "default";
@@ -72,22 +69,10 @@ async fn kubelet_api_checks_callers_and_streams_logs() -> Result<()> {
         e2e::ports::free_port()?,
         kubelet_port,
     )?;
-    let nodes: Api<Node> = Api::all(tb.client()?);
-    until("node registered", LIMIT, || async {
-        Ok(nodes.get_opt(NODE).await?.map(|_| ()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(40))?;
+    daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
 
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
-    let pod = pod_manifest(
-        NS,
-        "log-a",
-        NODE,
-        json!({"cocoonset.cocoonstack.io/managed": "true",
-            "vm.cocoonstack.io/name": "vk-default-log-a", "cocoonset.cocoonstack.io/mode": "run",
-            "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
-    )?;
+    let pod = daemon::run_pod(NS, "log-a", NODE)?;
     create_pod(&pods, &pod).await?;
     let p = wait_ready(&pods, "log-a", LIMIT)
         .await

@@ -100,24 +100,12 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
     tb.kubectl(&["logs", "rbac-a"])
         .await
         .with_context(|| d.proc.log_tail(40))?;
-    let direct = tokio::process::Command::new("curl")
-        .args([
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "10",
-        ])
-        .arg("-H")
-        .arg(format!("Authorization: Bearer {}", token.trim()))
-        .arg(format!("https://127.0.0.1:{kubelet_port}/pods"))
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .output()
-        .await?;
-    let code = String::from_utf8_lossy(&direct.stdout).to_string();
+    let bearer = format!("Authorization: Bearer {}", token.trim());
+    let code = daemon::curl_status(
+        &format!("https://127.0.0.1:{kubelet_port}/pods"),
+        &["-H", &bearer],
+    )
+    .await?;
     // The daemon's own ServiceAccount holds no nodes/proxy: reviewed, and refused.
     ensure!(code == "403", "the daemon's token on /pods: {code}");
 

@@ -10,11 +10,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use daemon::{create_pod, metric_series, pod_manifest, until, wait_ready, DaemonOptions};
+use daemon::{create_pod, metric_series, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use serde_json::json;
 
 const NS: &str = "default";
 const NODE: &str = "node-a";
@@ -81,23 +80,11 @@ async fn kubectl_top_shows_the_vm_and_the_node() -> Result<()> {
         metrics_port,
         kubelet_port,
     )?;
-    let nodes: Api<Node> = Api::all(tb.client()?);
-    until("node registered", LIMIT, || async {
-        Ok(nodes.get_opt(NODE).await?.map(|_| ()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(40))?;
+    daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
     let registered = Instant::now();
 
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
-    let pod = pod_manifest(
-        NS,
-        POD,
-        NODE,
-        json!({"cocoonset.cocoonstack.io/managed": "true",
-            "vm.cocoonstack.io/name": "vk-default-top-a", "cocoonset.cocoonstack.io/mode": "run",
-            "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
-    )?;
+    let pod = daemon::run_pod(NS, POD, NODE)?;
     create_pod(&pods, &pod).await?;
     wait_ready(&pods, POD, LIMIT)
         .await

@@ -295,3 +295,27 @@ pub async fn curl_status(url: &str, args: &[&str]) -> Result<String> {
         .context("running curl")?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
+
+/// A managed run-mode pod `name` on `node`, its VM named `vk-<ns>-<name>`.
+pub fn run_pod(ns: &str, name: &str, node: &str) -> Result<Pod> {
+    pod_manifest(
+        ns,
+        name,
+        node,
+        serde_json::json!({"cocoonset.cocoonstack.io/managed": "true",
+            "vm.cocoonstack.io/name": format!("vk-{ns}-{name}"),
+            "cocoonset.cocoonstack.io/mode": "run",
+            "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
+    )
+}
+
+/// Waits until the daemon `d` has registered `node`; on a timeout the error carries the
+/// daemon's log.
+pub async fn node_registered(tb: &Testbed, d: &Daemon, node: &str, limit: Duration) -> Result<()> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(tb.client()?);
+    until("node registered", limit, || async {
+        Ok(nodes.get_opt(node).await?.map(|_| ()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))
+}
