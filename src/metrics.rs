@@ -7,7 +7,7 @@ use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     Opts, Registry, TextEncoder,
 };
-use reconcilers::action::{Counter, Histogram as CoreHistogram};
+use reconcilers::action::{CountHistogram, Counter, Histogram as CoreHistogram};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -33,6 +33,8 @@ pub struct Metrics {
     peer_restore_duration: Histogram,
     peer_restore: IntCounterVec,
     wake_renew_nudge: IntCounterVec,
+    postclone: IntCounterVec,
+    postclone_attempts: HistogramVec,
     clone_from_dir: IntCounterVec,
     startup_resume: IntCounterVec,
     boot_duration: HistogramVec,
@@ -109,6 +111,17 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(boot.clone())).expect("unique metric");
+        let postclone_attempts = HistogramVec::new(
+            HistogramOpts::new(
+                "cocoon_vk_postclone_retry_attempts",
+                "Guest fix-up attempts used, by outcome",
+            )
+            .buckets(vec![1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0]),
+            &["result"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(postclone_attempts.clone()))
+            .expect("unique metric");
         let probe = Histogram::with_opts(
             HistogramOpts::new(
                 "cocoon_vk_probe_duration_seconds",
@@ -162,6 +175,13 @@ impl Metrics {
                 "ipconfig /renew nudges sent to woken Windows guests still without a lease",
                 &["result"],
             ),
+            postclone: counter_vec(
+                &r,
+                "cocoon_vk_postclone_total",
+                "Guest fix-ups of copied VMs and Windows SAC static addresses, by kind and outcome",
+                &["kind", "result"],
+            ),
+            postclone_attempts,
             pod_lifecycle: counter_vec(
                 &r,
                 "cocoon_vk_pod_lifecycle_total",
@@ -358,6 +378,9 @@ impl Metrics {
             Counter::WakeRenewNudge { result } => {
                 self.wake_renew_nudge.with_label_values(&[result]).inc()
             }
+            Counter::PostClone { kind, result } => {
+                self.postclone.with_label_values(&[kind, result]).inc()
+            }
         }
     }
 
@@ -379,6 +402,15 @@ impl Metrics {
             CoreHistogram::SnapshotPeerRestoreDuration => {
                 self.peer_restore_duration.observe(millis as f64 / 1000.0)
             }
+        }
+    }
+
+    pub fn observe_count(&self, h: &CountHistogram, count: u64) {
+        match h {
+            CountHistogram::PostCloneRetryAttempts { result } => self
+                .postclone_attempts
+                .with_label_values(&[result])
+                .observe(count as f64),
         }
     }
 

@@ -19,12 +19,12 @@ pub use model::{
     annotations, backoff, config, entry, keys, names, ops, phase, pod, pod_table, quantity,
     small_str, spec, state, status, time, vm, writer,
 };
-pub use output::{action, cocoon, render};
+pub use output::{action, cocoon, fixup, render};
 
 pub use handle::dhcp;
 pub use handle::lifecycle;
 use handle::{
-    create, delete, evict, hibernate, intake, outcome, probe, provider, publish, snapshot,
+    create, delete, evict, guest, hibernate, intake, outcome, probe, provider, publish, snapshot,
     stale_create, startup, sweep, timers, tracking, trust, vm_events,
 };
 

@@ -2,7 +2,7 @@
 //! may be omitted default, and anything undecodable is an error value, never a panic.
 
 use reconcilers::event::{CocoonOk, SnapshotInfo};
-use reconcilers::vm::{CocoonError, CocoonErrorKind, VmRecord};
+use reconcilers::vm::{CocoonError, CocoonErrorKind, Nic, StaticNet, VmRecord};
 use serde::Deserialize;
 
 #[derive(Deserialize, Default)]
@@ -37,6 +37,8 @@ struct RawConfig {
     name: String,
     #[serde(default)]
     image: String,
+    #[serde(default)]
+    image_type: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -53,6 +55,10 @@ struct RawNic {
 struct RawStatic {
     #[serde(default)]
     ip: String,
+    #[serde(default)]
+    prefix: Option<u32>,
+    #[serde(default)]
+    gateway: String,
 }
 
 impl From<RawVm> for VmRecord {
@@ -63,12 +69,33 @@ impl From<RawVm> for VmRecord {
             .map(|n| n.tap.clone())
             .filter(|t| !t.is_empty())
             .collect();
-        let cow = r
-            .storage_configs
-            .unwrap_or_default()
+        let disks = r.storage_configs.unwrap_or_default();
+        let overlay = disks
+            .iter()
+            .any(|d| std::path::Path::new(&d.path).file_name() == Some("overlay.qcow2".as_ref()));
+        let cloud_image = overlay
+            || r.config.image_type == "cloudimg"
+            || r.config.image.starts_with("http://")
+            || r.config.image.starts_with("https://");
+        let cow = disks
             .into_iter()
             .find(|d| d.role == "cow" && !d.path.is_empty())
             .map(|d| d.path);
+        let all: Vec<Nic> = nics
+            .iter()
+            .map(|n| Nic {
+                mac: n.mac.to_ascii_lowercase(),
+                network: n
+                    .network
+                    .as_ref()
+                    .filter(|s| !s.ip.is_empty())
+                    .map(|s| StaticNet {
+                        ip: s.ip.clone(),
+                        prefix: s.prefix,
+                        gateway: Some(s.gateway.clone()).filter(|g| !g.is_empty()),
+                    }),
+            })
+            .collect();
         let nic = nics.into_iter().next();
         VmRecord {
             id: r.id,
@@ -87,6 +114,8 @@ impl From<RawVm> for VmRecord {
             image: r.config.image,
             taps,
             cow,
+            nics: all,
+            cloud_image,
         }
     }
 }
@@ -182,6 +211,34 @@ mod tests {
         assert_eq!(v.pid, 48213);
         assert_eq!(v.mac.as_deref(), Some("02:5e:11:3a:9c:01"));
         assert_eq!(v.static_ip.as_deref(), Some("10.89.0.2"));
+        assert!(!v.cloud_image);
+    }
+
+    #[test]
+    fn every_nic_and_the_cloud_image_marks() {
+        let text = r#"{"id":"Q3","state":"running","config":{"name":"vk-a","image":"https://x/y.img"},
+            "network_configs":[{"mac":"02:00:00:00:00:0A"},
+                               {"mac":"02:00:00:00:00:0b","network":{"ip":"10.1.0.5","gateway":"10.1.0.1","prefix":16}},
+                               {"mac":"02:00:00:00:00:0c","network":{}}]}"#;
+        let v = vm(text).unwrap();
+        assert!(v.cloud_image);
+        assert_eq!(v.nics.len(), 3);
+        assert_eq!(v.nics[0].mac, "02:00:00:00:00:0a");
+        assert_eq!(v.nics[0].network, None);
+        let net = v.nics[1].network.clone().unwrap();
+        assert_eq!(
+            (net.ip.as_str(), net.prefix, net.gateway.as_deref()),
+            ("10.1.0.5", Some(16), Some("10.1.0.1"))
+        );
+        assert_eq!(
+            v.nics[2].network, None,
+            "an empty network object is a DHCP NIC"
+        );
+        assert!(v.has_static_nic());
+        let overlay = r#"{"id":"Q","config":{"name":"a","image":"ubuntu"},"storage_configs":[{"path":"/r/Q/overlay.qcow2","role":"cow"}]}"#;
+        assert!(vm(overlay).unwrap().cloud_image);
+        let typed = r#"{"id":"Q","config":{"name":"a","image":"ubuntu","image_type":"cloudimg"}}"#;
+        assert!(vm(typed).unwrap().cloud_image);
     }
 
     #[test]

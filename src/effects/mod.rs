@@ -15,6 +15,13 @@ pub mod node;
 pub mod probes;
 pub mod process_groups;
 pub mod registry;
+pub mod sac;
+mod sac_call;
+mod sac_console;
+#[cfg(test)]
+mod sac_fake;
+#[cfg(test)]
+mod sac_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +45,8 @@ pub struct Executor {
     pub dhcp_release_socket: Option<std::path::PathBuf>,
     /// The registry (`OCI_REGISTRY`); `None`: unset.
     pub transfers: Option<Arc<registry::Transfers>>,
+    /// `COCOON_ROOT_DIR`: where a VM's serial console socket lives (C15).
+    pub cocoon_root_dir: std::path::PathBuf,
     cocoon_slots: Arc<Semaphore>,
     /// Status writes and deletes: the writes that move pods. Events never take one (F4).
     kube_slots: Arc<Semaphore>,
@@ -62,11 +71,18 @@ impl Executor {
             node_name,
             dhcp_release_socket,
             transfers: None,
+            cocoon_root_dir: std::path::PathBuf::from("/var/lib/cocoon"),
             cocoon_slots: Arc::new(Semaphore::new(32)),
             kube_slots: Arc::new(Semaphore::new(32)),
             events: event_lane::EventLane::new(metrics.events_dropped.clone()),
             metrics,
         }
+    }
+
+    /// SAC dialogs dial consoles under `root` (`COCOON_ROOT_DIR`).
+    pub fn with_root_dir(mut self, root: std::path::PathBuf) -> Self {
+        self.cocoon_root_dir = root;
+        self
     }
 
     /// Registry calls go through `transfers` (built from `OCI_REGISTRY`).
@@ -162,6 +178,22 @@ impl Executor {
             }
             Action::Count { counter } => self.metrics.count(&counter),
             Action::Observe { histogram, millis } => self.metrics.observe(&histogram, millis),
+            Action::ObserveCount { histogram, count } => {
+                self.metrics.observe_count(&histogram, count)
+            }
+            Action::RunSac {
+                op,
+                vm_id,
+                nic_count,
+                nics,
+                ..
+            } => {
+                let (tx, root) = (self.tx.clone(), self.cocoon_root_dir.clone());
+                tokio::spawn(async move {
+                    let result = sac_call::run(&root, &vm_id, nic_count, &nics).await;
+                    let _ = tx.send(Event::SacDone { op, result }).await;
+                });
+            }
             Action::Log { level, message } => match level {
                 Level::Info => tracing::info!("{message}"),
                 Level::Warn => tracing::warn!("{message}"),

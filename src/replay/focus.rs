@@ -20,6 +20,7 @@ fn timer_key(t: &Timer) -> Option<&PodKey> {
         | Timer::Recheck { key, .. }
         | Timer::IpWait { key, .. }
         | Timer::RenewNudge { key, .. }
+        | Timer::PostCloneRetry { key, .. }
         | Timer::KubeRetry { key, .. }
         | Timer::DeleteRetry { key, .. }
         | Timer::EvictRetry { key, .. }

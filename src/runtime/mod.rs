@@ -189,7 +189,8 @@ pub async fn run(settings: Settings) -> Result<()> {
         settings.node.name.clone(),
         settings.dhcp_release_socket.clone(),
     )
-    .with_transfers(transfers);
+    .with_transfers(transfers)
+    .with_root_dir(settings.root_dir.clone().into());
 
     let mut tasks = vec![
         tokio::spawn(pods::run(

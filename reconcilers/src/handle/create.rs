@@ -1361,7 +1361,10 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
         (false, true) => IpWait::Clone,
         (false, false) => IpWait::Run,
     };
-    ready_wait(s, key, wait);
+    if let Some(e) = s.pods.get_mut(key) {
+        e.post_clone = None;
+    }
+    crate::guest::begin(s, key, wait);
 }
 
 /// The pod holds this VM now: Running with no task, indexed, its IP resolved.
@@ -1370,154 +1373,9 @@ fn enter_running(s: &mut State, key: &PodKey, vm: Tracked) {
     e.phase = Phase::Running(Running {
         vm,
         task: None,
-        ip_wait: None,
+        settle: None,
     });
     tracking::indexed(s, key);
-}
-
-/// C16: `ready` needs a resolvable IP. Clones wait 45 s for the lease; a run or an adoption
-/// has no deadline (ANN-4.2.7: `ready` requires an IP on every managed path).
-pub(crate) fn ready_wait(s: &mut State, key: &PodKey, wait: IpWait) {
-    let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Running(r) = &mut e.phase else {
-        return;
-    };
-    r.ip_wait = Some(wait);
-    if r.vm.ip.is_some() {
-        ip_arrived(s, key);
-    } else if wait.has_deadline() {
-        let uid = e.pod.uid.clone();
-        let nudge = wait == IpWait::Wake && e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
-        if nudge {
-            s.emit(Action::ArmTimer {
-                timer: Timer::RenewNudge {
-                    key: key.clone(),
-                    uid: uid.clone(),
-                },
-                after_ms: RENEW_NUDGE_MS,
-            });
-        }
-        s.emit(Action::ArmTimer {
-            timer: Timer::IpWait {
-                key: key.clone(),
-                uid,
-            },
-            after_ms: crate::dhcp::IP_WAIT_MS,
-        });
-    }
-}
-
-/// U7: 30 s into the 45 s lease wait.
-const RENEW_NUDGE_MS: u64 = 30_000;
-
-/// U7: a woken Windows guest still without a lease is asked once to renew it.
-pub(crate) fn renew_nudge(s: &mut State, key: &PodKey, uid: &str) {
-    let Some(e) = s.pods.incarnation(key, uid) else {
-        return;
-    };
-    let id = match &e.phase {
-        Phase::Running(r) if r.ip_wait == Some(IpWait::Wake) && r.vm.ip.is_none() => {
-            r.vm.record.id.clone()
-        }
-        Phase::Running(_)
-        | Phase::Waiting
-        | Phase::Failed(_)
-        | Phase::Creating(_)
-        | Phase::Hibernating(_)
-        | Phase::Hibernated
-        | Phase::Evicting(_)
-        | Phase::Deleting(_)
-        | Phase::Terminal(_)
-        | Phase::Gone(_) => return,
-    };
-    let cmd = CocoonCmd::VmExec {
-        id,
-        argv: vec!["ipconfig".into(), "/renew".into()],
-    };
-    s.run_cocoon(
-        CocoonOwner::RenewNudge { key: key.clone() },
-        Some(key.clone()),
-        cmd,
-    );
-}
-
-/// The nudge's outcome: counted only; the lease wait decides (a failed exec may still have
-/// renewed the lease in the guest).
-pub(crate) fn nudged(s: &mut State, _key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    s.emit(Action::Count {
-        counter: Counter::WakeRenewNudge {
-            result: if result.is_ok() { "ok" } else { "failed" }.into(),
-        },
-    });
-}
-
-pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
-    let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
-    };
-    let Some(wait) = r.ip_wait.take() else { return };
-    if wait.has_deadline() {
-        s.emit(Action::Count {
-            counter: Counter::WakeIpWait {
-                result: "ok".into(),
-            },
-        });
-    }
-    if wait == IpWait::Wake {
-        s.emit(Action::Count {
-            counter: Counter::Wake {
-                result: "ok".into(),
-            },
-        });
-        if let Some(e) = s.pod(key) {
-            let uid = e.pod.uid.clone();
-            s.emit(Action::RecordEvent {
-                source: crate::action::EventSource::Vk,
-                key: key.clone(),
-                uid,
-                kind: EventType::Normal,
-                reason: "Woken".into(),
-                message: "wake: the VM is back from its hibernate snapshot".into(),
-            });
-        }
-    }
-    lifecycle::set(s, key, Lifecycle::Ready, None);
-}
-
-pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
-    let Some(e) = s.pods.incarnation(key, uid) else {
-        return;
-    };
-    let name = e.vm_name().unwrap_or_default().to_string();
-    let Phase::Running(r) = &mut e.phase else {
-        return;
-    };
-    if r.vm.ip.is_some() {
-        return;
-    }
-    let Some(wait) = r.ip_wait.take() else { return };
-    let msg = format!(
-        "{} {name}: dhcp lease not observed within 45s",
-        wait.as_str()
-    );
-    s.emit(Action::Count {
-        counter: Counter::WakeIpWait {
-            result: "timeout".into(),
-        },
-    });
-    let (reason, op) = match wait {
-        IpWait::Wake => ("WakeIPWaitTimeout", "wake"),
-        IpWait::Clone | IpWait::Run | IpWait::Adopt => ("PostCloneIPWaitTimeout", "create"),
-    };
-    if wait == IpWait::Wake {
-        s.emit(Action::Count {
-            counter: Counter::Wake {
-                result: "failed".into(),
-            },
-        });
-    }
-    warn_event(s, key, reason, &format!("{op}: {msg}"));
-    lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
 }
 
 /// C4: a VM of this name is already here: take it over instead of creating another.
@@ -1535,7 +1393,7 @@ pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: &str) {
     probe::start(s, key);
     provider::outcome(s, key, Op::Create, Outcome::Ok, reason);
     // No guest work is owed, but `ready` still needs the IP (usually already leased).
-    ready_wait(s, key, IpWait::Adopt);
+    crate::guest::lease(s, key, IpWait::Adopt);
 }
 
 /// C5: an unmanaged pod brings its own VM; vk only probes the annotated IP.
@@ -1593,26 +1451,11 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
     probe::start(s, key);
     match intent {
         Some(Lifecycle::Failed) => {}
-        Some(Lifecycle::Creating) => {
-            s.emit(Action::Count {
-                counter: Counter::StartupResume {
-                    op: "ready_wait".into(),
-                },
-            });
-            s.emit(Action::RecordEvent {
-                source: crate::action::EventSource::Vk,
-                key: key.clone(),
-                uid,
-                kind: EventType::Normal,
-                reason: "ResumedAfterRestart".into(),
-                message: "reconcile: resuming the wait for the VM's IP".into(),
-            });
-            ready_wait(s, key, IpWait::Clone);
-        }
+        Some(Lifecycle::Creating) => resume_guest_step(s, key, &uid),
         // Seeded `ready` stays as the server has it: no rewrite, no flap.
         Some(Lifecycle::Ready) => {}
         Some(Lifecycle::Hibernating | Lifecycle::Hibernated) | None => {
-            ready_wait(s, key, IpWait::Adopt)
+            crate::guest::lease(s, key, IpWait::Adopt)
         }
     }
     // A stopped VM is restarted (W4) unless the pod is to hibernate: then the hibernate
@@ -1622,6 +1465,55 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
         .is_some_and(|e| e.spec.as_ref().is_ok_and(|sp| sp.hibernate && sp.managed));
     if !running && !hibernating {
         crate::vm_events::hint(s, key);
+    }
+}
+
+/// B9: a bring-up that had its VM but not `ready` when the process stopped. The pod's
+/// `post-clone-state` says how far the guest step got; without one, the plan is derived again
+/// from the spec and the VM, as at the end of a bring-up.
+fn resume_guest_step(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pod(key) else { return };
+    let Ok(spec) = &e.spec else { return };
+    let Some(vm) = e.vm() else { return };
+    // A run-mode pod's VM was booted, not copied; anything else came from a snapshot.
+    let wait = match spec.mode == Mode::Run
+        && spec.clone_from_dir.is_none()
+        && spec.fork_from.is_none()
+        && !spec.restore_from_hibernate
+    {
+        true => IpWait::Run,
+        false => IpWait::Clone,
+    };
+    let needed = crate::guest::needed(spec, &vm.record, wait);
+    let state = e.pod.annotation(keys::POST_CLONE_STATE).map(str::to_string);
+    let state = state.as_deref();
+    let (op, message) = match (state, needed) {
+        (Some("done"), _) => (
+            "ready_wait",
+            "reconcile: the guest fix-up was done; resuming the steps after it",
+        ),
+        (Some("running"), Some(_)) | (None, Some(_)) => {
+            ("post_clone", "reconcile: running the guest fix-up again")
+        }
+        (Some(_), _) | (None, None) => {
+            ("ready_wait", "reconcile: resuming the wait for the VM's IP")
+        }
+    };
+    s.emit(Action::Count {
+        counter: Counter::StartupResume { op: op.into() },
+    });
+    s.emit(Action::RecordEvent {
+        source: crate::action::EventSource::Vk,
+        key: key.clone(),
+        uid: uid.to_string(),
+        kind: EventType::Normal,
+        reason: "ResumedAfterRestart".into(),
+        message: message.into(),
+    });
+    match (state, needed) {
+        (Some("done"), _) => crate::guest::resume_after_fixup(s, key, wait),
+        (_, Some(kind)) if state != Some("failed") => crate::guest::start_fixup(s, key, kind, wait),
+        (_, _) => crate::guest::lease(s, key, wait),
     }
 }
 

@@ -5,9 +5,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use crate::action::{Action, Counter, Level, OpId};
-use crate::create;
 use crate::event::DhcpLease;
-use crate::phase::Phase;
 use crate::pod::PodKey;
 use crate::small_str::SmallStr;
 use crate::state::{DhcpFile, State, Tracked};
@@ -137,10 +135,10 @@ pub fn refresh_ip(s: &mut State, key: &PodKey) {
     if let Some(vm) = e.phase.vm_mut() {
         vm.ip = ip;
     }
-    let waiting = matches!(&e.phase, Phase::Running(r) if r.ip_wait.is_some());
+    let waiting = crate::guest::awaiting_lease(&e.phase).is_some();
     s.touched.insert(key);
     if arrived && waiting {
-        create::ip_arrived(s, key);
+        crate::guest::ip_arrived(s, key);
     }
 }
 

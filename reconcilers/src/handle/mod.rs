@@ -6,6 +6,7 @@ pub(crate) mod create;
 pub(crate) mod delete;
 pub mod dhcp;
 pub(crate) mod evict;
+pub(crate) mod guest;
 pub(crate) mod hibernate;
 pub(crate) mod intake;
 pub mod lifecycle;

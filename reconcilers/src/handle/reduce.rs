@@ -6,7 +6,7 @@ use crate::action::{Action, Level};
 use crate::event::{Envelope, Event};
 use crate::pod::PodKey;
 use crate::state::State;
-use crate::{dhcp, intake, outcome, probe, publish, startup, sweep, timers, vm_events};
+use crate::{dhcp, guest, intake, outcome, probe, publish, startup, sweep, timers, vm_events};
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
     state.now = envelope.at;
@@ -50,6 +50,7 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         Event::KubeDone { op, result } => outcome::kube_done(state, op, result),
         Event::RegistryDone { op, result } => outcome::registry_done(state, op, result),
         Event::DhcpLeaseReleased { op, result } => dhcp::released(state, op, result),
+        Event::SacDone { op, result } => guest::sac_done(state, op, result),
         Event::NodeRegistered => {}
     }
     for key in &state.touched.take() {

@@ -2,14 +2,15 @@
 
 use crate::action::Timer;
 use crate::state::State;
-use crate::{create, delete, evict, hibernate, publish, stale_create, sweep, vm_events};
+use crate::{create, delete, evict, guest, hibernate, publish, stale_create, sweep, vm_events};
 
 pub fn fired(s: &mut State, timer: Timer) {
     match timer {
         Timer::CreateRetry { key, uid } => create::retry(s, &key, &uid),
         Timer::Recheck { key, uid } => vm_events::recheck(s, &key, &uid),
-        Timer::IpWait { key, uid } => create::ip_wait_expired(s, &key, &uid),
-        Timer::RenewNudge { key, uid } => create::renew_nudge(s, &key, &uid),
+        Timer::IpWait { key, uid } => guest::ip_wait_expired(s, &key, &uid),
+        Timer::RenewNudge { key, uid } => guest::renew_nudge(s, &key, &uid),
+        Timer::PostCloneRetry { key, uid } => guest::retry(s, &key, &uid),
         Timer::KubeRetry { key, uid } => publish::retry(s, &key, &uid),
         Timer::DeleteRetry { key, uid } => delete::retry(s, &key, &uid),
         Timer::EvictRetry { key, uid } => evict::retry(s, &key, &uid),

@@ -152,6 +152,22 @@ pub struct RegistryError {
     pub message: String,
 }
 
+/// Where the SAC dialog failed (C15): each stage has its Warning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SacStage {
+    Dial,
+    Enum,
+    Set,
+    Verify,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SacError {
+    pub stage: SacStage,
+    pub message: String,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KubeErrorKind {
@@ -244,6 +260,11 @@ pub enum Event {
     DhcpLeaseReleased {
         op: OpId,
         result: Result<(), String>,
+    },
+    /// The outcome of `Action::RunSac`.
+    SacDone {
+        op: OpId,
+        result: Result<(), SacError>,
     },
     /// The node object is registered; pods may now be reported against it.
     NodeRegistered,

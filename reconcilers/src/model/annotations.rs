@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::entry::PostClone;
 use crate::keys;
-use crate::phase::{HibernateStep, Phase, Purpose};
+use crate::phase::{HibernateStep, Phase};
 use crate::pod::PodKey;
 use crate::state::{PodEntry, State};
 
@@ -35,6 +36,9 @@ struct Wanted<'a> {
     vm_ip: Option<Option<&'a str>>,
     /// State, generation and message (`None` when empty: L2 writes it as null).
     lifecycle: Option<(&'static str, &'a str, Option<&'a str>)>,
+    /// `post-clone-state`, and with `failed` its hint and errors (C13).
+    post_clone: Option<Option<&'a str>>,
+    post_clone_failure: Option<(Option<&'a str>, &'a str)>,
 }
 
 impl<'a> Wanted<'a> {
@@ -45,9 +49,11 @@ impl<'a> Wanted<'a> {
         let withdrawn = match &e.phase {
             Phase::Hibernating(h) => matches!(h.step, HibernateStep::Remove),
             Phase::Hibernated => true,
-            Phase::Creating(c) => c.purpose != Purpose::Fresh,
+            // A pod being brought up, or whose bring-up failed, has no VM: an `id` or `ip` it
+            // still carries names one that is gone (a VM lost while vk was down, a failed
+            // attempt). Unmanaged pods' keys are the operator's and stay as written.
+            Phase::Creating(_) | Phase::Failed(_) => e.managed(),
             Phase::Waiting
-            | Phase::Failed(_)
             | Phase::Running(_)
             | Phase::Evicting(_)
             | Phase::Deleting(_)
@@ -61,7 +67,22 @@ impl<'a> Wanted<'a> {
                 e.intent.message.as_deref().filter(|m| !m.is_empty()),
             )
         });
+        // C13: `failed` is sticky while the VM lives; a withdrawal ends that VM, and the next
+        // one starts without a state.
+        let failed_on_pod = e.pod.annotation(keys::POST_CLONE_STATE) == Some("failed");
+        let (post_clone, post_clone_failure) = match (withdrawn, failed_on_pod, &e.post_clone) {
+            (true, _, _) => (Some(None), None),
+            (false, true, _) | (false, false, None) => (None, None),
+            (false, false, Some(PostClone::Running)) => (Some(Some("running")), None),
+            (false, false, Some(PostClone::Done)) => (Some(Some("done")), None),
+            (false, false, Some(PostClone::Failed { hint, errors })) => (
+                Some(Some("failed")),
+                Some((hint.as_deref(), errors.as_str())),
+            ),
+        };
         Wanted {
+            post_clone,
+            post_clone_failure,
             vm_id: match withdrawn {
                 true => Some(None),
                 false => vm.map(|v| Some(v.record.id.as_str())),
@@ -87,8 +108,17 @@ impl<'a> Wanted<'a> {
                 (keys::LIFECYCLE_MESSAGE, message),
             ]
         });
+        let post_clone = [
+            self.post_clone.map(|v| (keys::POST_CLONE_STATE, v)),
+            self.post_clone_failure
+                .and_then(|(hint, _)| hint)
+                .map(|h| (keys::POST_CLONE_HINT, Some(h))),
+            self.post_clone_failure
+                .map(|(_, errors)| (keys::POST_CLONE_ERRORS, Some(errors))),
+        ];
         vm.into_iter()
             .flatten()
+            .chain(post_clone.into_iter().flatten())
             .chain(lifecycle.into_iter().flatten())
     }
 }

@@ -22,6 +22,23 @@ pub struct PodEntry {
     pub writer: Writer,
     /// A new incarnation under the same name, taken in once this one is collected.
     pub successor: Option<PodView>,
+    /// The guest fix-up of the VM the pod holds, as `post-clone-state` shows it (C13);
+    /// `None`: vk has no word on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_clone: Option<PostClone>,
+}
+
+/// The fix-up's progress as the pod's annotations carry it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PostClone {
+    Running,
+    Done,
+    /// Exhausted: the command a person can run (`hint`, base64) and what each attempt said.
+    Failed {
+        hint: Option<String>,
+        errors: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +147,7 @@ impl PodEntry {
             ready_changed_at: None,
             writer: Writer::default(),
             successor: None,
+            post_clone: None,
         }
     }
 

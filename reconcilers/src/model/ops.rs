@@ -22,6 +22,8 @@ pub enum CocoonOwner {
     },
     /// The periodic `vm list` comparison (R11).
     Sweep,
+    /// C13: an attempt of the guest fix-up.
+    Fixup { key: PodKey },
     /// U7: the lease renewal nudged in a woken Windows guest; its outcome is counted.
     RenewNudge { key: PodKey },
     /// Work whose outcome is only logged (orphan removal, snapshot cleanup).

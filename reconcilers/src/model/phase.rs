@@ -199,8 +199,70 @@ pub struct Running {
     pub vm: Tracked,
     /// Work on the VM after a hint: inspect, restart, removal before an eviction.
     pub task: Option<VmTask>,
-    /// Lifecycle `ready` waits for the VM's IP (C16).
-    pub ip_wait: Option<IpWait>,
+    /// What still stands between the VM and lifecycle `ready`: the guest's fix-up, its SAC
+    /// static address, its lease (C13, C15, C16). `None`: nothing is owed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle: Option<Settle>,
+}
+
+/// The guest steps after a bring-up, in the order they run. Each holds what the next needs,
+/// and the lease wait that ends them says what the bring-up was for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Settle {
+    /// C13: a copied guest is fixed up through `vm exec`, every 3 s within 180 s.
+    Fixup(Fixup),
+    /// C15: a Windows guest's static addresses are set over its serial console, after the
+    /// fix-up that took `attempts` (0: a restart found it done), announced once SAC is done.
+    Sac {
+        op: OpId,
+        wait: IpWait,
+        attempts: u32,
+    },
+    /// C16: `ready` waits for the IP.
+    Lease { wait: IpWait },
+}
+
+impl Settle {
+    /// The lease wait this step leads to: what the bring-up was for.
+    pub fn wait(&self) -> IpWait {
+        match self {
+            Settle::Fixup(f) => f.wait,
+            Settle::Sac { wait, .. } | Settle::Lease { wait } => *wait,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fixup {
+    pub kind: FixupKind,
+    pub wait: IpWait,
+    /// When the first attempt went out: the 180 s budget runs from here.
+    pub since: Millis,
+    /// Attempts sent so far.
+    pub attempts: u32,
+    /// "attempt N: …" of every failed attempt, for `post-clone-errors`.
+    pub errors: Vec<String>,
+    pub call: Call,
+}
+
+/// Which fix-up a copied guest needs (C13): the `kind` label of its metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FixupKind {
+    Windows,
+    LinuxFc,
+    LinuxStatic,
+}
+
+impl FixupKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FixupKind::Windows => "windows",
+            FixupKind::LinuxFc => "linux_fc",
+            FixupKind::LinuxStatic => "linux_static",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

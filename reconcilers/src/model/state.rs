@@ -33,6 +33,9 @@ pub struct State {
     pub(crate) registry_ops: BTreeMap<OpId, Box<RegistryOwner>>,
     /// The MAC of each DHCP lease release out (D6).
     pub(crate) dhcp_release_ops: BTreeMap<OpId, String>,
+    /// The pod of each SAC dialog out (C15).
+    #[serde(default)]
+    pub(crate) sac_ops: BTreeMap<OpId, PodKey>,
     /// Tracked VM id → pod.
     pub vm_ids: BTreeMap<String, PodKey>,
     /// Tracked VM name → pod (stream events may carry only a name).
@@ -142,6 +145,7 @@ impl State {
             kube_ops: BTreeMap::new(),
             registry_ops: BTreeMap::new(),
             dhcp_release_ops: BTreeMap::new(),
+            sac_ops: BTreeMap::new(),
             vm_ids: BTreeMap::new(),
             vm_names: BTreeMap::new(),
             unclaimed: BTreeMap::new(),
@@ -241,6 +245,7 @@ impl State {
             + self.kube_ops.len()
             + self.registry_ops.len()
             + self.dhcp_release_ops.len()
+            + self.sac_ops.len()
     }
 
     /// Who waits for a cocoon call, if it is still out.

@@ -28,6 +28,32 @@ pub struct VmRecord {
     /// The COW disk's path (`storage_configs[role=cow].path`), for the disk usage series.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow: Option<String>,
+    /// Every NIC in order (index 0 is the primary), for the guest fix-up (C13, C15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<Nic>,
+    /// The VM boots a cloud image (`image_type` cloudimg, an `http(s)://` image, or an
+    /// `overlay.qcow2` disk): its network is rebuilt by cloud-init, not by networkd files.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cloud_image: bool,
+}
+
+/// One NIC of a VM record (`network_configs[i]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nic {
+    /// Lowercase, colon-separated.
+    pub mac: String,
+    /// Static addressing from CNI IPAM; `None`: a DHCP NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<StaticNet>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaticNet {
+    pub ip: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
 }
 
 impl VmRecord {
@@ -39,6 +65,11 @@ impl VmRecord {
     /// A placeholder of a create that has not committed (or whose creator died) (CLI-5).
     pub fn is_creating(&self) -> bool {
         self.state == "creating"
+    }
+
+    /// Some NIC has a static address, which a copied guest still holds from its source.
+    pub fn has_static_nic(&self) -> bool {
+        self.nics.iter().any(|n| n.network.is_some())
     }
 }
 

@@ -23,6 +23,8 @@ pub enum Timer {
     /// U7: a cloud-hypervisor Windows guest woken with a fresh NIC and still without a lease
     /// is nudged once (`ipconfig /renew`).
     RenewNudge { key: PodKey, uid: String },
+    /// The next attempt of a guest fix-up (C13: every 3 s).
+    PostCloneRetry { key: PodKey, uid: String },
     /// Retry a Kubernetes write that failed with a transient error.
     KubeRetry { key: PodKey, uid: String },
     /// Retry a failed VM removal of a pod being deleted.
@@ -149,6 +151,30 @@ pub enum Counter {
     WakeRenewNudge {
         result: String,
     },
+    /// C13, C15: `kind` is the fix-up's kind, or `sac`.
+    PostClone {
+        kind: String,
+        result: String,
+    },
+}
+
+/// Histograms of counts rather than durations.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum CountHistogram {
+    /// C13: the attempts a fix-up used.
+    PostCloneRetryAttempts { result: String },
+}
+
+/// C15: one static NIC for the SAC dialog. `position` is the NIC's index in the VM record;
+/// the shell maps it to the interface number SAC lists in that position.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SacNic {
+    pub position: u32,
+    pub ip: String,
+    /// Dotted quad.
+    pub mask: String,
+    pub gateway: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,6 +306,20 @@ pub enum Action {
     Observe {
         histogram: Histogram,
         millis: u64,
+    },
+    ObserveCount {
+        histogram: CountHistogram,
+        count: u64,
+    },
+    /// C15: set the static addresses of a Windows guest over its serial console (the SAC
+    /// dialog); the outcome returns as `Event::SacDone`.
+    RunSac {
+        op: OpId,
+        key: PodKey,
+        vm_id: String,
+        /// How many NICs SAC must list before any is set.
+        nic_count: u32,
+        nics: Vec<SacNic>,
     },
     Log {
         level: Level,

@@ -3,4 +3,5 @@
 
 pub mod action;
 pub mod cocoon;
+pub mod fixup;
 pub mod render;

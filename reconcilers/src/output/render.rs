@@ -2,7 +2,9 @@
 //! Cocoon calls print their exact argv; annotation keys under `vm.cocoonstack.io/` drop that
 //! prefix (every key vk writes lives there, so nothing becomes ambiguous).
 
-use crate::action::{Action, Counter, Histogram, ProbeCheck, ProbeTarget, RegistryCall, Timer};
+use crate::action::{
+    Action, CountHistogram, Counter, Histogram, ProbeCheck, ProbeTarget, RegistryCall, Timer,
+};
 use crate::event::{CocoonOk, Event, KubeOk, RegistryOk};
 use crate::status::PodStatus;
 
@@ -47,6 +49,7 @@ pub fn timer(t: &Timer) -> String {
         Timer::Recheck { key, .. } => ("recheck", key),
         Timer::IpWait { key, .. } => ("lease-wait", key),
         Timer::RenewNudge { key, .. } => ("renew-nudge", key),
+        Timer::PostCloneRetry { key, .. } => ("post-clone-retry", key),
         Timer::KubeRetry { key, .. } => ("kube-retry", key),
         Timer::DeleteRetry { key, .. } => ("delete-retry", key),
         Timer::EvictRetry { key, .. } => ("evict-retry", key),
@@ -89,6 +92,9 @@ pub fn counter(c: &Counter) -> String {
         Counter::HibernateEvidence { verdict } => {
             format!("hibernate_evidence{{verdict={verdict}}}")
         }
+        Counter::PostClone { kind, result } => {
+            format!("postclone{{kind={kind},result={result}}}")
+        }
     }
 }
 
@@ -130,7 +136,10 @@ pub fn status(s: &PodStatus) -> String {
 
 pub fn action(a: &Action) -> String {
     match a {
-        Action::RunCocoon { op, cmd, .. } => format!("cocoon #{op} {}", cmd.argv().join(" ")),
+        // A guest script's lines stay on the action's one line.
+        Action::RunCocoon { op, cmd, .. } => {
+            format!("cocoon #{op} {}", cmd.argv().join(" ").replace('\n', "\\n"))
+        }
         Action::PatchPod {
             op,
             key,
@@ -205,6 +214,27 @@ pub fn action(a: &Action) -> String {
                 format!("observe snapshot_peer_restore_duration {millis}ms")
             }
         },
+        Action::ObserveCount { histogram, count } => match histogram {
+            CountHistogram::PostCloneRetryAttempts { result } => {
+                format!("observe postclone_retry_attempts{{result={result}}} {count}")
+            }
+        },
+        Action::RunSac {
+            op,
+            key,
+            vm_id,
+            nic_count,
+            nics,
+        } => {
+            let set: Vec<String> = nics
+                .iter()
+                .map(|n| format!("nic{}={} {} {}", n.position, n.ip, n.mask, n.gateway))
+                .collect();
+            format!(
+                "sac #{op} {key} vm={vm_id} nics={nic_count} [{}]",
+                set.join(", ")
+            )
+        }
         Action::CallRegistry { op, call, .. } => format!("registry #{op} {}", registry_call(call)),
         Action::Log { level, message } => {
             format!("log {} {}", format!("{level:?}").to_lowercase(), q(message))
@@ -302,6 +332,10 @@ pub fn event(e: &Event) -> String {
         Event::DhcpLeaseReleased { op, result } => match result {
             Ok(()) => format!("lease-released #{op} ok"),
             Err(e) => format!("lease-released #{op} err {}", q(e)),
+        },
+        Event::SacDone { op, result } => match result {
+            Ok(()) => format!("sac-done #{op} ok"),
+            Err(e) => format!("sac-done #{op} err {:?} {}", e.stage, q(&e.message)),
         },
         Event::NodeRegistered => "node-registered".into(),
     }

@@ -6,7 +6,7 @@ use crate::keys;
 use crate::pod::{Container, OwnerRef, PodView};
 use crate::status::PodStatus;
 use crate::time::Millis;
-use crate::vm::VmRecord;
+use crate::vm::{Nic, StaticNet, VmRecord};
 
 pub struct PodBuilder {
     pod: PodView,
@@ -153,6 +153,10 @@ pub fn vm(id: &str, name: &str) -> VmBuilder {
             hypervisor: "cloud-hypervisor".into(),
             mac: Some(mac_for(id)),
             static_ip: None,
+            nics: vec![Nic {
+                mac: mac_for(id),
+                network: None,
+            }],
             ..VmRecord::default()
         },
     }
@@ -179,10 +183,20 @@ impl VmBuilder {
     }
     pub fn mac(mut self, m: &str) -> Self {
         self.vm.mac = Some(m.to_ascii_lowercase());
+        if let Some(nic) = self.vm.nics.first_mut() {
+            nic.mac = m.to_ascii_lowercase();
+        }
         self
     }
     pub fn static_ip(mut self, ip: &str) -> Self {
         self.vm.static_ip = Some(ip.into());
+        if let Some(nic) = self.vm.nics.first_mut() {
+            nic.network = Some(StaticNet {
+                ip: ip.into(),
+                prefix: Some(24),
+                gateway: None,
+            });
+        }
         self
     }
     pub fn hypervisor(mut self, h: &str) -> Self {

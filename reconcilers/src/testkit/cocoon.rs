@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::event::StaleOutcome;
 use crate::event::{CocoonOk, SnapshotInfo, VmEventKind};
-use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
+use crate::vm::{CocoonError, CocoonErrorKind, Nic, StaticNet, VmRecord};
 
 use super::builders::mac_for;
 
@@ -36,6 +36,13 @@ pub struct FakeCocoon {
     pub stream: VecDeque<(VmEventKind, VmRecord)>,
     /// Every argv run, in order.
     pub calls: Vec<String>,
+    /// The NICs a VM created under a name gets (CNI's plan for it): `None` a DHCP NIC, else
+    /// its static addressing. Unplanned VMs get one DHCP NIC.
+    pub nets: BTreeMap<String, Vec<Option<StaticNet>>>,
+    /// VM names whose clones hold no lease until a fix-up command ran in them (C13).
+    pub copied_guests: BTreeSet<String>,
+    /// Clones whose guest has not been fixed up yet, by id.
+    pub unfixed: BTreeSet<String>,
     next_id: u64,
 }
 
@@ -142,7 +149,12 @@ impl FakeCocoon {
                     hv
                 };
                 // CLI-6.5: the clone record carries pid 0.
-                self.create(name, &hv, &image, 0)
+                let made = self.create(name, &hv, &image, 0);
+                if let (Ok(CocoonOk::Vm { vm }), true) = (&made, self.copied_guests.contains(name))
+                {
+                    self.unfixed.insert(vm.id.clone());
+                }
+                made
             }
             CocoonCmd::VmInspect { vm } => match self.find(vm) {
                 Some(rec) => Ok(CocoonOk::Vm { vm: rec.clone() }),
@@ -158,8 +170,16 @@ impl FakeCocoon {
                 }
                 None => fail(format!("Error: vm {id}: VM not found")),
             },
-            CocoonCmd::VmExec { id, .. } => match self.find(id) {
-                Some(vm) if vm.is_running() => Ok(CocoonOk::Done),
+            CocoonCmd::VmExec { id, argv } => match self.find(id) {
+                Some(vm) if vm.is_running() => {
+                    let fixup =
+                        matches!(argv.first().map(String::as_str), Some("sh" | "powershell"));
+                    if fixup {
+                        let id = vm.id.clone();
+                        self.unfixed.remove(&id);
+                    }
+                    Ok(CocoonOk::Done)
+                }
                 Some(_) => fail("Error: exec: VM not running".into()),
                 None => fail(format!("Error: vm {id}: VM not found")),
             },
@@ -174,8 +194,17 @@ impl FakeCocoon {
                 match self.vms.get_mut(id) {
                     Some(vm) if vm.is_running() => {
                         match (*nics, vm.mac.is_some()) {
-                            (0, _) => vm.mac = None,
-                            (_, false) => vm.mac = Some(fresh),
+                            (0, _) => {
+                                vm.mac = None;
+                                vm.nics.clear();
+                            }
+                            (_, false) => {
+                                vm.nics = vec![Nic {
+                                    mac: fresh.clone(),
+                                    network: None,
+                                }];
+                                vm.mac = Some(fresh);
+                            }
                             (_, true) => {}
                         }
                         Ok(CocoonOk::Done)
@@ -265,6 +294,22 @@ impl FakeCocoon {
         }
         self.next_id += 1;
         let id = format!("V{:03}", self.next_id);
+        let plan = self.nets.get(name).cloned().unwrap_or_else(|| vec![None]);
+        let nics: Vec<Nic> = plan
+            .into_iter()
+            .enumerate()
+            .map(|(i, network)| Nic {
+                mac: match i {
+                    0 => mac_for(&id),
+                    _ => mac_for(&format!("{id}-{i}")),
+                },
+                network,
+            })
+            .collect();
+        let static_ip = nics
+            .first()
+            .and_then(|n| n.network.as_ref())
+            .map(|n| n.ip.clone());
         let rec = VmRecord {
             id: id.clone(),
             name: name.into(),
@@ -275,9 +320,11 @@ impl FakeCocoon {
                 pid + self.next_id as i64
             },
             hypervisor: hv.into(),
-            mac: Some(mac_for(&id)),
-            static_ip: None,
+            mac: nics.first().map(|n| n.mac.clone()),
+            static_ip,
             image: image.into(),
+            cloud_image: image.starts_with("http://") || image.starts_with("https://"),
+            nics,
             ..VmRecord::default()
         };
         let mut stored = rec.clone();

@@ -21,7 +21,7 @@ pub use cocoon::{verb, FakeCocoon, Fault};
 
 use crate::action::{Action, OpId, ProbeTarget, Timer};
 use crate::config::Config;
-use crate::event::{CocoonOk, DhcpLease, Envelope, Event, KubeError, KubeOk};
+use crate::event::{CocoonOk, DhcpLease, Envelope, Event, KubeError, KubeOk, SacError};
 use crate::pod::{PodKey, PodView};
 use crate::reduce;
 use crate::state::State;
@@ -68,6 +68,8 @@ pub struct World {
     pub stream: bool,
     /// VM ids whose guest does not answer probes.
     pub unreachable: BTreeSet<String>,
+    /// What the next SAC dialogs answer instead of success, first armed first used.
+    pub sac_faults: VecDeque<SacError>,
     /// Counters moved by `Action::Count`, rendered `name{labels}`.
     pub counters: BTreeMap<String, u64>,
     pub events: Vec<Recorded>,
@@ -100,6 +102,7 @@ impl World {
             dhcp: Some(0),
             stream: true,
             unreachable: BTreeSet::new(),
+            sac_faults: VecDeque::new(),
             counters: BTreeMap::new(),
             events: Vec::new(),
             registered: false,
@@ -170,7 +173,7 @@ impl World {
                 message,
             }),
             Action::Abort { message } => self.fatal = Some(message),
-            Action::Observe { .. } | Action::Log { .. } => {}
+            Action::Observe { .. } | Action::ObserveCount { .. } | Action::Log { .. } => {}
             other => self.pending.push_back(other),
         }
     }
@@ -479,6 +482,7 @@ impl World {
         self.cocoon.vms.values().any(|v| {
             v.is_running()
                 && !self.unreachable.contains(&v.id)
+                && !self.cocoon.unfixed.contains(&v.id)
                 && self.vm_ip(v).as_ref() == Some(ip)
         })
     }
@@ -515,6 +519,10 @@ impl World {
                 let node = self.state.config.node_name.clone();
                 let result = self.registry.exec(&call, &mut self.cocoon, &node);
                 self.feed(Event::RegistryDone { op, result });
+            }
+            Action::RunSac { op, .. } => {
+                let result = self.sac_faults.pop_front().map_or(Ok(()), Err);
+                self.feed(Event::SacDone { op, result });
             }
             Action::RegisterNode => {
                 self.registered = true;
@@ -567,6 +575,7 @@ impl World {
             .vms
             .values()
             .filter(|v| v.is_running() && v.static_ip.is_none())
+            .filter(|v| !self.cocoon.unfixed.contains(&v.id))
             .filter_map(|v| v.mac.clone())
             .filter(|m| !self.leases.contains_key(m) && !promised.contains(m))
             .collect();
@@ -631,6 +640,7 @@ pub fn op_of(a: &Action) -> Option<OpId> {
         | Action::CallRegistry { op, .. }
         | Action::PatchPod { op, .. }
         | Action::ReleaseDhcpLease { op, .. }
+        | Action::RunSac { op, .. }
         | Action::DeletePod { op, .. } => Some(*op),
         _ => None,
     }

@@ -110,6 +110,7 @@ fn annotation_key(k: &str) -> Option<String> {
         "lifecycle" => keys::LIFECYCLE_STATE,
         "observed-gen" => keys::LIFECYCLE_GENERATION,
         "lifecycle-message" => keys::LIFECYCLE_MESSAGE,
+        "post-clone" => keys::POST_CLONE_STATE,
         "gen" => keys::GENERATION,
         "os" => keys::OS,
         "backend" => keys::BACKEND,
@@ -435,6 +436,47 @@ impl Runner {
                     .entry(rest[0].clone())
                     .or_default()
                     .insert(rest[1].clone(), id);
+                Out::Lines(vec![])
+            }
+            // `nics VM dhcp|IP/PREFIX/GW ...`: the NICs a VM of that name gets when created.
+            "nics" => {
+                let plan = rest[1..]
+                    .iter()
+                    .map(|n| match n.as_str() {
+                        "dhcp" => None,
+                        spec => {
+                            let mut p = spec.split('/');
+                            Some(reconcilers::vm::StaticNet {
+                                ip: p.next().expect("ip").to_string(),
+                                prefix: p.next().map(|x| x.parse().expect("prefix")),
+                                gateway: p.next().map(str::to_string),
+                            })
+                        }
+                    })
+                    .collect();
+                self.world().cocoon.nets.insert(rest[0].clone(), plan);
+                Out::Lines(vec![])
+            }
+            // `copied-guest VM`: clones of that name hold no lease until fixed up.
+            "copied-guest" => {
+                self.world().cocoon.copied_guests.insert(rest[0].clone());
+                Out::Lines(vec![])
+            }
+            // `sac-fail-next STAGE TEXT`: the next SAC dialog fails at STAGE.
+            "sac-fail-next" => {
+                let stage = match rest[0].as_str() {
+                    "dial" => reconcilers::event::SacStage::Dial,
+                    "enum" => reconcilers::event::SacStage::Enum,
+                    "set" => reconcilers::event::SacStage::Set,
+                    "verify" => reconcilers::event::SacStage::Verify,
+                    other => panic!("unknown SAC stage {other}"),
+                };
+                self.world()
+                    .sac_faults
+                    .push_back(reconcilers::event::SacError {
+                        stage,
+                        message: rest[1].clone(),
+                    });
                 Out::Lines(vec![])
             }
             "image-missing" => {

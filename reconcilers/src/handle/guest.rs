@@ -1,0 +1,580 @@
+//! The guest steps between a running VM and lifecycle `ready` (C13, C15, C16). A clone is a
+//! copy of another machine: until it is fixed up it holds its source's hostname, MACs and
+//! static addresses, so `ready` waits for the fix-up, then for a Windows guest's static
+//! addresses over SAC, then for the lease. Each step's failure names its cause.
+
+use crate::action::{
+    Action, CountHistogram, Counter, EventSource, EventType, Level, SacNic, Timer,
+};
+use crate::cocoon::CocoonCmd;
+use crate::entry::PostClone;
+use crate::event::{CocoonOk, SacError, SacStage};
+use crate::fixup;
+use crate::keys;
+use crate::phase::{Call, Fixup, FixupKind, IpWait, Phase, Running, Settle};
+use crate::pod::PodKey;
+use crate::spec::{Backend, Os, VmSpec};
+use crate::state::{CocoonOwner, Lifecycle, State};
+use crate::time::Millis;
+use crate::vm::{CocoonError, VmRecord};
+use crate::{create, lifecycle};
+
+/// C13: one attempt every 3 s …
+const FIXUP_INTERVAL_MS: u64 = 3_000;
+/// … within one budget of 180 s from the first.
+const FIXUP_BUDGET_MS: i64 = 180_000;
+/// U7: 30 s into the 45 s lease wait.
+const RENEW_NUDGE_MS: u64 = 30_000;
+
+/// C13: which fix-up a VM brought up by `wait` needs, if any. A run or an adoption needs none;
+/// a cloud-hypervisor Linux clone with DHCP NICs only heals itself.
+pub(crate) fn needed(spec: &VmSpec, vm: &VmRecord, wait: IpWait) -> Option<FixupKind> {
+    match wait {
+        IpWait::Run | IpWait::Adopt => return None,
+        IpWait::Clone | IpWait::Wake => {}
+    }
+    match (spec.os, spec.backend) {
+        (Os::Windows, _) => Some(FixupKind::Windows),
+        (Os::Linux | Os::Android | Os::Macos, Backend::Firecracker) => Some(FixupKind::LinuxFc),
+        (Os::Linux | Os::Android | Os::Macos, Backend::CloudHypervisor) => {
+            vm.has_static_nic().then_some(FixupKind::LinuxStatic)
+        }
+    }
+}
+
+/// C12.5: the guest steps of a VM that just came up (or was re-attached with work owed).
+pub(crate) fn begin(s: &mut State, key: &PodKey, wait: IpWait) {
+    let Some(e) = s.pod(key) else { return };
+    let (Ok(spec), Some(vm)) = (&e.spec, e.vm()) else {
+        return;
+    };
+    match needed(spec, &vm.record, wait) {
+        Some(kind) => start_fixup(s, key, kind, wait),
+        None => lease(s, key, wait),
+    }
+}
+
+/// C13 loop, step 1: `post-clone-state=running`, then the first attempt.
+pub(crate) fn start_fixup(s: &mut State, key: &PodKey, kind: FixupKind, wait: IpWait) {
+    let now = s.now;
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    r.settle = Some(Settle::Fixup(Fixup {
+        kind,
+        wait,
+        since: now,
+        attempts: 0,
+        errors: Vec::new(),
+        call: Call::Timer,
+    }));
+    e.post_clone = Some(PostClone::Running);
+    s.touched.insert(key);
+    attempt(s, key);
+}
+
+/// The retry timer: the next attempt, if the fix-up still waits for it.
+pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    if let Phase::Running(Running {
+        settle: Some(Settle::Fixup(Fixup {
+            call: Call::Timer, ..
+        })),
+        ..
+    }) = &e.phase
+    {
+        attempt(s, key);
+    }
+}
+
+fn attempt(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pod(key) else { return };
+    let (Phase::Running(r), Ok(spec)) = (&e.phase, &e.spec) else {
+        return;
+    };
+    let Some(Settle::Fixup(f)) = &r.settle else {
+        return;
+    };
+    let id = r.vm.record.id.clone();
+    let kind = f.kind;
+    match fixup::argv(kind, &spec.vm_name, &r.vm.record) {
+        Ok(argv) => {
+            let op = s.run_cocoon(
+                CocoonOwner::Fixup { key: key.clone() },
+                Some(key.clone()),
+                CocoonCmd::VmExec { id, argv },
+            );
+            if let Some(f) = fixup_mut(s, key) {
+                f.attempts += 1;
+                f.call = Call::Out(op);
+            }
+        }
+        // A record whose values cannot go into a script will not change by retrying.
+        Err(why) => {
+            if let Some(f) = fixup_mut(s, key) {
+                f.attempts += 1;
+                let n = f.attempts;
+                f.errors.push(format!("attempt {n}: {why}"));
+            }
+            exhausted(s, key);
+        }
+    }
+}
+
+fn fixup_mut<'a>(s: &'a mut State, key: &PodKey) -> Option<&'a mut Fixup> {
+    match &mut s.pods.get_mut(key)?.phase {
+        Phase::Running(Running {
+            settle: Some(Settle::Fixup(f)),
+            ..
+        }) => Some(f),
+        Phase::Running(_)
+        | Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => None,
+    }
+}
+
+/// An attempt's outcome. A pod that moved on (deleted, evicted, hibernating) no longer waits
+/// for it: the step ended with the phase.
+pub(crate) fn fixup_done(
+    s: &mut State,
+    key: &PodKey,
+    op: crate::action::OpId,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let now = s.now;
+    s.touched.insert(key);
+    let Some(f) = fixup_mut(s, key).filter(|f| f.call == Call::Out(op)) else {
+        return s.emit(Action::Log {
+            level: Level::Info,
+            message: format!("pod {key}: a guest fix-up attempt ended after the step did"),
+        });
+    };
+    match result {
+        Ok(_) => succeeded(s, key),
+        Err(err) => {
+            let n = f.attempts;
+            let line = format!("attempt {n}: {}", err.message);
+            f.errors.push(line.clone());
+            let next_in_budget = now + FIXUP_INTERVAL_MS as Millis <= f.since + FIXUP_BUDGET_MS;
+            f.call = Call::Timer;
+            event(
+                s,
+                key,
+                EventType::Warning,
+                "PostCloneExecAttemptFailed",
+                &line,
+            );
+            if !next_in_budget {
+                return exhausted(s, key);
+            }
+            let Some(uid) = s.pod(key).map(|e| e.pod.uid.clone()) else {
+                return;
+            };
+            s.emit(Action::ArmTimer {
+                timer: Timer::PostCloneRetry {
+                    key: key.clone(),
+                    uid,
+                },
+                after_ms: FIXUP_INTERVAL_MS,
+            });
+        }
+    }
+}
+
+fn succeeded(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    let Some(Settle::Fixup(f)) = r.settle.take() else {
+        return;
+    };
+    e.post_clone = Some(PostClone::Done);
+    count(s, f.kind.as_str(), "ok", Some(f.attempts));
+    let sac = s
+        .pod(key)
+        .and_then(|e| Some((e.spec.as_ref().ok()?, e.vm()?)))
+        .filter(|(spec, vm)| spec.os == Os::Windows && vm.record.has_static_nic())
+        .is_some();
+    if sac {
+        // C13 success, step 3: SAC before the success is announced.
+        return start_sac(s, key, f.wait, f.attempts);
+    }
+    announce(s, key, f.kind, f.attempts);
+    lease(s, key, f.wait);
+}
+
+fn announce(s: &mut State, key: &PodKey, kind: FixupKind, attempts: u32) {
+    let message = format!("kind={} attempts={attempts}", kind.as_str());
+    event(s, key, EventType::Normal, "PostCloneSucceeded", &message);
+}
+
+/// C13 exhaustion: the state goes `failed` for good, with the hint and the attempts' errors.
+fn exhausted(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let name = e.vm_name().unwrap_or_default().to_string();
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    let Some(Settle::Fixup(f)) = r.settle.take() else {
+        return;
+    };
+    let hint = fixup::hint(f.kind, &name, &r.vm.record);
+    let errors = lifecycle::truncate(f.errors.join("; "), keys::MESSAGE_LIMIT);
+    e.post_clone = Some(PostClone::Failed {
+        hint: Some(hint),
+        errors: errors.clone(),
+    });
+    count(s, f.kind.as_str(), "failed", Some(f.attempts));
+    let op = op_word(f.wait);
+    if f.wait == IpWait::Wake {
+        s.emit(Action::Count {
+            counter: Counter::Wake {
+                result: "failed".into(),
+            },
+        });
+    }
+    let last = f.errors.last().map_or("", |e| e.as_str());
+    let msg = format!(
+        "post-clone {} fix-up of {name} gave up after {} attempts in 180s; last: {last} \
+         (all errors in post-clone-errors, the command in post-clone-hint)",
+        f.kind.as_str(),
+        f.attempts
+    );
+    event(
+        s,
+        key,
+        EventType::Warning,
+        "PostCloneExecExhausted",
+        &format!("{op}: {msg}"),
+    );
+    lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+}
+
+/// C15: the static addresses of a Windows guest, set over its serial console.
+fn start_sac(s: &mut State, key: &PodKey, wait: IpWait, attempts: u32) {
+    let Some(e) = s.pod(key) else { return };
+    let Some(vm) = e.vm() else { return };
+    let nics: Vec<SacNic> = vm
+        .record
+        .nics
+        .iter()
+        .enumerate()
+        .filter_map(|(i, nic)| {
+            let net = nic.network.as_ref()?;
+            Some(SacNic {
+                position: i as u32,
+                ip: net.ip.clone(),
+                mask: fixup::dotted_mask(net.prefix),
+                gateway: net.gateway.clone().unwrap_or_else(|| "0.0.0.0".into()),
+            })
+        })
+        .collect();
+    let (vm_id, nic_count) = (vm.record.id.clone(), vm.record.nics.len() as u32);
+    let op = s.next_op();
+    s.sac_ops.insert(op, key.clone());
+    s.emit(Action::RunSac {
+        op,
+        key: key.clone(),
+        vm_id,
+        nic_count,
+        nics,
+    });
+    let Some(e) = s.pods.get_mut(key) else { return };
+    if let Phase::Running(r) = &mut e.phase {
+        r.settle = Some(Settle::Sac { op, wait, attempts });
+    }
+}
+
+pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<(), SacError>) {
+    let Some(key) = s.sac_ops.remove(&op) else {
+        return crate::outcome::unexpected(s, &format!("SAC dialog #{op} is not out"));
+    };
+    let waiting = match s.pod(&key).map(|e| &e.phase) {
+        Some(Phase::Running(Running {
+            settle:
+                Some(Settle::Sac {
+                    op: o,
+                    wait,
+                    attempts,
+                }),
+            ..
+        })) if *o == op => Some((*wait, *attempts)),
+        Some(_) | None => None,
+    };
+    let Some((wait, attempts)) = waiting else {
+        return s.emit(Action::Log {
+            level: Level::Info,
+            message: format!("pod {key}: a SAC dialog ended after the step did"),
+        });
+    };
+    s.touched.insert(&key);
+    if let Some(Phase::Running(r)) = s.pods.get_mut(&key).map(|e| &mut e.phase) {
+        r.settle = None;
+    }
+    match result {
+        Ok(()) => {
+            count(s, "sac", "ok", None);
+            announce(s, &key, FixupKind::Windows, attempts);
+            lease(s, &key, wait);
+        }
+        Err(err) => {
+            let reason = match err.stage {
+                SacStage::Dial => "PostCloneSACDialFailed",
+                SacStage::Enum => "PostCloneSACEnumFailed",
+                SacStage::Set => "PostCloneSACSetFailed",
+                SacStage::Verify => "PostCloneSACVerifyFailed",
+            };
+            let op = op_word(wait);
+            event(
+                s,
+                &key,
+                EventType::Warning,
+                reason,
+                &format!("{op}: {}", err.message),
+            );
+            count(s, "sac", "failed", None);
+            if wait == IpWait::Wake {
+                s.emit(Action::Count {
+                    counter: Counter::Wake {
+                        result: "failed".into(),
+                    },
+                });
+            }
+            let msg = format!("windows static IP over SAC failed: {}", err.message);
+            event(
+                s,
+                &key,
+                EventType::Warning,
+                "WindowsStaticIPFailed",
+                &format!("{op}: {msg}"),
+            );
+            if let Some(e) = s.pods.get_mut(&key) {
+                e.post_clone = Some(PostClone::Failed {
+                    hint: None,
+                    errors: lifecycle::truncate(err.message, keys::MESSAGE_LIMIT),
+                });
+            }
+            lifecycle::set(s, &key, Lifecycle::Failed, Some(msg));
+        }
+    }
+}
+
+/// B9: a restart found the fix-up `done` (its state says so): SAC again if it is owed, else
+/// the lease wait.
+pub(crate) fn resume_after_fixup(s: &mut State, key: &PodKey, wait: IpWait) {
+    let Some(e) = s.pod(key) else { return };
+    let sac = matches!((&e.spec, e.vm()), (Ok(spec), Some(vm)) if spec.os == Os::Windows && vm.record.has_static_nic());
+    if let Some(e) = s.pods.get_mut(key) {
+        e.post_clone = Some(PostClone::Done);
+    }
+    match sac {
+        true => start_sac(s, key, wait, 0),
+        false => lease(s, key, wait),
+    }
+}
+
+fn op_word(wait: IpWait) -> &'static str {
+    match wait {
+        IpWait::Wake => "wake",
+        IpWait::Clone | IpWait::Run | IpWait::Adopt => "create",
+    }
+}
+
+fn count(s: &mut State, kind: &str, result: &str, attempts: Option<u32>) {
+    s.emit(Action::Count {
+        counter: Counter::PostClone {
+            kind: kind.into(),
+            result: result.into(),
+        },
+    });
+    if let Some(n) = attempts {
+        s.emit(Action::ObserveCount {
+            histogram: CountHistogram::PostCloneRetryAttempts {
+                result: result.into(),
+            },
+            count: n as u64,
+        });
+    }
+}
+
+fn event(s: &mut State, key: &PodKey, kind: EventType, reason: &str, message: &str) {
+    let Some(e) = s.pod(key) else { return };
+    let uid = e.pod.uid.clone();
+    s.emit(Action::RecordEvent {
+        source: EventSource::Vk,
+        key: key.clone(),
+        uid,
+        kind,
+        reason: reason.into(),
+        message: lifecycle::truncate(message.to_string(), 512),
+    });
+}
+
+/// C16: `ready` needs a resolvable IP. Clones and wakes wait 45 s for the lease; a run or an
+/// adoption has no deadline (`ready` requires an IP on every managed path).
+pub(crate) fn lease(s: &mut State, key: &PodKey, wait: IpWait) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    r.settle = Some(Settle::Lease { wait });
+    if r.vm.ip.is_some() {
+        ip_arrived(s, key);
+    } else if wait.has_deadline() {
+        let uid = e.pod.uid.clone();
+        let nudge = wait == IpWait::Wake && e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
+        if nudge {
+            s.emit(Action::ArmTimer {
+                timer: Timer::RenewNudge {
+                    key: key.clone(),
+                    uid: uid.clone(),
+                },
+                after_ms: RENEW_NUDGE_MS,
+            });
+        }
+        s.emit(Action::ArmTimer {
+            timer: Timer::IpWait {
+                key: key.clone(),
+                uid,
+            },
+            after_ms: crate::dhcp::IP_WAIT_MS,
+        });
+    }
+}
+
+/// The lease wait this pod is in, if any.
+pub(crate) fn awaiting_lease(phase: &Phase) -> Option<IpWait> {
+    match phase {
+        Phase::Running(Running {
+            settle: Some(Settle::Lease { wait }),
+            ..
+        }) => Some(*wait),
+        Phase::Running(_)
+        | Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => None,
+    }
+}
+
+/// U7: a woken Windows guest still without a lease is asked once to renew it.
+pub(crate) fn renew_nudge(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    if awaiting_lease(&e.phase) != Some(IpWait::Wake) {
+        return;
+    }
+    let Some(vm) = e.vm().filter(|vm| vm.ip.is_none()) else {
+        return;
+    };
+    let cmd = CocoonCmd::VmExec {
+        id: vm.record.id.clone(),
+        argv: vec!["ipconfig".into(), "/renew".into()],
+    };
+    s.run_cocoon(
+        CocoonOwner::RenewNudge { key: key.clone() },
+        Some(key.clone()),
+        cmd,
+    );
+}
+
+/// The nudge's outcome: counted only; the lease wait decides (a failed exec may still have
+/// renewed the lease in the guest).
+pub(crate) fn nudged(s: &mut State, _key: &PodKey, result: Result<CocoonOk, CocoonError>) {
+    s.emit(Action::Count {
+        counter: Counter::WakeRenewNudge {
+            result: if result.is_ok() { "ok" } else { "failed" }.into(),
+        },
+    });
+}
+
+/// C16: the IP is there: lifecycle `ready` (the status with it is published first, by the
+/// publisher's order of writes).
+pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
+    let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
+        return;
+    };
+    let Some(Settle::Lease { wait }) = r.settle else {
+        return;
+    };
+    r.settle = None;
+    if wait.has_deadline() {
+        s.emit(Action::Count {
+            counter: Counter::WakeIpWait {
+                result: "ok".into(),
+            },
+        });
+    }
+    if wait == IpWait::Wake {
+        s.emit(Action::Count {
+            counter: Counter::Wake {
+                result: "ok".into(),
+            },
+        });
+        event(
+            s,
+            key,
+            EventType::Normal,
+            "Woken",
+            "wake: the VM is back from its hibernate snapshot",
+        );
+    }
+    lifecycle::set(s, key, Lifecycle::Ready, None);
+}
+
+/// C16: no lease within 45 s.
+pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
+    let Some(e) = s.pods.incarnation(key, uid) else {
+        return;
+    };
+    let name = e.vm_name().unwrap_or_default().to_string();
+    let Phase::Running(r) = &mut e.phase else {
+        return;
+    };
+    if r.vm.ip.is_some() {
+        return;
+    }
+    let Some(Settle::Lease { wait }) = r.settle else {
+        return;
+    };
+    r.settle = None;
+    let msg = format!(
+        "{} {name}: dhcp lease not observed within 45s",
+        wait.as_str()
+    );
+    s.emit(Action::Count {
+        counter: Counter::WakeIpWait {
+            result: "timeout".into(),
+        },
+    });
+    let reason = match wait {
+        IpWait::Wake => "WakeIPWaitTimeout",
+        IpWait::Clone | IpWait::Run | IpWait::Adopt => "PostCloneIPWaitTimeout",
+    };
+    if wait == IpWait::Wake {
+        s.emit(Action::Count {
+            counter: Counter::Wake {
+                result: "failed".into(),
+            },
+        });
+    }
+    create::warn_event(s, key, reason, &format!("{}: {msg}", op_word(wait)));
+    lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+}
