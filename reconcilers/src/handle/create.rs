@@ -1487,7 +1487,15 @@ fn resume_guest_step(s: &mut State, key: &PodKey, uid: &str) {
     let needed = crate::guest::needed(spec, &vm.record, wait);
     let state = e.pod.annotation(keys::POST_CLONE_STATE).map(str::to_string);
     let state = state.as_deref();
+    // A cloud-hypervisor Windows clone may be a fresh clone or a wake that restored the
+    // hibernate snapshot (with a NIC added back): the registry's evidence tells which.
+    let classify =
+        state.is_none() && wait == IpWait::Clone && spec.drops_nic() && s.config.registry.is_some();
     let (op, message) = match (state, needed) {
+        _ if classify => (
+            "classify_drop_nic",
+            "reconcile: finding out whether the VM was restored from its hibernate snapshot",
+        ),
         (Some("done"), _) => (
             "ready_wait",
             "reconcile: the guest fix-up was done; resuming the steps after it",
@@ -1511,6 +1519,7 @@ fn resume_guest_step(s: &mut State, key: &PodKey, uid: &str) {
         message: message.into(),
     });
     match (state, needed) {
+        _ if classify => crate::guest::classify(s, key),
         (Some("done"), _) => crate::guest::resume_after_fixup(s, key, wait),
         (_, Some(kind)) if state != Some("failed") => crate::guest::start_fixup(s, key, kind, wait),
         (_, _) => crate::guest::lease(s, key, wait),

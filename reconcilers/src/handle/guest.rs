@@ -4,17 +4,17 @@
 //! addresses over SAC, then for the lease. Each step's failure names its cause.
 
 use crate::action::{
-    Action, CountHistogram, Counter, EventSource, EventType, Level, SacNic, Timer,
+    Action, CountHistogram, Counter, EventSource, EventType, Level, RegistryCall, SacNic, Timer,
 };
 use crate::cocoon::CocoonCmd;
 use crate::entry::PostClone;
-use crate::event::{CocoonOk, SacError, SacStage};
+use crate::event::{CocoonOk, RegistryError, RegistryOk, SacError, SacStage};
 use crate::fixup;
 use crate::keys;
 use crate::phase::{Call, Fixup, FixupKind, IpWait, Phase, Running, Settle};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, State};
+use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
 use crate::time::Millis;
 use crate::vm::{CocoonError, VmRecord};
 use crate::{create, lifecycle};
@@ -52,6 +52,66 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, wait: IpWait) {
         Some(kind) => start_fixup(s, key, kind, wait),
         None => lease(s, key, wait),
     }
+}
+
+/// B9 `classify_drop_nic`: asks the registry for `<vm>:hibernate`.
+pub(crate) fn classify(s: &mut State, key: &PodKey) {
+    let Some(name) = s.pod(key).and_then(|e| e.vm_name()).map(str::to_string) else {
+        return;
+    };
+    let op = s.call_registry(
+        RegistryOwner::Classify { key: key.clone() },
+        Some(key.clone()),
+        RegistryCall::Inspect {
+            name,
+            tag: "hibernate".into(),
+        },
+    );
+    if let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
+        r.settle = Some(Settle::Classify { op });
+    }
+}
+
+/// The evidence is in: a tag means the VM was restored (a wake, with its metrics, Events and
+/// renewal nudge); none means a fresh clone. An answer that cannot be had is a Warning, and
+/// the guest steps go on as for a fresh clone: they are the same fix-up either way, only the
+/// wake's accounting would differ.
+pub(crate) fn classified(
+    s: &mut State,
+    key: &PodKey,
+    op: crate::action::OpId,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    let waiting = matches!(
+        s.pod(key).map(|e| &e.phase),
+        Some(Phase::Running(Running { settle: Some(Settle::Classify { op: o }), .. })) if *o == op
+    );
+    if !waiting {
+        return s.emit(Action::Log {
+            level: Level::Info,
+            message: format!("pod {key}: a restart's classification ended after the step did"),
+        });
+    }
+    s.touched.insert(key);
+    let wait = match result {
+        Ok(RegistryOk::Inspected { snapshot: Some(_) }) => IpWait::Wake,
+        Ok(
+            RegistryOk::Inspected { snapshot: None }
+            | RegistryOk::Pushed { .. }
+            | RegistryOk::Pulled
+            | RegistryOk::Deleted
+            | RegistryOk::Staged { .. },
+        ) => IpWait::Clone,
+        Err(err) => {
+            let msg = format!(
+                "reconcile: cannot tell a restored VM from a fresh clone: {}; continuing as a fresh clone",
+                err.message
+            );
+            create::warn_event(s, key, "ResumeClassifyFailed", &msg);
+            IpWait::Clone
+        }
+    };
+    begin(s, key, wait);
 }
 
 /// C13 loop, step 1: `post-clone-state=running`, then the first attempt.

@@ -121,6 +121,7 @@ pub fn registry_done(s: &mut State, op: OpId, result: Result<RegistryOk, Registr
     };
     match *owner {
         RegistryOwner::Pod { key } => pod_registry_done(s, &key, op, result),
+        RegistryOwner::Classify { key } => crate::guest::classified(s, &key, op, result),
         RegistryOwner::Detached { what } => {
             if let Err(err) = result {
                 s.emit(Action::Log {

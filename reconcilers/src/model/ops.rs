@@ -59,6 +59,8 @@ pub enum KubeOwner {
 pub enum RegistryOwner {
     /// The pod's one VM operation.
     Pod { key: PodKey },
+    /// B9: the evidence that tells a restored Windows clone from a fresh one.
+    Classify { key: PodKey },
     /// Cleanup whose outcome is only logged.
     Detached { what: String },
 }

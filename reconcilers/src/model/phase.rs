@@ -210,6 +210,9 @@ pub struct Running {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
 pub enum Settle {
+    /// B9: a restart found a cloud-hypervisor Windows clone with no fix-up state: whether
+    /// `<vm>:hibernate` exists says if it was a wake (a restore) or a fresh clone.
+    Classify { op: OpId },
     /// C13: a copied guest is fixed up through `vm exec`, every 3 s within 180 s.
     Fixup(Fixup),
     /// C15: a Windows guest's static addresses are set over its serial console, after the
@@ -227,6 +230,7 @@ impl Settle {
     /// The lease wait this step leads to: what the bring-up was for.
     pub fn wait(&self) -> IpWait {
         match self {
+            Settle::Classify { .. } => IpWait::Clone,
             Settle::Fixup(f) => f.wait,
             Settle::Sac { wait, .. } | Settle::Lease { wait } => *wait,
         }
