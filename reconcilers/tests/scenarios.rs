@@ -101,3 +101,57 @@ fn scenarios() {
     );
     println!("{} scenario files passed", files.len());
 }
+
+/// E1, E2: every Event reason the daemon has is emitted, with its type, by some scenario's
+/// expected output, so a reason that no code path reaches any more fails here.
+#[test]
+fn every_event_reason_is_emitted_by_a_scenario() {
+    const REASONS: [(&str, &str); 32] = [
+        ("Normal", "ProviderCreateSuccess"),
+        ("Normal", "ProviderUpdateSuccess"),
+        ("Normal", "ProviderDeleteSuccess"),
+        ("Warning", "ProviderCreateFailed"),
+        ("Warning", "ProviderUpdateFailed"),
+        ("Warning", "ProviderDeleteFailed"),
+        ("Warning", "CreateBringUpFailed"),
+        ("Warning", "HibernateEvidenceFailed"),
+        ("Warning", "HibernateEvidenceUnavailable"),
+        ("Warning", "HibernateSnapshotExists"),
+        ("Warning", "HibernateUnsupported"),
+        ("Warning", "HibernateNetResizeFailed"),
+        ("Warning", "HibernateSnapshotFailed"),
+        ("Warning", "HibernatePushFailed"),
+        ("Warning", "HibernateRemoveFailed"),
+        ("Warning", "WakePullFailed"),
+        ("Warning", "WakeCloneFailed"),
+        ("Warning", "WakeIPWaitTimeout"),
+        ("Warning", "WindowsStaticIPFailed"),
+        ("Warning", "PostCloneIPWaitTimeout"),
+        ("Warning", "PostCloneExecAttemptFailed"),
+        ("Warning", "PostCloneExecExhausted"),
+        ("Warning", "PostCloneSACDialFailed"),
+        ("Warning", "PostCloneSACEnumFailed"),
+        ("Warning", "PostCloneSACSetFailed"),
+        ("Warning", "PostCloneSACVerifyFailed"),
+        ("Warning", "ResumeStartFailed"),
+        ("Warning", "ResumeClassifyFailed"),
+        ("Normal", "Hibernated"),
+        ("Normal", "Woken"),
+        ("Normal", "PostCloneSucceeded"),
+        ("Normal", "ResumedAfterRestart"),
+    ];
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&dir).expect("tests/scenarios") {
+        text += &std::fs::read_to_string(entry.expect("entry").path()).unwrap_or_default();
+    }
+    let missing: Vec<String> = REASONS
+        .iter()
+        .filter(|(kind, reason)| !text.contains(&format!(" {kind} {reason} ")))
+        .map(|(kind, reason)| format!("{kind} {reason}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no scenario shows these Events: {missing:?}"
+    );
+}
