@@ -167,7 +167,8 @@ impl Executor {
                 seq,
                 target,
                 after_ms,
-            } => self.probes.schedule(key, seq, target, after_ms),
+                standing,
+            } => self.probes.schedule(key, seq, target, after_ms, standing),
             Action::StopProbe { key } => self.probes.stop(&key),
             Action::ArmTimer { timer, after_ms } => {
                 let tx = self.tx.clone();

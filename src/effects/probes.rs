@@ -72,22 +72,34 @@ impl Probes {
         }
     }
 
-    pub fn schedule(&mut self, key: PodKey, probe: u64, target: ProbeTarget, after_ms: u64) {
+    /// Runs probe `probe` after `after_ms`. A standing probe runs again every `after_ms` while
+    /// it succeeds and reports only its first failure; any other probe reports its result.
+    pub fn schedule(
+        &mut self,
+        key: PodKey,
+        probe: u64,
+        target: ProbeTarget,
+        after_ms: u64,
+        standing: bool,
+    ) {
         let pinger = self.pinger.clone();
         let tx = self.tx.clone();
         let metrics = self.metrics.clone();
         let task_key = key.clone();
         let handle = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(after_ms)).await;
-            let started = Instant::now();
-            let result = tokio::time::timeout(PROBE_DEADLINE, check(&pinger, &target)).await;
-            metrics
-                .probe_duration
-                .observe(started.elapsed().as_secs_f64());
-            let (ok, detail) = match result {
-                Ok(Ok(())) => (true, String::new()),
-                Ok(Err(e)) => (false, e),
-                Err(_) => (false, "probe deadline (3s) exceeded".to_string()),
+            let (ok, detail) = loop {
+                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                let started = Instant::now();
+                let result = tokio::time::timeout(PROBE_DEADLINE, check(&pinger, &target)).await;
+                metrics
+                    .probe_duration
+                    .observe(started.elapsed().as_secs_f64());
+                match result {
+                    Ok(Ok(())) if standing => continue,
+                    Ok(Ok(())) => break (true, String::new()),
+                    Ok(Err(e)) => break (false, e),
+                    Err(_) => break (false, "probe deadline (3s) exceeded".to_string()),
+                }
             };
             let _ = tx
                 .send(Event::ProbeDone {
@@ -153,5 +165,54 @@ async fn check(pinger: &Pinger, target: &ProbeTarget) -> Result<(), String> {
                 IpAddr::V6(_) => Err(format!("ping {ip}: ICMP probes are IPv4 only")),
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(port: u16) -> ProbeTarget {
+        ProbeTarget {
+            ip: Some("127.0.0.1".into()),
+            check: ProbeCheck::Tcp { port },
+        }
+    }
+
+    /// A standing probe says nothing while the guest answers, however often it runs, and
+    /// reports the first failure; a plain probe reports its success.
+    #[tokio::test]
+    async fn a_standing_probe_reports_only_its_first_failure() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let metrics = Metrics::new();
+        let mut probes = Probes::new(Pinger::Degraded, tx, metrics.clone());
+        let key = PodKey::new("default", "a");
+
+        probes.schedule(key.clone(), 1, target(port), 1, false);
+        match rx.recv().await {
+            Some(Event::ProbeDone {
+                seq: 1, ok: true, ..
+            }) => {}
+            other => panic!("a plain probe reports its success: {other:?}"),
+        }
+
+        probes.schedule(key.clone(), 2, target(port), 1, true);
+        let before = metrics.probe_duration.get_sample_count();
+        while metrics.probe_duration.get_sample_count() < before + 5 {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(rx.try_recv().is_err(), "five answered probes, no event");
+
+        drop(listener);
+        match rx.recv().await {
+            Some(Event::ProbeDone {
+                seq: 2, ok: false, ..
+            }) => {}
+            other => panic!("the first failure is reported: {other:?}"),
+        }
+        probes.stop_all();
     }
 }

@@ -41,7 +41,9 @@ pub fn changed(s: &mut State, upsert: Vec<DhcpLease>, mut remove: Vec<SmallStr>)
     }
     for mac in macs {
         if let Some(key) = s.dhcp_macs.get(mac.as_str()).cloned() {
-            refresh_ip(s, &key);
+            if refresh_ip(s, &key) {
+                crate::probe::retarget(s, &key);
+            }
         }
     }
 }
@@ -121,16 +123,19 @@ fn resolved<'a>(s: &'a State, vm: &'a Tracked) -> Option<&'a str> {
     (lease.expiry > s.now).then_some(lease.ip.as_str())
 }
 
-pub fn refresh_ip(s: &mut State, key: &PodKey) {
+/// Re-resolves the pod's IP from the lease table; true when it changed.
+pub fn refresh_ip(s: &mut State, key: &PodKey) -> bool {
     let Some(vm) = s.pod(key).and_then(|e| e.vm()) else {
-        return;
+        return false;
     };
     let ip = resolved(s, vm);
     if vm.ip.as_deref() == ip {
-        return;
+        return false;
     }
     let ip = ip.map(str::to_string);
-    let Some(e) = s.pods.get_mut(key) else { return };
+    let Some(e) = s.pods.get_mut(key) else {
+        return false;
+    };
     let arrived = ip.is_some();
     if let Some(vm) = e.phase.vm_mut() {
         vm.ip = ip;
@@ -140,6 +145,7 @@ pub fn refresh_ip(s: &mut State, key: &PodKey) {
     if arrived && waiting {
         crate::guest::ip_arrived(s, key);
     }
+    true
 }
 
 /// The MAC whose lease a destroyed VM leaves behind: its first NIC's, when that NIC is DHCP.

@@ -1,5 +1,6 @@
-//! Readiness probing (R1–R6). The shell runs one probe per `Action::RunProbe`; the schedule
-//! and the debounce are decided here, so a replay reproduces every flip.
+//! Readiness probing (R1–R6). The shell runs the probes `Action::RunProbe` asks for; the
+//! schedule and the debounce are decided here, so a replay reproduces every flip. A Ready
+//! pod's steady probes run on a standing schedule that reports only a failure.
 
 use crate::action::{Action, ProbeCheck, ProbeTarget};
 use crate::backoff::Backoff;
@@ -25,7 +26,7 @@ pub fn start(s: &mut State, key: &PodKey) {
     e.probe.started_at = now;
     e.probe.failures = 0;
     e.probe.waits = 0;
-    schedule(s, key, 0);
+    schedule(s, key, 0, false);
 }
 
 pub fn stop(s: &mut State, key: &PodKey) {
@@ -41,7 +42,7 @@ pub fn stop(s: &mut State, key: &PodKey) {
     }
 }
 
-fn schedule(s: &mut State, key: &PodKey, after_ms: u64) {
+fn schedule(s: &mut State, key: &PodKey, after_ms: u64, standing: bool) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Some(vm) = e.phase.vm() else { return };
     let port = e.spec.as_ref().ok().and_then(|sp| sp.probe_port);
@@ -62,7 +63,19 @@ fn schedule(s: &mut State, key: &PodKey, after_ms: u64) {
         seq,
         target,
         after_ms,
+        standing,
     });
+}
+
+/// R6: the pod's address changed (a new lease, or one that lapsed): the probe under way
+/// targets the old one, so a new one starts at once.
+pub(crate) fn retarget(s: &mut State, key: &PodKey) {
+    let running = s
+        .pod(key)
+        .is_some_and(|e| e.probe.agent != Agent::Stopped && e.phase.vm().is_some());
+    if running {
+        schedule(s, key, 0, false);
+    }
 }
 
 /// R4 debounce: one success makes a pod ready; three consecutive failures make it not ready.
@@ -82,23 +95,25 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let p = &mut e.probe;
     let was_ready = p.ready;
-    let next = if ok {
+    // Only a Ready pod with no failure counted probes on a standing schedule: every other
+    // result changes what the core holds (a failure to count, a recovery, a flip).
+    let (next, standing) = if ok {
         p.failures = 0;
         p.ready = true;
-        READY_INTERVAL_MS
+        (READY_INTERVAL_MS, true)
     } else if p.ready {
         p.failures += 1;
         if p.failures >= FAILURES_TO_FLIP {
             p.ready = false;
             p.failures = 0;
             p.waits = 1;
-            NOT_READY.after(1) / 1000
+            (NOT_READY.after(1) / 1000, false)
         } else {
-            READY_INTERVAL_MS
+            (READY_INTERVAL_MS, false)
         }
     } else {
         p.waits += 1;
-        NOT_READY.after(p.waits) / 1000
+        (NOT_READY.after(p.waits) / 1000, false)
     };
     if p.ready != was_ready {
         e.ready_changed_at = Some(now);
@@ -106,5 +121,5 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool) {
     }
     // R6: every tick re-resolves a DHCP VM's IP; the tracked IP is only a cache.
     dhcp::refresh_ip(s, key);
-    schedule(s, key, next);
+    schedule(s, key, next, standing);
 }

@@ -65,6 +65,14 @@ pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
             })
         }
     };
+    // R11: every tracked DHCP VM's lease is looked up again; a lease that lapsed without the
+    // file changing is noticed here, since a Ready pod's probes report nothing while it answers.
+    let dhcp: Vec<PodKey> = s.dhcp_macs.values().cloned().collect();
+    for key in dhcp {
+        if crate::dhcp::refresh_ip(s, &key) {
+            crate::probe::retarget(s, &key);
+        }
+    }
     let running: std::collections::BTreeSet<&str> = vms
         .iter()
         .filter(|v| v.is_running())

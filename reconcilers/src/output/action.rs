@@ -292,6 +292,11 @@ pub enum Action {
         seq: u64,
         target: ProbeTarget,
         after_ms: u64,
+        /// A Ready pod's steady schedule (R3): probe again every `after_ms` while the guest
+        /// answers, and report only the first failure, which ends the loop. A guest that
+        /// keeps answering then costs no event at all.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        standing: bool,
     },
     StopProbe {
         key: PodKey,

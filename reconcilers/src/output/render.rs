@@ -196,10 +196,17 @@ pub fn action(a: &Action) -> String {
             seq,
             target,
             after_ms,
-        } => format!(
-            "probe {key} p{seq} {} after={after_ms}ms",
-            probe_target(target)
-        ),
+            standing,
+        } => match standing {
+            false => format!(
+                "probe {key} p{seq} {} after={after_ms}ms",
+                probe_target(target)
+            ),
+            true => format!(
+                "probe {key} p{seq} {} every={after_ms}ms",
+                probe_target(target)
+            ),
+        },
         Action::StopProbe { key } => format!("stop-probe {key}"),
         Action::ArmTimer { timer: t, after_ms } => format!("timer {} after={after_ms}ms", timer(t)),
         Action::Count { counter: c } => format!("count {}", counter(c)),

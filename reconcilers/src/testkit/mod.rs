@@ -36,6 +36,8 @@ pub enum Scheduled {
         key: PodKey,
         seq: u64,
         target: ProbeTarget,
+        /// Repeats every `every` ms while it succeeds, reporting nothing (a standing probe).
+        every: Option<u64>,
     },
     /// cocoon-net hands out a DHCP lease.
     Lease {
@@ -147,11 +149,21 @@ impl World {
                 seq,
                 target,
                 after_ms,
+                standing,
             } => {
                 // A new probe replaces the agent's earlier one (R1).
                 self.scheduled
                     .retain(|_, s| !matches!(s, Scheduled::Probe { key: k, .. } if *k == key));
-                self.schedule(after_ms, Scheduled::Probe { key, seq, target });
+                let every = standing.then_some(after_ms);
+                self.schedule(
+                    after_ms,
+                    Scheduled::Probe {
+                        key,
+                        seq,
+                        target,
+                        every,
+                    },
+                );
             }
             Action::StopProbe { key } => {
                 self.scheduled
@@ -449,8 +461,23 @@ impl World {
             Scheduled::Timer(timer) => {
                 self.feed(Event::TimerFired { timer });
             }
-            Scheduled::Probe { key, seq, target } => {
+            Scheduled::Probe {
+                key,
+                seq,
+                target,
+                every,
+            } => {
                 let ok = self.reachable(&target);
+                // A standing probe that succeeds says nothing and runs again (as the shell's).
+                if let (true, Some(every)) = (ok, every) {
+                    let again = Scheduled::Probe {
+                        key,
+                        seq,
+                        target,
+                        every: Some(every),
+                    };
+                    return self.schedule(every, again);
+                }
                 let detail = match (&target.ip, ok) {
                     (None, _) => "waiting for dhcp lease",
                     (_, true) => "reachable",
