@@ -15,6 +15,12 @@ pub mod node;
 pub mod probes;
 pub mod process_groups;
 pub mod registry;
+pub mod sac;
+mod sac_console;
+#[cfg(test)]
+mod sac_fake;
+#[cfg(test)]
+mod sac_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
