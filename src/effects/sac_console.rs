@@ -68,9 +68,10 @@ impl Console {
     }
 
     /// Sends `line` and returns SAC's answer: the text (the echo included) before the next
-    /// prompt that ends a non-blank text. A blank one is a prompt owed to an earlier empty
-    /// line: several CRLFs sent while waiting for a slow console each earn a prompt, and those
-    /// can arrive after the first one was taken, but always before the echo of this line.
+    /// prompt, passing over texts that answer nothing we sent. Those are blank (a prompt owed
+    /// to an earlier empty line: several CRLFs sent to a slow console each earn one) or only
+    /// `EVENT:` notices, which SAC prints on its own, prompt and all, while Windows boots.
+    /// Both arrive before the echo of this line, so they are never mistaken for its answer.
     pub(crate) async fn command(
         &mut self,
         line: &str,
@@ -80,7 +81,7 @@ impl Console {
         self.send(line, by).await?;
         loop {
             while let Some(text) = self.take_segment() {
-                if !text.trim().is_empty() {
+                if !unsolicited(&text) {
                     return Ok(text);
                 }
             }
@@ -120,6 +121,13 @@ impl Console {
             }
         }
     }
+}
+
+fn unsolicited(text: &str) -> bool {
+    text.split(['\r', '\n'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .all(|l| l.starts_with("EVENT:"))
 }
 
 pub(crate) fn keep_tail(buf: &mut Vec<u8>, max: usize) {

@@ -186,8 +186,8 @@ async fn an_address_that_never_shows_fails_the_verification() {
     );
 }
 
-/// Output in single bytes, LF line ends, 100 KiB of noise before the first prompt and a
-/// pile of extra prompts: none of it changes what the dialog reads.
+/// Output in single bytes, LF line ends, 100 KiB of noise before the first prompt, a pile of
+/// extra prompts and an `EVENT:` notice: none of it changes what the dialog reads.
 #[tokio::test]
 async fn an_awkward_console_is_read_the_same() {
     let s = setup();
@@ -196,6 +196,7 @@ async fn an_awkward_console_is_read_the_same() {
         lf_only: true,
         banner: 100 * 1024,
         extra_prompts: 3,
+        event: true,
         ..Default::default()
     };
     let fake = FakeSac::start(&s.socket, 2, awkward);
