@@ -45,6 +45,9 @@ impl From<io::Error> for ConsoleError {
 pub(crate) struct Console {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// The bytes of `buf` already searched for a prompt: a console that prints a byte at a
+    /// time is not searched again from the start for every byte.
+    searched: usize,
 }
 
 impl Console {
@@ -52,6 +55,7 @@ impl Console {
         Ok(Console {
             stream: UnixStream::connect(socket).await?,
             buf: Vec::new(),
+            searched: 0,
         })
     }
 
@@ -99,9 +103,19 @@ impl Console {
 
     /// The text before the first prompt in the buffer, removed with its prompt.
     fn take_segment(&mut self) -> Option<String> {
-        let at = self.buf.windows(PROMPT.len()).position(|w| w == PROMPT)?;
+        // A prompt may straddle what was searched and what came since.
+        let from = self.searched.saturating_sub(PROMPT.len() - 1);
+        let Some(at) = self.buf[from..]
+            .windows(PROMPT.len())
+            .position(|w| w == PROMPT)
+        else {
+            self.searched = self.buf.len();
+            return None;
+        };
+        let at = from + at;
         let text = String::from_utf8_lossy(&self.buf[..at]).into_owned();
         self.buf.drain(..at + PROMPT.len());
+        self.searched = 0;
         Some(text)
     }
 
@@ -109,7 +123,8 @@ impl Console {
     /// trimming it to its tail loses nothing but old output (a prompt split across reads
     /// stays whole: it is at the very end).
     async fn read(&mut self, by: Instant) -> Result<(), ConsoleError> {
-        keep_tail(&mut self.buf, MAX_BUFFERED);
+        let dropped = keep_tail(&mut self.buf, MAX_BUFFERED);
+        self.searched = self.searched.saturating_sub(dropped);
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout_at(by, self.stream.read(&mut chunk)).await {
             Err(_) => Err(ConsoleError::TimedOut),
@@ -130,10 +145,11 @@ fn unsolicited(text: &str) -> bool {
         .all(|l| l.starts_with("EVENT:"))
 }
 
-pub(crate) fn keep_tail(buf: &mut Vec<u8>, max: usize) {
-    if buf.len() > max {
-        buf.drain(..buf.len() - max);
-    }
+/// Trims `buf` to its last `max` bytes; returns how many went.
+pub(crate) fn keep_tail(buf: &mut Vec<u8>, max: usize) -> usize {
+    let over = buf.len().saturating_sub(max);
+    buf.drain(..over);
+    over
 }
 
 /// The `Net: N, Ip=<IPv4>` entries of an `i` answer, in listing order. The IPv6 lines SAC
