@@ -7,8 +7,8 @@
 //! - dial, retrying: the socket exists only once the VM process is up;
 //! - empty lines until `SAC>`: SAC says nothing until spoken to, and starts late in boot;
 //! - `i` until every NIC is listed: SAC's `Net: N` numbers are interface indices, not NIC
-//!   positions, and adapters show up one by one, so the positions are mapped from a listing
-//!   that is complete;
+//!   positions, so they are mapped from the listing's order, and only a complete listing
+//!   (taken once every adapter is up) has the right order;
 //! - `i <N> <ip> <mask> <gw>` per static NIC, which SAC answers with one line;
 //! - `i` until each address shows: what the listing says is what the guest carries.
 //!

@@ -45,6 +45,9 @@ impl From<io::Error> for ConsoleError {
 pub(crate) struct Console {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// The bytes of `buf` already searched for a prompt: a console that prints a byte at a
+    /// time is not searched again from the start for every byte.
+    searched: usize,
 }
 
 impl Console {
@@ -52,6 +55,7 @@ impl Console {
         Ok(Console {
             stream: UnixStream::connect(socket).await?,
             buf: Vec::new(),
+            searched: 0,
         })
     }
 
@@ -68,9 +72,10 @@ impl Console {
     }
 
     /// Sends `line` and returns SAC's answer: the text (the echo included) before the next
-    /// prompt that ends a non-blank text. A blank one is a prompt owed to an earlier empty
-    /// line: several CRLFs sent while waiting for a slow console each earn a prompt, and those
-    /// can arrive after the first one was taken, but always before the echo of this line.
+    /// prompt, passing over texts that answer nothing we sent. Those are blank (a prompt owed
+    /// to an earlier empty line: several CRLFs sent to a slow console each earn one) or only
+    /// `EVENT:` notices, which SAC prints on its own, prompt and all, while Windows boots.
+    /// Both arrive before the echo of this line, so they are never mistaken for its answer.
     pub(crate) async fn command(
         &mut self,
         line: &str,
@@ -80,7 +85,7 @@ impl Console {
         self.send(line, by).await?;
         loop {
             while let Some(text) = self.take_segment() {
-                if !text.trim().is_empty() {
+                if !unsolicited(&text) {
                     return Ok(text);
                 }
             }
@@ -98,9 +103,19 @@ impl Console {
 
     /// The text before the first prompt in the buffer, removed with its prompt.
     fn take_segment(&mut self) -> Option<String> {
-        let at = self.buf.windows(PROMPT.len()).position(|w| w == PROMPT)?;
+        // A prompt may straddle what was searched and what came since.
+        let from = self.searched.saturating_sub(PROMPT.len() - 1);
+        let Some(at) = self.buf[from..]
+            .windows(PROMPT.len())
+            .position(|w| w == PROMPT)
+        else {
+            self.searched = self.buf.len();
+            return None;
+        };
+        let at = from + at;
         let text = String::from_utf8_lossy(&self.buf[..at]).into_owned();
         self.buf.drain(..at + PROMPT.len());
+        self.searched = 0;
         Some(text)
     }
 
@@ -108,7 +123,8 @@ impl Console {
     /// trimming it to its tail loses nothing but old output (a prompt split across reads
     /// stays whole: it is at the very end).
     async fn read(&mut self, by: Instant) -> Result<(), ConsoleError> {
-        keep_tail(&mut self.buf, MAX_BUFFERED);
+        let dropped = keep_tail(&mut self.buf, MAX_BUFFERED);
+        self.searched = self.searched.saturating_sub(dropped);
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout_at(by, self.stream.read(&mut chunk)).await {
             Err(_) => Err(ConsoleError::TimedOut),
@@ -122,10 +138,18 @@ impl Console {
     }
 }
 
-pub(crate) fn keep_tail(buf: &mut Vec<u8>, max: usize) {
-    if buf.len() > max {
-        buf.drain(..buf.len() - max);
-    }
+fn unsolicited(text: &str) -> bool {
+    text.split(['\r', '\n'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .all(|l| l.starts_with("EVENT:"))
+}
+
+/// Trims `buf` to its last `max` bytes; returns how many went.
+pub(crate) fn keep_tail(buf: &mut Vec<u8>, max: usize) -> usize {
+    let over = buf.len().saturating_sub(max);
+    buf.drain(..over);
+    over
 }
 
 /// The `Net: N, Ip=<IPv4>` entries of an `i` answer, in listing order. The IPv6 lines SAC

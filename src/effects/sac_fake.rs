@@ -29,6 +29,8 @@ pub struct Behaviour {
     pub banner: usize,
     /// The first empty line earns this many extra prompts, as several CRLFs answered late do.
     pub extra_prompts: usize,
+    /// The first prompt is followed by an `EVENT:` notice and a prompt of its own.
+    pub event: bool,
     /// The socket appears only after this long.
     pub bind_after: Duration,
 }
@@ -165,11 +167,14 @@ fn answer(state: &Mutex<State>, line: &str) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
     let body = match words.as_slice() {
         [] => {
-            let extra = match std::mem::replace(&mut s.prompted, true) {
-                false => s.b.extra_prompts,
-                true => 0,
-            };
-            return "\r\nSAC>".repeat(1 + extra);
+            let mut out = "\r\nSAC>".to_string();
+            if !std::mem::replace(&mut s.prompted, true) {
+                out.push_str(&"\r\nSAC>".repeat(s.b.extra_prompts));
+                if s.b.event {
+                    out.push_str("\r\nEVENT: The CMD command is now available.\r\nSAC>");
+                }
+            }
+            return out;
         }
         ["i"] => {
             let shown = s.b.lists.unwrap_or(s.nics.len());
