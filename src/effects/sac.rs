@@ -1,4 +1,4 @@
-//! Static IPv4 addresses for a Windows guest through SAC, the Special Administration Console:
+//! Static IPv4 addresses for a Windows guest through SAC (C15), the Special Administration Console:
 //! Windows' text console on the serial port, which cloud-hypervisor exposes as the VM's
 //! `console.sock`. It needs no network in the guest, which is the point: a Windows clone with a
 //! static NIC has no usable address until one is set, so nothing network-borne can set it.
