@@ -28,7 +28,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 const BUDGET: Duration = Duration::from_secs(180 + 30);
 /// What the guest says when the fix-up of the failing clone runs.
 const GUEST_ERROR: &str = "networkd: unit not found (e2e)";
-/// What every other clone's first attempt says: the second one succeeds.
+/// What every other clone's first two attempts say: the third one succeeds.
 const FIRST_TRY_ERROR: &str = "guest agent not up yet (e2e)";
 
 const FC_SNAPSHOT: &str = "guest/fc:v1";
@@ -168,15 +168,16 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         "--message",
         GUEST_ERROR,
     ])?;
-    // Every other clone fails its first attempt, so the window before its fix-up lasts one
-    // retry interval (3 s) and a readiness that did not wait for it would show.
+    // Every other clone fails its first two attempts, so its fix-up is done only 6 s after
+    // its VM came up. The first status waits up to 3 s for the first probe (R2), so a window
+    // of 3 s remains in which a readiness that did not wait for the fix-up would show.
     sim.run(&[
         "sim",
         "fault",
         "fixup",
         "*",
         "--times",
-        "1",
+        "2",
         "--message",
         FIRST_TRY_ERROR,
     ])?;
@@ -214,6 +215,7 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
     // the pod; and each was seen with its VM running, its fix-up not done, and not Ready.
     let mut waiting: Vec<&Case> = CASES.iter().collect();
     let mut seen_unfixed: BTreeMap<&str, bool> = BTreeMap::new();
+    let mut last: BTreeMap<&str, String> = BTreeMap::new();
     let deadline = Instant::now() + LIMIT;
     while !waiting.is_empty() {
         ensure!(
@@ -231,6 +233,17 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             };
             let info = sim_info(sim, &id)?;
             let done = info["fixup"]["done"] == true;
+            let now = format!(
+                "{} fixed-up={done} post-clone-state={:?} lifecycle={:?} ready={}",
+                c.pod,
+                annotation(&p, POST_CLONE_STATE),
+                annotation(&p, LIFECYCLE),
+                is_ready(&p)
+            );
+            if last.get(c.pod) != Some(&now) {
+                eprintln!("[{:>6.2?}] {now}", t0.elapsed());
+                last.insert(c.pod, now);
+            }
             if !done {
                 ensure!(
                     !is_ready(&p),
@@ -276,16 +289,16 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             c.pod,
             info["fixup"]
         );
-        // The guest's own record: the first attempt failed as armed, the second did the job.
+        // The guest's own record: the first two attempts failed as armed, the third did the job.
         let log = fixup_log(sim, &id)?;
         let oks: Vec<bool> = log.iter().map(|l| l["ok"] == true).collect();
         ensure!(
-            oks == [false, true],
+            oks == [false, false, true],
             "{}: fix-up attempts {log:?}",
             c.pod
         );
         ensure!(
-            log[0]["problems"][0] == FIRST_TRY_ERROR && log[1]["kind"] == c.sim_kind,
+            log[0]["problems"][0] == FIRST_TRY_ERROR && log[2]["kind"] == c.sim_kind,
             "{}: fix-up log {log:?}",
             c.pod
         );
@@ -389,7 +402,7 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             c.pod
         );
         ensure!(
-            has(c.pod, "Normal", "PostCloneSucceeded", "attempts=2"),
+            has(c.pod, "Normal", "PostCloneSucceeded", "attempts=3"),
             "{}: no PostCloneSucceeded in {events:?}",
             c.pod
         );
