@@ -9,7 +9,7 @@
 #[path = "e2e/daemon.rs"]
 mod daemon;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -58,9 +58,7 @@ fn fixup_log(sim: &CocoonSim, id: &str) -> Result<Vec<Value>> {
     let path = sim.root.join("vms").join(id).join("fixup.log");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .map(|l| Ok(serde_json::from_str(l)?))
-        .collect()
+    text.lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
 }
 
 /// One success case: its pod, and what the simulator calls its fix-up.
@@ -138,13 +136,7 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         ..DaemonOptions::default()
     };
     let metrics_port = e2e::ports::free_port()?;
-    let d = daemon::start(
-        &tb,
-        &opts,
-        &journal,
-        metrics_port,
-        e2e::ports::free_port()?,
-    )?;
+    let d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
 
     // The failing clone goes first: its 180 s budget runs while the others come up.
@@ -155,7 +147,10 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
     )?;
     create_pod(&pods, &doomed).await?;
     let doomed_id = until("doomed has a VM", LIMIT, || async {
-        Ok(annotation(&pods.get("doomed").await?, "vm.cocoonstack.io/id"))
+        Ok(annotation(
+            &pods.get("doomed").await?,
+            "vm.cocoonstack.io/id",
+        ))
     })
     .await
     .with_context(|| d.proc.log_tail(60))?;
@@ -212,9 +207,10 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
     .await?;
 
     // Until each is Ready: whenever the pod is Ready, its fix-up is done in the guest and on
-    // the pod; and each was seen with its VM running, its fix-up not done, and not Ready.
+    // the pod; and each was seen with its VM running, its fix-up under way (not done in the
+    // guest, `running` on the pod) and not Ready.
     let mut waiting: Vec<&Case> = CASES.iter().collect();
-    let mut seen_unfixed: BTreeMap<&str, bool> = BTreeMap::new();
+    let mut seen_unfixed: BTreeSet<&str> = BTreeSet::new();
     let mut last: BTreeMap<&str, String> = BTreeMap::new();
     let deadline = Instant::now() + LIMIT;
     while !waiting.is_empty() {
@@ -250,7 +246,9 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
                     "{} is Ready while its guest is not fixed up: {info}",
                     c.pod
                 );
-                seen_unfixed.insert(c.pod, true);
+                if annotation(&p, POST_CLONE_STATE).as_deref() == Some("running") {
+                    seen_unfixed.insert(c.pod);
+                }
             }
             if is_ready(&p) {
                 ensure!(
@@ -272,11 +270,14 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         waiting = still;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    eprintln!("measure: three clones Ready {:?} into the run", t0.elapsed());
+    eprintln!(
+        "measure: three clones Ready {:?} into the run",
+        t0.elapsed()
+    );
 
     for c in &CASES {
         ensure!(
-            seen_unfixed.get(c.pod) == Some(&true),
+            seen_unfixed.contains(c.pod),
             "{} was never seen with its fix-up pending",
             c.pod
         );
@@ -310,14 +311,20 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         if c.pod != "fc" {
             // A static NIC: the pod's IP is NIC 0's address from cocoon's record.
             let ip = pod_ip(&p).context("podIP")?;
-            ensure!(info["ip"] == ip.as_str(), "{}: podIP {ip}, sim {info}", c.pod);
+            ensure!(
+                info["ip"] == ip.as_str(),
+                "{}: podIP {ip}, sim {info}",
+                c.pod
+            );
         }
         if c.pod == "windows" {
             // C15: SAC set NIC 0 (interface 7) to the pod's address.
             let ip = pod_ip(&p).context("podIP")?;
             let listed = info["sac"].as_array().context("no SAC listing")?;
             ensure!(
-                listed.iter().any(|n| n["net"] == 7 && n["ip"] == ip.as_str()),
+                listed
+                    .iter()
+                    .any(|n| n["net"] == 7 && n["ip"] == ip.as_str()),
                 "SAC lists {listed:?}, want {ip} on net 7"
             );
         }
@@ -336,7 +343,12 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         Ok((annotation(&p, LIFECYCLE).as_deref() == Some("failed")).then_some(p))
     })
     .await
-    .with_context(|| format!("post-clone-state failed on {:?}", doomed.metadata.annotations))?;
+    .with_context(|| {
+        format!(
+            "post-clone-state failed on {:?}",
+            doomed.metadata.annotations
+        )
+    })?;
     ensure!(!is_ready(&doomed), "doomed is Ready");
     let hint = annotation(&doomed, "vm.cocoonstack.io/post-clone-hint").context("no hint")?;
     let script = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(&hint)?)?;
@@ -358,6 +370,10 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         info["fixup"] == json!({"kind": "linux_fc", "done": false}),
         "doomed's fix-up in the simulator: {}",
         info["fixup"]
+    );
+    ensure!(
+        sim.vm_ids().contains(&doomed_id),
+        "the VM of a failed fix-up is gone"
     );
     let attempts = fixup_log(sim, &doomed_id)?;
     ensure!(
@@ -397,7 +413,12 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             c.pod
         );
         ensure!(
-            has(c.pod, "Warning", "PostCloneExecAttemptFailed", FIRST_TRY_ERROR),
+            has(
+                c.pod,
+                "Warning",
+                "PostCloneExecAttemptFailed",
+                FIRST_TRY_ERROR
+            ),
             "{}: no PostCloneExecAttemptFailed in {events:?}",
             c.pod
         );
@@ -408,7 +429,12 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         );
     }
     ensure!(
-        has("doomed", "Warning", "PostCloneExecAttemptFailed", GUEST_ERROR),
+        has(
+            "doomed",
+            "Warning",
+            "PostCloneExecAttemptFailed",
+            GUEST_ERROR
+        ),
         "doomed: no PostCloneExecAttemptFailed in {events:?}"
     );
     ensure!(
@@ -426,7 +452,8 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         series
             .iter()
             .filter(|(l, _)| {
-                l.contains(&format!("kind=\"{kind}\"")) && l.contains(&format!("result=\"{result}\""))
+                l.contains(&format!("kind=\"{kind}\""))
+                    && l.contains(&format!("result=\"{result}\""))
             })
             .map(|(_, v)| *v)
             .sum::<f64>()
@@ -444,6 +471,34 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             count(kind, result)
         );
     }
+
+    // Attempts per fix-up: three for each of the three, every one of the doomed clone's.
+    let counts =
+        daemon::metric_series(metrics_port, "cocoon_vk_postclone_retry_attempts_count").await?;
+    let sums =
+        daemon::metric_series(metrics_port, "cocoon_vk_postclone_retry_attempts_sum").await?;
+    let histogram = |part: &str, result: &str| {
+        let series = if part == "count" { &counts } else { &sums };
+        series
+            .iter()
+            .filter(|(l, _)| l.contains(&format!("result=\"{result}\"")))
+            .map(|(_, v)| *v)
+            .sum::<f64>()
+    };
+    ensure!(
+        histogram("count", "ok") == 3.0 && histogram("sum", "ok") == 9.0,
+        "postclone_retry_attempts: count {counts:?}, sum {sums:?}"
+    );
+    ensure!(
+        histogram("count", "failed") == 1.0,
+        "postclone_retry_attempts: count {counts:?}"
+    );
+    ensure!(
+        histogram("sum", "failed") == attempts.len() as f64,
+        "doomed's attempts: {} in the guest, {} counted",
+        attempts.len(),
+        histogram("sum", "failed")
+    );
 
     drop(d);
     daemon::replay_verify(&journal)?;
