@@ -146,6 +146,8 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         json!({"vm.cocoonstack.io/backend": "firecracker"}),
     )?;
     create_pod(&pods, &doomed).await?;
+    // Watched from its creation, so a Ready that lasted a moment would still be seen.
+    let doomed_ready = daemon::watch_for(pods.clone(), "doomed", is_ready);
     let doomed_id = until("doomed has a VM", LIMIT, || async {
         Ok(annotation(
             &pods.get("doomed").await?,
@@ -309,7 +311,7 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             c.pod
         );
         if c.pod != "fc" {
-            // A static NIC: the pod's IP is NIC 0's address from cocoon's record.
+            // A static NIC: the pod's IP is the address the simulator gave NIC 0.
             let ip = pod_ip(&p).context("podIP")?;
             ensure!(
                 info["ip"] == ip.as_str(),
@@ -349,7 +351,13 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
             doomed.metadata.annotations
         )
     })?;
-    ensure!(!is_ready(&doomed), "doomed is Ready");
+    ensure!(
+        doomed_ready
+            .wait("doomed Ready", Duration::from_millis(1))
+            .await
+            .is_err(),
+        "doomed was Ready at some point"
+    );
     let hint = annotation(&doomed, "vm.cocoonstack.io/post-clone-hint").context("no hint")?;
     let script = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(&hint)?)?;
     ensure!(
