@@ -87,6 +87,7 @@ impl From<RawVm> for VmRecord {
             image: r.config.image,
             taps,
             cow,
+            vnc: None,
         }
     }
 }

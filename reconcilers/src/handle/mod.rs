@@ -9,6 +9,7 @@ pub(crate) mod evict;
 pub(crate) mod hibernate;
 pub(crate) mod intake;
 pub mod lifecycle;
+pub(crate) mod macos;
 pub(crate) mod outcome;
 pub(crate) mod probe;
 pub(crate) mod provider;

@@ -35,6 +35,8 @@ pub fn cocoon_done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError
             call,
         } => stale_create::done(s, &id, &name, attempt, call, result),
         CocoonOwner::Sweep => sweep::done(s, result),
+        CocoonOwner::MacosInventory => crate::macos::listed(s, result),
+        CocoonOwner::MacosSweep => crate::macos::swept(s, result),
         CocoonOwner::RenewNudge { key } => crate::create::nudged(s, &key, result),
         CocoonOwner::Detached { what, release } => detached(s, &what, release, result),
     }

@@ -22,6 +22,10 @@ pub enum CocoonOwner {
     },
     /// The periodic `vm list` comparison (R11).
     Sweep,
+    /// B1: `cocoon-macos vm list` before the startup reconcile.
+    MacosInventory,
+    /// R10/R11: the sweep's `cocoon-macos vm list`.
+    MacosSweep,
     /// U7: the lease renewal nudged in a woken Windows guest; its outcome is counted.
     RenewNudge { key: PodKey },
     /// Work whose outcome is only logged (orphan removal, snapshot cleanup).

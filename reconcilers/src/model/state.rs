@@ -60,6 +60,15 @@ pub struct State {
     /// share one pull).
     #[serde(default)]
     pub snapshot_claims: BTreeMap<String, SnapshotClaim>,
+    /// B1: the cocoon-macos listing the startup reconcile waits for.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::model::macos::Inventory::is_none"
+    )]
+    pub macos_inventory: crate::model::macos::Inventory,
+    /// R11: a `cocoon-macos vm list` of the sweep is out (one at a time).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub macos_sweep: bool,
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
@@ -156,6 +165,8 @@ impl State {
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             snapshot_claims: BTreeMap::new(),
+            macos_inventory: crate::model::macos::Inventory::None,
+            macos_sweep: false,
             out: Vec::new(),
             touched: Touched::default(),
         }

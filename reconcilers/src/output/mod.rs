@@ -3,4 +3,5 @@
 
 pub mod action;
 pub mod cocoon;
+pub(crate) mod macos_cmd;
 pub mod render;

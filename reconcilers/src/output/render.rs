@@ -130,7 +130,12 @@ pub fn status(s: &PodStatus) -> String {
 
 pub fn action(a: &Action) -> String {
     match a {
-        Action::RunCocoon { op, cmd, .. } => format!("cocoon #{op} {}", cmd.argv().join(" ")),
+        Action::RunCocoon { op, cmd, .. } => match cmd.binary() {
+            crate::cocoon::Binary::Cocoon => format!("cocoon #{op} {}", cmd.argv().join(" ")),
+            crate::cocoon::Binary::CocoonMacos => {
+                format!("cocoon #{op} cocoon-macos {}", cmd.argv().join(" "))
+            }
+        },
         Action::PatchPod {
             op,
             key,

@@ -476,7 +476,8 @@ impl World {
 
     fn reachable(&self, target: &ProbeTarget) -> bool {
         let Some(ip) = &target.ip else { return false };
-        self.cocoon.vms.values().any(|v| {
+        let macos = self.cocoon.macos.values().filter(|v| v.pid > 0);
+        self.cocoon.vms.values().chain(macos).any(|v| {
             v.is_running()
                 && !self.unreachable.contains(&v.id)
                 && self.vm_ip(v).as_ref() == Some(ip)
@@ -566,6 +567,7 @@ impl World {
             .cocoon
             .vms
             .values()
+            .chain(self.cocoon.macos.values())
             .filter(|v| v.is_running() && v.static_ip.is_none())
             .filter_map(|v| v.mac.clone())
             .filter(|m| !self.leases.contains_key(m) && !promised.contains(m))
