@@ -89,12 +89,32 @@ fn allocate(s: &State, key: &PodKey) -> Result<Option<u16>, String> {
 
 /// The displays of every macOS pod but `except`, walked in key order.
 fn held_displays(s: &State, except: &PodKey) -> BTreeSet<u16> {
-    s.pods
+    let mut held: BTreeSet<u16> = s
+        .pods
         .sorted()
         .into_iter()
         .filter(|(k, e)| *k != except && is_macos(e))
         .filter_map(|(_, e)| display_of(e))
-        .collect()
+        .collect();
+    held.extend(s.macos_foreign.iter().copied());
+    held
+}
+
+/// The displays of listed guests that no macOS pod names: their ports are taken too.
+pub(crate) fn note_foreign(s: &mut State, vms: &[VmRecord]) {
+    let names: BTreeSet<&str> = s
+        .pods
+        .sorted()
+        .into_iter()
+        .filter(|(_, e)| is_macos(e))
+        .filter_map(|(_, e)| e.vm_name())
+        .collect();
+    let foreign = vms
+        .iter()
+        .filter(|v| !names.contains(v.name.as_str()))
+        .filter_map(|v| v.vnc)
+        .collect();
+    s.macos_foreign = foreign;
 }
 
 fn display_of(e: &PodEntry) -> Option<u16> {
@@ -337,6 +357,7 @@ pub(crate) fn inventory_ready(s: &mut State) -> bool {
 pub(crate) fn listed(s: &mut State, result: Result<CocoonOk, CocoonError>) {
     match result {
         Ok(CocoonOk::Vms { vms }) => {
+            note_foreign(s, &vms);
             s.macos_inventory = Inventory::Listed(vms);
             crate::startup::try_start(s);
         }
@@ -458,6 +479,7 @@ pub(crate) fn swept(s: &mut State, result: Result<CocoonOk, CocoonError>) {
             })
         }
     };
+    note_foreign(s, &vms);
     let idle: Vec<(PodKey, VmRecord)> = s
         .pods
         .sorted()

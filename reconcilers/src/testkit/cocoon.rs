@@ -38,6 +38,8 @@ pub struct FakeCocoon {
     pub calls: Vec<String>,
     /// cocoon-macos's guests, by name (its own index: cocoon's list never shows them).
     pub macos: BTreeMap<String, VmRecord>,
+    /// QEMU processes started so far, for distinct guest pids.
+    macos_launches: i64,
     next_id: u64,
 }
 
@@ -306,7 +308,8 @@ impl FakeCocoon {
 impl FakeCocoon {
     /// A cocoon-macos guest, as `vm run` leaves it (pid > 0, its MAC derived from its name).
     pub fn add_macos(&mut self, name: &str, vnc: Option<u16>) -> &mut VmRecord {
-        let pid = 5000 + self.macos.len() as i64;
+        let pid = 5000 + self.macos_launches;
+        self.macos_launches += 1;
         let vm = VmRecord {
             id: name.into(),
             name: name.into(),
@@ -363,13 +366,14 @@ impl FakeCocoon {
                 vms: self.macos.values().cloned().collect(),
             }),
             CocoonCmd::MacosStart { name, vnc } => {
-                let next_pid = 6000 + self.calls.len() as i64;
+                let next_pid = 5000 + self.macos_launches;
                 let Some(vm) = self.macos.get_mut(name) else {
                     return missing(name);
                 };
                 if vm.pid == 0 {
                     vm.state = "running".into();
                     vm.pid = next_pid;
+                    self.macos_launches += 1;
                 }
                 vm.vnc = *vnc;
                 Ok(CocoonOk::Done)
