@@ -1,8 +1,9 @@
 //! Managed macOS pods end to end (C14, R10, D2, B1): the daemon drives the simulator's
 //! cocoon-macos personality (a symlink named `cocoon-macos`). A macOS pod runs, gets its
-//! `vnc-port`, turns Ready through the SSH banner probe, survives a daemon restart without a
-//! second guest (same guest, same QEMU pid), and its delete removes the guest. The VNC
-//! password reaches cocoon-macos but never the journal.
+//! `vnc-port`, turns Ready through the SSH banner probe, has its dead guest started in place by
+//! the sweep (R10), survives a daemon restart without a second guest (same guest, same QEMU
+//! pid), and its delete removes the guest. The VNC password reaches cocoon-macos but never the
+//! journal.
 
 #[path = "e2e/daemon.rs"]
 mod daemon;
@@ -91,16 +92,45 @@ async fn macos_pod_runs_survives_a_restart_and_deletes() -> Result<()> {
         annotation(&p, "vm.cocoonstack.io/id")
     );
     ensure!(annotation(&p, "vm.cocoonstack.io/ip").is_some(), "no ip");
-    let before = guests(sim)?;
-    ensure!(before.len() == 1, "guests: {before:?}");
-    ensure!(before[0]["vnc"] == json!(0), "guest display: {before:?}");
-    let pid = before[0]["pid"].as_i64().context("pid")?;
-    ensure!(pid > 0, "guest not alive: {before:?}");
+    let first = guests(sim)?;
+    ensure!(first.len() == 1, "guests: {first:?}");
+    ensure!(first[0]["vnc"] == json!(0), "guest display: {first:?}");
+    let first_pid = first[0]["pid"].as_i64().context("pid")?;
+    ensure!(first_pid > 0, "guest not alive: {first:?}");
     ensure!(
         sim.vm_ids().is_empty(),
         "a Linux VM was made: {:?}",
         sim.vm_ids()
     );
+
+    // R10: the guest's QEMU dies; the 30 s sweep lists it dead and starts it in place, with
+    // its display, and the pod is Ready again.
+    sim.run(&[
+        "--personality",
+        "macos",
+        "sim",
+        "fault",
+        "crash",
+        "vk-default-mac-a",
+    ])?;
+    let before = until("the dead guest started in place", LIMIT, || async {
+        let g = guests(sim)?;
+        let pid = g.first().and_then(|v| v["pid"].as_i64()).unwrap_or(0);
+        Ok(
+            (g.len() == 1 && pid > 0 && pid != first_pid && g[0]["state"] == "running")
+                .then_some(g),
+        )
+    })
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
+    ensure!(
+        before[0]["vnc"] == json!(0),
+        "display after the restart: {before:?}"
+    );
+    let pid = before[0]["pid"].as_i64().context("pid")?;
+    wait_ready(&pods, "mac-a", LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))?;
 
     let events: Api<Event> = Api::namespaced(tb.client()?, NS);
     until("mac-a's create reported", LIMIT, || async {
