@@ -617,6 +617,14 @@ impl Runner {
                 }
                 Out::Lines(vec![])
             }
+            // `macos-set-vnc NAME D|-`: the guest now serves display D, or no VNC.
+            "macos-set-vnc" => {
+                let vnc = (rest[1] != "-").then(|| rest[1].parse().expect("display"));
+                if let Some(vm) = self.world().cocoon.macos.get_mut(&rest[0]) {
+                    vm.vnc = vnc;
+                }
+                Out::Lines(vec![])
+            }
             // The guest's QEMU died behind vk's back.
             "macos-crash" => {
                 self.world().cocoon.macos_crash(&rest[0]);
