@@ -38,6 +38,10 @@ pub(crate) fn begin(s: &mut State, key: &PodKey) {
     if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
         return create::fail(s, key, msg);
     }
+    if spec.image.is_empty() {
+        let msg = "a macOS guest needs cocoonset.cocoonstack.io/image".to_string();
+        return create::fail_permanently(s, key, msg);
+    }
     let (attempts, last_failure) = e.phase.prior_failure();
     lifecycle::set(s, key, Lifecycle::Creating, None);
     let vnc = match allocate(s, key) {
