@@ -625,6 +625,11 @@ impl Runner {
                 }
                 Out::Lines(vec![])
             }
+            // The guest was removed behind vk's back.
+            "macos-vanish" => {
+                self.world().cocoon.macos.remove(&rest[0]);
+                Out::Lines(vec![])
+            }
             // The guest's QEMU died behind vk's back.
             "macos-crash" => {
                 self.world().cocoon.macos_crash(&rest[0]);
