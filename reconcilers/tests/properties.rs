@@ -57,9 +57,13 @@ fn key(i: u8) -> PodKey {
 }
 
 fn new_pod(i: u8, clone: bool, gen: u32) -> PodView {
-    let b = pod("default", &format!("p{i}"))
+    let mut b = pod("default", &format!("p{i}"))
         .managed()
         .uid(&format!("u{i}-{gen}"));
+    // One pod of the six is a managed macOS guest (C14), whatever its mode says.
+    if i == 5 {
+        b = b.annotation(keys::OS, "macos");
+    }
     if clone {
         b.clone_of("acme/agent")
     } else {
@@ -94,6 +98,7 @@ fn world(inv: &Inventory) -> (World, Vec<String>) {
     ][inv.policy as usize];
     let mut w = World::new(Config {
         orphan_policy: policy,
+        macos_vnc: true,
         ..Config::default()
     });
     w.cocoon

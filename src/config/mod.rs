@@ -493,6 +493,7 @@ impl Config {
                 .clone_from_dir_root
                 .as_ref()
                 .map(|p| p.display().to_string()),
+            macos_vnc: self.macos_vnc_password.is_some(),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::process::Stdio;
 
-use reconcilers::cocoon::{CloneSource, CocoonCmd, Output};
+use reconcilers::cocoon::{Binary, CloneSource, CocoonCmd, Output};
 use reconcilers::event::CocoonOk;
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::process::Command;
@@ -22,6 +22,10 @@ pub struct CocoonCli {
     pub env: Vec<(String, String)>,
     /// The children still running, shared by every clone: shutdown kills them (N18).
     pub groups: ProcessGroups,
+    /// `VK_COCOON_MACOS_BIN`: runs the cocoon-macos commands (C14).
+    pub macos_bin: String,
+    /// `COCOON_MACOS_VNC_PASSWORD`, added to a cocoon-macos argv that asks for a display.
+    pub macos_vnc_password: Option<String>,
 }
 
 impl CocoonCli {
@@ -31,6 +35,8 @@ impl CocoonCli {
             timeouts: Timeouts::default(),
             env: Vec::new(),
             groups: ProcessGroups::default(),
+            macos_bin: "cocoon-macos".into(),
+            macos_vnc_password: None,
         }
     }
 
@@ -41,6 +47,14 @@ impl CocoonCli {
         } = cmd
         {
             resolves_to_itself(dir).await?;
+        }
+        if cmd.binary() == Binary::CocoonMacos {
+            let password = self.macos_vnc_password.as_deref();
+            let argv = super::macos::argv(cmd, password);
+            return self
+                .macos_call(cmd, &argv)
+                .await
+                .map_err(|e| super::macos::redact(e, password));
         }
         let argv = cmd.argv();
         let text = self.run(&argv).await?;
@@ -63,12 +77,39 @@ impl CocoonCli {
                 snapshot: cocoon_json::snapshot(&text)?,
             }),
             Output::StaleCreate => cocoon_json::stale_create(&text),
+            Output::MacosVm | Output::MacosVms => Err(CocoonError::new(
+                CocoonErrorKind::BadOutput,
+                "a cocoon-macos output from cocoon",
+            )),
+        }
+    }
+
+    async fn macos_call(&self, cmd: &CocoonCmd, argv: &[String]) -> Result<CocoonOk, CocoonError> {
+        let text = self.run_bin(&self.macos_bin, argv).await?;
+        match cmd.output() {
+            Output::MacosVm => Ok(CocoonOk::Vm {
+                vm: super::macos::vm(&text)?,
+            }),
+            Output::MacosVms => Ok(CocoonOk::Vms {
+                vms: super::macos::vms(&text)?,
+            }),
+            Output::Nothing => Ok(CocoonOk::Done),
+            Output::Vm | Output::Vms | Output::Snapshot | Output::StaleCreate => {
+                Err(CocoonError::new(
+                    CocoonErrorKind::BadOutput,
+                    "a cocoon output from cocoon-macos",
+                ))
+            }
         }
     }
 
     /// Runs `bin argv…`; stdout on exit 0, else the classified error from stderr+stdout.
     pub async fn run(&self, argv: &[String]) -> Result<String, CocoonError> {
-        let mut command = Command::new(&self.bin);
+        self.run_bin(&self.bin, argv).await
+    }
+
+    async fn run_bin(&self, bin: &str, argv: &[String]) -> Result<String, CocoonError> {
+        let mut command = Command::new(bin);
         command
             .args(argv)
             .stdin(Stdio::null())
@@ -82,7 +123,7 @@ impl CocoonCli {
         let child = command.spawn().map_err(|e| {
             CocoonError::new(
                 CocoonErrorKind::Transient,
-                format!("cannot start {}: {e} (check VK_COCOON_BIN)", self.bin),
+                format!("cannot start {bin}: {e} (check VK_COCOON_BIN / VK_COCOON_MACOS_BIN)"),
             )
         })?;
         let tracked = child.id().map(|pid| self.groups.track(pid));

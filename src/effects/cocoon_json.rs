@@ -116,6 +116,7 @@ impl From<RawVm> for VmRecord {
             cow,
             nics: all,
             cloud_image,
+            vnc: None,
         }
     }
 }

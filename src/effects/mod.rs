@@ -11,6 +11,7 @@ pub mod icmp;
 #[cfg(test)]
 mod kube_lanes_tests;
 pub mod kube_writes;
+pub mod macos;
 pub mod node;
 pub mod probes;
 pub mod process_groups;

@@ -37,7 +37,14 @@ impl Settings {
                 capacity,
                 allocatable,
             },
-            cocoon: CocoonCli::new(c.cocoon_bin.display().to_string()),
+            cocoon: CocoonCli {
+                macos_bin: c.cocoon_macos_bin.display().to_string(),
+                macos_vnc_password: c
+                    .macos_vnc_password
+                    .as_ref()
+                    .map(|p| p.expose().to_string()),
+                ..CocoonCli::new(c.cocoon_bin.display().to_string())
+            },
             dhcp_leases_path: c.dhcp_leases_path.clone(),
             metrics_addr: Some(c.metrics_addr),
             journal: c.journal.clone(),

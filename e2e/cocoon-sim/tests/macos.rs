@@ -125,3 +125,50 @@ fn macos_guest_leases_and_serves_ssh() {
         "rm keeps the lease"
     );
 }
+
+/// vk-cocoon writes every positional after `--`, as cobra accepts it: image pull, run, start,
+/// inspect and rm take NAME or IMAGE there.
+#[test]
+fn positionals_after_the_dash_dash() {
+    let sim = Sim::new();
+    macos(&sim, &["image", "pull", "--", MAC_IMAGE]).ok();
+    let run = [
+        "vm",
+        "run",
+        "--name",
+        "mac-d",
+        "--cpus",
+        "2",
+        "--memory",
+        "4096",
+        "--vnc",
+        "1",
+        "--vnc-password",
+        "pw",
+        "--net",
+        "cni",
+        "--",
+        MAC_IMAGE,
+    ];
+    macos(&sim, &run).ok();
+    let rec: Value = macos(&sim, &["vm", "inspect", "--", "mac-d"]).ok().json();
+    assert_eq!(rec["vnc"], 1);
+    macos(
+        &sim,
+        &[
+            "vm",
+            "start",
+            "--vnc",
+            "1",
+            "--vnc-password",
+            "pw",
+            "--",
+            "mac-d",
+        ],
+    )
+    .ok();
+    macos(&sim, &["vm", "rm", "--force", "--", "mac-d"]).ok();
+    macos(&sim, &["vm", "inspect", "--", "mac-d"]).err("VM not found");
+    let list: Value = macos(&sim, &["vm", "list"]).ok().json();
+    assert_eq!(list, serde_json::json!([]));
+}

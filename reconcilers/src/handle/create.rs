@@ -579,11 +579,18 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
         return wake_source(s, key, &spec, current, result);
     }
     let _ = purpose;
+    // C14: a macOS guest's steps are cocoon-macos's (macos.rs).
+    if let CreateStep::Macos { macos } = current {
+        return crate::macos::step_done(s, key, &spec, macos, cancel, result);
+    }
     use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNameTaken};
     // A delete is waiting: only a step that may have made a VM matters, so it is removed.
     if let Some(object) = cancel {
         match current {
-            CreateStep::Run | CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => {}
+            CreateStep::Run
+            | CreateStep::Clone
+            | CreateStep::InspectAfterBoot { .. }
+            | CreateStep::Macos { .. } => {}
             CreateStep::RemoveFork
             | CreateStep::PullImage
             | CreateStep::ClassifyImage
@@ -755,7 +762,8 @@ fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
-            | CreateStep::AwaitSnapshot { .. }),
+            | CreateStep::AwaitSnapshot { .. }
+            | CreateStep::Macos { .. }),
             Ok(other),
         ) => {
             let label = step_label(&failed_step, &spec);
@@ -802,6 +810,7 @@ fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         CreateStep::VerifyRemote { name, .. } => format!("verify {name}:hibernate"),
         CreateStep::PeerRestore { name, node, .. } => format!("copy {name} from node {node}"),
         CreateStep::PullHibernate { name, .. } => format!("pull {name}:hibernate"),
+        CreateStep::Macos { .. } => format!("cocoon-macos {}", spec.vm_name),
     }
 }
 
@@ -1188,7 +1197,8 @@ fn settle_snapshot_claim(s: &mut State, key: &PodKey) {
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
-            | CreateStep::AwaitSnapshot { .. } => false,
+            | CreateStep::AwaitSnapshot { .. }
+            | CreateStep::Macos { .. } => false,
         },
         Some(_) | None => false,
     };
@@ -1368,7 +1378,7 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
 }
 
 /// The pod holds this VM now: Running with no task, indexed, its IP resolved.
-fn enter_running(s: &mut State, key: &PodKey, vm: Tracked) {
+pub(crate) fn enter_running(s: &mut State, key: &PodKey, vm: Tracked) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.phase = Phase::Running(Running {
         vm,
@@ -1571,7 +1581,8 @@ fn fail_as(s: &mut State, key: &PodKey, reason: Option<&str>, msg: String, retry
                 | CreateStep::VerifyRemote { .. }
                 | CreateStep::PeerRestore { .. }
                 | CreateStep::PullHibernate { .. }
-                | CreateStep::AwaitSnapshot { .. } => "WakePullFailed",
+                | CreateStep::AwaitSnapshot { .. }
+                | CreateStep::Macos { .. } => "WakePullFailed",
             };
             match c.purpose {
                 Purpose::Fresh => (c.purpose, reason.unwrap_or("CreateBringUpFailed")),

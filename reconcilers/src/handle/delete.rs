@@ -36,7 +36,11 @@ pub fn request(s: &mut State, key: &PodKey, object: Object) {
         Object::Present => object,
     };
     match &mut e.phase {
-        Phase::Waiting | Phase::Failed(_) => without_vm(s, key, object),
+        Phase::Waiting | Phase::Failed(_) => match crate::macos::leftover(s, key) {
+            // D2: a macOS guest a failed bring-up may have left goes too.
+            Some(vm) => with_vm(s, key, vm, object),
+            None => without_vm(s, key, object),
+        },
         // Waiting for another pod's fork save, with no call of its own: nothing to wait for.
         Phase::Creating(Creating { op: None, .. }) => {
             crate::create::stop_waiting(s, key);
@@ -206,15 +210,22 @@ fn next_step(s: &mut State, key: &PodKey) {
         tracking::unindex(s, key, &vm);
         return finish(s, key, object, "unmanaged");
     }
+    // D2: a macOS guest is removed by cocoon-macos, without a snapshot.
+    let macos = s.pod(key).is_some_and(crate::macos::is_macos);
     let stage = match stage {
-        DeleteStage::Snapshot if snapshot_wanted(s, key) => DeleteStage::Snapshot,
+        DeleteStage::Snapshot if !macos && snapshot_wanted(s, key) => DeleteStage::Snapshot,
         DeleteStage::Snapshot | DeleteStage::Remove => DeleteStage::Remove,
     };
     match stage {
         DeleteStage::Snapshot => save(s, key, false),
         DeleteStage::Remove => {
-            let cmd = CocoonCmd::VmRm {
-                id: vm.record.id.clone(),
+            let cmd = match macos {
+                true => CocoonCmd::MacosRm {
+                    name: vm.record.name.clone(),
+                },
+                false => CocoonCmd::VmRm {
+                    id: vm.record.id.clone(),
+                },
             };
             let op = s.run_cocoon(
                 CocoonOwner::Pod { key: key.clone() },
@@ -468,7 +479,7 @@ pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, C
             let keep = e
                 .spec
                 .as_ref()
-                .map(|sp| sp.keep_snapshot_on_delete)
+                .map(|sp| sp.keep_snapshot_on_delete || sp.os == crate::spec::Os::Macos)
                 .unwrap_or(true);
             let name = e.vm_name().map(str::to_string);
             tracking::forget(s, key, &vm);

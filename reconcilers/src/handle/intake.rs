@@ -172,12 +172,9 @@ pub fn intake(s: &mut State, key: &PodKey) {
         create::adopt_unmanaged(s, key, &spec);
         return;
     }
+    // C3 path 1 (C14): a managed macOS guest is cocoon-macos's, whatever else it asks.
     if spec.os == Os::Macos {
-        create::fail(
-            s,
-            key,
-            "macOS guests (the cocoon-macos backend) are not supported by this build".into(),
-        );
+        crate::macos::begin(s, key);
         return;
     }
     if spec.hibernate {

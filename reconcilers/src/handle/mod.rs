@@ -10,6 +10,7 @@ pub(crate) mod guest;
 pub(crate) mod hibernate;
 pub(crate) mod intake;
 pub mod lifecycle;
+pub(crate) mod macos;
 pub(crate) mod outcome;
 pub(crate) mod probe;
 pub(crate) mod provider;

@@ -36,6 +36,8 @@ pub fn cocoon_done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError
         } => stale_create::done(s, &id, &name, attempt, call, result),
         CocoonOwner::Sweep => sweep::done(s, result),
         CocoonOwner::Fixup { key } => crate::guest::fixup_done(s, &key, op, result),
+        CocoonOwner::MacosInventory => crate::macos::listed(s, result),
+        CocoonOwner::MacosSweep => crate::macos::swept(s, result),
         CocoonOwner::RenewNudge { key } => crate::guest::nudged(s, &key, result),
         CocoonOwner::Detached { what, release } => detached(s, &what, release, result),
     }

@@ -36,7 +36,12 @@ pub fn try_start(s: &mut State) {
             }
         }
     }
+    // B1: managed macOS pods need cocoon-macos's own listing first.
+    if !crate::macos::inventory_ready(s) {
+        return;
+    }
     s.startup = Startup::Done;
+    let macos_vms = crate::macos::take_inventory(s);
     // B3: records still `creating` are settled first and never enter the adoption index.
     let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.is_creating());
     for vm in &stale {
@@ -72,6 +77,11 @@ pub fn try_start(s: &mut State) {
                 claimed.insert(vm.id.clone());
             }
             intake::intake(s, key);
+            continue;
+        }
+        // B1: split off to cocoon-macos (C14); never matched against cocoon's list.
+        if spec.os == crate::spec::Os::Macos {
+            crate::macos::startup_pod(s, key, &macos_vms);
             continue;
         }
         let id = e

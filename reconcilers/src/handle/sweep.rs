@@ -28,6 +28,7 @@ pub(crate) fn start(s: &mut State, periodic: bool) {
     if !s.started() {
         return;
     }
+    crate::macos::sweep(s);
     match &mut s.sweep {
         // The one out stands for this one; only the timer chain must go on.
         SweepState::Out { rearm } => *rearm |= periodic,

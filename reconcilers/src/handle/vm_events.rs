@@ -59,7 +59,12 @@ pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
 /// Running pod whose VM vk manages and that is not asked to hibernate.
 pub(crate) fn hintable(e: &PodEntry) -> bool {
     match &e.phase {
-        Phase::Running(r) => r.vm.managed() && !e.spec.as_ref().is_ok_and(|sp| sp.hibernate),
+        // cocoon's stream and list never show a macOS guest: its sweep is its own (R10).
+        Phase::Running(r) => {
+            r.vm.managed()
+                && !e.spec.as_ref().is_ok_and(|sp| sp.hibernate)
+                && !crate::macos::is_macos(e)
+        }
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
@@ -232,6 +237,7 @@ fn step_done(
                 outcome::unexpected(s, &format!("pod {key}: vm inspect {id} answered {other:?}"))
             }
         },
+        VmStep::MacosStart => crate::macos::restarted(s, key, result),
         VmStep::RemoveForEvict { reason, message } => match result {
             Ok(CocoonOk::Done)
             | Err(CocoonError {

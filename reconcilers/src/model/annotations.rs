@@ -34,6 +34,8 @@ struct Wanted<'a> {
     /// `None`: no opinion; `Some(None)`: the key must go; `Some(Some(v))`: it must be `v`.
     vm_id: Option<Option<&'a str>>,
     vm_ip: Option<Option<&'a str>>,
+    /// C14/R11: a managed macOS guest's VNC port, while it serves one.
+    vnc_port: Option<Option<&'a str>>,
     /// State, generation and message (`None` when empty: L2 writes it as null).
     lifecycle: Option<(&'static str, &'a str, Option<&'a str>)>,
     /// `post-clone-state`, and with `failed` its hint and errors (C13).
@@ -91,6 +93,10 @@ impl<'a> Wanted<'a> {
                 true => Some(None),
                 false => vm.and_then(|v| v.ip.as_deref()).map(Some),
             },
+            vnc_port: match crate::macos::is_macos(e) {
+                true => vm.map(|v| v.record.vnc.and_then(crate::model::macos::port_str)),
+                false => None,
+            },
             lifecycle,
         }
     }
@@ -100,6 +106,7 @@ impl<'a> Wanted<'a> {
         let vm = [
             self.vm_id.map(|id| (keys::VM_ID, id)),
             self.vm_ip.map(|ip| (keys::VM_IP, ip)),
+            self.vnc_port.map(|port| (keys::VNC_PORT, port)),
         ];
         let lifecycle = self.lifecycle.map(|(state, generation, message)| {
             [

@@ -59,6 +59,10 @@ pub struct Config {
     /// `None`: the annotation is refused.
     #[serde(default)]
     pub clone_from_dir_root: Option<String>,
+    /// C14: `COCOON_MACOS_VNC_PASSWORD` is set, so macOS guests get a VNC display. The
+    /// password itself stays in the shell.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub macos_vnc: bool,
 }
 
 impl Default for Config {
@@ -72,6 +76,7 @@ impl Default for Config {
             restore_mode: RestoreMode::Ondemand,
             release_dhcp_leases: false,
             clone_from_dir_root: None,
+            macos_vnc: false,
         }
     }
 }

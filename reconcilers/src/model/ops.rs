@@ -24,6 +24,10 @@ pub enum CocoonOwner {
     Sweep,
     /// C13: an attempt of the guest fix-up.
     Fixup { key: PodKey },
+    /// B1: `cocoon-macos vm list` before the startup reconcile.
+    MacosInventory,
+    /// R10/R11: the sweep's `cocoon-macos vm list`.
+    MacosSweep,
     /// U7: the lease renewal nudged in a woken Windows guest; its outcome is counted.
     RenewNudge { key: PodKey },
     /// Work whose outcome is only logged (orphan removal, snapshot cleanup).

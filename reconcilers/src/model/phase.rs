@@ -192,6 +192,10 @@ pub enum CreateStep {
     AwaitSnapshot {
         name: String,
     },
+    /// C14: a step of a managed macOS guest's bring-up (cocoon-macos).
+    Macos {
+        macos: crate::model::macos::MacosStep,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -297,6 +301,8 @@ pub enum VmStep {
     },
     Restart,
     InspectAfterRestart,
+    /// R10: `cocoon-macos vm start` of a dead guest, found by the sweep.
+    MacosStart,
     /// `vm rm` before an eviction (restart cooldown, failed restart).
     RemoveForEvict {
         reason: EvictReason,

@@ -63,6 +63,19 @@ pub struct State {
     /// share one pull).
     #[serde(default)]
     pub snapshot_claims: BTreeMap<String, SnapshotClaim>,
+    /// B1: the cocoon-macos listing the startup reconcile waits for.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::model::macos::Inventory::is_none"
+    )]
+    pub macos_inventory: crate::model::macos::Inventory,
+    /// R11: a `cocoon-macos vm list` of the sweep is out (one at a time).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub macos_sweep: bool,
+    /// C14: the VNC displays of cocoon-macos guests no pod names (left alone, so their ports
+    /// stay taken); renewed by every cocoon-macos listing.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub macos_foreign: BTreeSet<u16>,
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
@@ -160,6 +173,9 @@ impl State {
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             snapshot_claims: BTreeMap::new(),
+            macos_inventory: crate::model::macos::Inventory::None,
+            macos_sweep: false,
+            macos_foreign: BTreeSet::new(),
             out: Vec::new(),
             touched: Touched::default(),
         }

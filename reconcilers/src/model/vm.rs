@@ -28,6 +28,9 @@ pub struct VmRecord {
     /// The COW disk's path (`storage_configs[role=cow].path`), for the disk usage series.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow: Option<String>,
+    /// cocoon-macos only: the VNC display the guest serves (port − 5900); `None`: no VNC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vnc: Option<u16>,
     /// Every NIC in order (index 0 is the primary), for the guest fix-up (C13, C15).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<Nic>,

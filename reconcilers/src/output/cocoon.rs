@@ -90,6 +90,33 @@ pub enum CocoonCmd {
     ReconcileStaleCreate {
         id: String,
     },
+    /// C14: `cocoon-macos image pull IMAGE`.
+    MacosImagePull {
+        image: String,
+    },
+    /// C14: `cocoon-macos vm run`. `vnc`: the display (port − 5900); the shell appends the
+    /// password, which never enters the journal.
+    MacosRun {
+        name: String,
+        image: String,
+        cpus: Option<i64>,
+        memory_mib: Option<i64>,
+        storage: Option<i64>,
+        vnc: Option<u16>,
+    },
+    MacosInspect {
+        name: String,
+    },
+    MacosList,
+    /// R10: relaunches a dead guest in place.
+    MacosStart {
+        name: String,
+        vnc: Option<u16>,
+    },
+    /// D2.
+    MacosRm {
+        name: String,
+    },
 }
 
 impl CocoonCmd {
@@ -249,8 +276,39 @@ impl CocoonCmd {
                     push(s);
                 }
             }
+            CocoonCmd::MacosImagePull { .. }
+            | CocoonCmd::MacosRun { .. }
+            | CocoonCmd::MacosInspect { .. }
+            | CocoonCmd::MacosList
+            | CocoonCmd::MacosStart { .. }
+            | CocoonCmd::MacosRm { .. } => return crate::macos_cmd::argv(self),
         }
         a
+    }
+
+    /// Which binary runs the command.
+    pub fn binary(&self) -> Binary {
+        match self {
+            CocoonCmd::MacosImagePull { .. }
+            | CocoonCmd::MacosRun { .. }
+            | CocoonCmd::MacosInspect { .. }
+            | CocoonCmd::MacosList
+            | CocoonCmd::MacosStart { .. }
+            | CocoonCmd::MacosRm { .. } => Binary::CocoonMacos,
+            CocoonCmd::ImagePull { .. }
+            | CocoonCmd::VmRun { .. }
+            | CocoonCmd::VmClone { .. }
+            | CocoonCmd::VmInspect { .. }
+            | CocoonCmd::VmList
+            | CocoonCmd::VmRm { .. }
+            | CocoonCmd::VmStart { .. }
+            | CocoonCmd::VmExec { .. }
+            | CocoonCmd::VmNet { .. }
+            | CocoonCmd::SnapshotInspect { .. }
+            | CocoonCmd::SnapshotRm { .. }
+            | CocoonCmd::SnapshotSave { .. }
+            | CocoonCmd::ReconcileStaleCreate { .. } => Binary::Cocoon,
+        }
     }
 
     /// What the shell should decode from stdout on success.
@@ -262,7 +320,13 @@ impl CocoonCmd {
             CocoonCmd::VmList => Output::Vms,
             CocoonCmd::SnapshotInspect { .. } => Output::Snapshot,
             CocoonCmd::ReconcileStaleCreate { .. } => Output::StaleCreate,
-            CocoonCmd::ImagePull { .. }
+            CocoonCmd::MacosInspect { .. } => Output::MacosVm,
+            CocoonCmd::MacosList => Output::MacosVms,
+            CocoonCmd::MacosImagePull { .. }
+            | CocoonCmd::MacosRun { .. }
+            | CocoonCmd::MacosStart { .. }
+            | CocoonCmd::MacosRm { .. }
+            | CocoonCmd::ImagePull { .. }
             | CocoonCmd::VmRm { .. }
             | CocoonCmd::VmStart { .. }
             | CocoonCmd::VmExec { .. }
@@ -280,6 +344,26 @@ pub enum Output {
     Vms,
     Snapshot,
     StaleCreate,
+    /// cocoon-macos's own record shape (`vm inspect`).
+    MacosVm,
+    /// A JSON array of cocoon-macos records (`vm list`).
+    MacosVms,
+}
+
+/// The CLI a command belongs to: `VK_COCOON_BIN` or `VK_COCOON_MACOS_BIN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    Cocoon,
+    CocoonMacos,
+}
+
+impl Binary {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Binary::Cocoon => "cocoon",
+            Binary::CocoonMacos => "cocoon-macos",
+        }
+    }
 }
 
 fn cpu_flags(push: &mut impl FnMut(&str), p: &CpuPolicy) {

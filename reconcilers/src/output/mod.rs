@@ -4,4 +4,5 @@
 pub mod action;
 pub mod cocoon;
 pub mod fixup;
+pub(crate) mod macos_cmd;
 pub mod render;

@@ -138,7 +138,11 @@ pub fn action(a: &Action) -> String {
     match a {
         // A guest script's lines stay on the action's one line.
         Action::RunCocoon { op, cmd, .. } => {
-            format!("cocoon #{op} {}", cmd.argv().join(" ").replace('\n', "\\n"))
+            let argv = cmd.argv().join(" ").replace('\n', "\\n");
+            match cmd.binary() {
+                crate::cocoon::Binary::Cocoon => format!("cocoon #{op} {argv}"),
+                crate::cocoon::Binary::CocoonMacos => format!("cocoon #{op} cocoon-macos {argv}"),
+            }
         }
         Action::PatchPod {
             op,

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::cocoon::{CloneSource, CocoonCmd};
+use crate::cocoon::{Binary, CloneSource, CocoonCmd};
 use crate::event::StaleOutcome;
 use crate::event::{CocoonOk, SnapshotInfo, VmEventKind};
 use crate::vm::{CocoonError, CocoonErrorKind, Nic, StaticNet, VmRecord};
@@ -43,12 +43,21 @@ pub struct FakeCocoon {
     pub copied_guests: BTreeSet<String>,
     /// Clones whose guest has not been fixed up yet, by id.
     pub unfixed: BTreeSet<String>,
+    /// cocoon-macos's guests, by name (its own index: cocoon's list never shows them).
+    pub macos: BTreeMap<String, VmRecord>,
+    /// QEMU processes started so far, for distinct guest pids.
+    macos_launches: i64,
     next_id: u64,
 }
 
 /// `"vm run"`, `"snapshot rm"`, …: the verb of a command, as faults are keyed.
+/// cocoon-macos's verbs are keyed `"macos vm run"`, `"macos vm start"`, ….
 pub fn verb(cmd: &CocoonCmd) -> String {
-    cmd.argv().into_iter().take(2).collect::<Vec<_>>().join(" ")
+    let v = cmd.argv().into_iter().take(2).collect::<Vec<_>>().join(" ");
+    match cmd.binary() {
+        Binary::Cocoon => v,
+        Binary::CocoonMacos => format!("macos {v}"),
+    }
 }
 
 impl FakeCocoon {
@@ -118,6 +127,12 @@ impl FakeCocoon {
         }
         let fail = |t: String| Err(CocoonError::classify(&t));
         match cmd {
+            CocoonCmd::MacosImagePull { .. }
+            | CocoonCmd::MacosRun { .. }
+            | CocoonCmd::MacosInspect { .. }
+            | CocoonCmd::MacosList
+            | CocoonCmd::MacosStart { .. }
+            | CocoonCmd::MacosRm { .. } => self.macos_exec(cmd),
             CocoonCmd::ImagePull { image, .. } => {
                 if self.unpullable.contains(image) {
                     return fail(format!("Error: pull {image}: manifest unknown"));
@@ -334,5 +349,101 @@ impl FakeCocoon {
         self.vms.insert(id, stored.clone());
         self.stream.push_back((VmEventKind::Added, stored));
         Ok(CocoonOk::Vm { vm: rec })
+    }
+}
+
+impl FakeCocoon {
+    /// A cocoon-macos guest, as `vm run` leaves it (pid > 0, its MAC derived from its name).
+    pub fn add_macos(&mut self, name: &str, vnc: Option<u16>) -> &mut VmRecord {
+        let pid = 5000 + self.macos_launches;
+        self.macos_launches += 1;
+        let vm = VmRecord {
+            id: name.into(),
+            name: name.into(),
+            state: "running".into(),
+            pid,
+            mac: Some(mac_for(name)),
+            vnc,
+            ..VmRecord::default()
+        };
+        self.macos.insert(name.into(), vm);
+        self.macos.get_mut(name).expect("just inserted")
+    }
+
+    /// The guest's QEMU died: the record stays, `stopped`, pid 0.
+    pub fn macos_crash(&mut self, name: &str) {
+        if let Some(vm) = self.macos.get_mut(name) {
+            vm.state = "stopped".into();
+            vm.pid = 0;
+        }
+    }
+
+    fn macos_exec(&mut self, cmd: &CocoonCmd) -> Result<CocoonOk, CocoonError> {
+        let missing = |name: &str| {
+            Err(CocoonError::classify(&format!(
+                "Error: vm {name}: VM not found"
+            )))
+        };
+        match cmd {
+            CocoonCmd::MacosImagePull { image } => {
+                if self.unpullable.contains(image) {
+                    return Err(CocoonError::classify(&format!(
+                        "Error: pull {image}: manifest unknown"
+                    )));
+                }
+                self.images.insert(image.clone());
+                Ok(CocoonOk::Done)
+            }
+            CocoonCmd::MacosRun {
+                name, image, vnc, ..
+            } => {
+                if self.macos.contains_key(name) {
+                    return Err(CocoonError::classify(&format!(
+                        "Error: create VM: reserve VM record: vm name {name:?} already exists (id: {name})"
+                    )));
+                }
+                self.add_macos(name, *vnc).image = image.clone();
+                Ok(CocoonOk::Done)
+            }
+            CocoonCmd::MacosInspect { name } => match self.macos.get(name) {
+                Some(vm) => Ok(CocoonOk::Vm { vm: vm.clone() }),
+                None => missing(name),
+            },
+            CocoonCmd::MacosList => Ok(CocoonOk::Vms {
+                vms: self.macos.values().cloned().collect(),
+            }),
+            CocoonCmd::MacosStart { name, vnc } => {
+                let next_pid = 5000 + self.macos_launches;
+                let Some(vm) = self.macos.get_mut(name) else {
+                    return missing(name);
+                };
+                if vm.pid == 0 {
+                    vm.state = "running".into();
+                    vm.pid = next_pid;
+                    self.macos_launches += 1;
+                }
+                vm.vnc = *vnc;
+                Ok(CocoonOk::Done)
+            }
+            CocoonCmd::MacosRm { name } => match self.macos.remove(name) {
+                Some(_) => Ok(CocoonOk::Done),
+                None => missing(name),
+            },
+            CocoonCmd::ImagePull { .. }
+            | CocoonCmd::VmRun { .. }
+            | CocoonCmd::VmClone { .. }
+            | CocoonCmd::VmInspect { .. }
+            | CocoonCmd::VmList
+            | CocoonCmd::VmRm { .. }
+            | CocoonCmd::VmStart { .. }
+            | CocoonCmd::VmExec { .. }
+            | CocoonCmd::VmNet { .. }
+            | CocoonCmd::SnapshotInspect { .. }
+            | CocoonCmd::SnapshotRm { .. }
+            | CocoonCmd::SnapshotSave { .. }
+            | CocoonCmd::ReconcileStaleCreate { .. } => Err(CocoonError::classify(
+                "Error: unknown command for \"cocoon-macos\"",
+            )),
+        }
     }
 }

@@ -506,7 +506,8 @@ impl World {
 
     fn reachable(&self, target: &ProbeTarget) -> bool {
         let Some(ip) = &target.ip else { return false };
-        self.cocoon.vms.values().any(|v| {
+        let macos = self.cocoon.macos.values().filter(|v| v.pid > 0);
+        self.cocoon.vms.values().chain(macos).any(|v| {
             v.is_running()
                 && !self.unreachable.contains(&v.id)
                 && !self.cocoon.unfixed.contains(&v.id)
@@ -601,6 +602,7 @@ impl World {
             .cocoon
             .vms
             .values()
+            .chain(self.cocoon.macos.values())
             .filter(|v| v.is_running() && v.static_ip.is_none())
             .filter(|v| !self.cocoon.unfixed.contains(&v.id))
             .filter_map(|v| v.mac.clone())

@@ -291,6 +291,7 @@ impl Runner {
                 "stream" => self.stream = v != "off",
                 "release" => self.config.release_dhcp_leases = v != "off",
                 "from-dir-root" => self.config.clone_from_dir_root = Some(v.clone()),
+                "macos-vnc" => self.config.macos_vnc = v != "off",
                 "registry" => self.config.registry = Some(v.clone()).filter(|v| v != "off"),
                 "echo" => self.echo = v != "off",
                 "settle" => {}
@@ -642,6 +643,56 @@ impl Runner {
             }
             "stream-connected" => Out::Actions(self.world().feed(Event::VmStreamConnected)),
             "crash" => Out::Actions(self.world().crash(&rest[0])),
+            // `macos-vm NAME [vnc=D] [state=S]`: a cocoon-macos guest (pid 0 unless running).
+            "macos-vm" => {
+                let w = self.world();
+                let vm = w.cocoon.add_macos(&rest[0], None);
+                for (k, v) in &a[1..] {
+                    match k.as_str() {
+                        "vnc" => vm.vnc = Some(v.parse().expect("vnc=D")),
+                        "state" => vm.state = v.clone(),
+                        other => panic!("macos-vm: unknown argument {other}"),
+                    }
+                }
+                if !vm.is_running() {
+                    vm.pid = 0;
+                }
+                Out::Lines(vec![])
+            }
+            // `macos-set-vnc NAME D|-`: the guest now serves display D, or no VNC.
+            "macos-set-vnc" => {
+                let vnc = (rest[1] != "-").then(|| rest[1].parse().expect("display"));
+                if let Some(vm) = self.world().cocoon.macos.get_mut(&rest[0]) {
+                    vm.vnc = vnc;
+                }
+                Out::Lines(vec![])
+            }
+            // The guest was removed behind vk's back.
+            "macos-vanish" => {
+                self.world().cocoon.macos.remove(&rest[0]);
+                Out::Lines(vec![])
+            }
+            // The guest's QEMU died behind vk's back.
+            "macos-crash" => {
+                self.world().cocoon.macos_crash(&rest[0]);
+                Out::Lines(vec![])
+            }
+            "macos-guests" => {
+                let w = self.world();
+                let mut lines: Vec<String> = w
+                    .cocoon
+                    .macos
+                    .values()
+                    .map(|v| {
+                        let vnc = v.vnc.map_or("-".to_string(), |d| d.to_string());
+                        format!("{} {} pid={} vnc={vnc}", v.name, v.state, v.pid)
+                    })
+                    .collect();
+                if lines.is_empty() {
+                    lines.push("(no guests)".into());
+                }
+                Out::Lines(lines)
+            }
             "vanish" => Out::Actions(self.world().vanish(&rest[0])),
             // `fail-next VERB TEXT [N]`: the next N calls of VERB fail with TEXT.
             "fail-next" => {
