@@ -130,9 +130,12 @@ async fn a_journal_disk_that_fills_up_mid_run_is_survived() -> Result<()> {
     let mode = std::fs::metadata(&journal)?.permissions().mode() & 0o777;
     ensure!(mode == 0o600, "journal file mode {mode:o}");
 
-    // The disk fills up under the running daemon.
+    // The disk fills up under the running daemon. A Ready pod whose guest answers costs no
+    // journal record, so the next record is the new pod's: the first write to fail.
     let filled = std::time::Instant::now();
     let filler = disk.fill()?;
+    let asked = std::time::Instant::now();
+    create_pod(&pods, &run_pod("during")?).await?;
     until("the journal reported down", LIMIT, || async {
         let up = metric(metrics_port, "cocoon_vk_journal_up").await?;
         let errors = metric(metrics_port, "cocoon_vk_journal_write_errors_total").await?;
@@ -142,9 +145,7 @@ async fn a_journal_disk_that_fills_up_mid_run_is_survived() -> Result<()> {
     .with_context(|| d.proc.log_tail(40))?;
     eprintln!("journal down {:?} after the disk filled", filled.elapsed());
 
-    // Pods are still served: a new one comes up, the old one stays Ready.
-    let asked = std::time::Instant::now();
-    create_pod(&pods, &run_pod("during")?).await?;
+    // Pods are still served: the new one comes up, the old one stays Ready.
     wait_ready(&pods, "during", LIMIT)
         .await
         .with_context(|| d.proc.log_tail(60))?;
