@@ -27,6 +27,17 @@ use serde_json::json;
 const NS: &str = "default";
 const NODE: &str = "node-a";
 
+/// Bytes and lines (two per reduced event) of every journal file in `dir`.
+fn journal_size(dir: &Path) -> Result<(u64, u64)> {
+    let (mut bytes, mut lines) = (0, 0);
+    for f in std::fs::read_dir(dir)? {
+        let text = std::fs::read(f?.path())?;
+        bytes += text.len() as u64;
+        lines += text.iter().filter(|b| **b == b'\n').count() as u64;
+    }
+    Ok((bytes, lines))
+}
+
 /// Per pod, from the daemon's own journal: (create → Ready ms, the part of it not spent inside
 /// cocoon calls or probe waits — the daemon's overhead).
 fn create_to_ready(journal: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
@@ -186,10 +197,32 @@ async fn bench_many_pods() -> Result<()> {
     .with_context(|| d.proc.log_tail(40))?;
     let all_ready = t0.elapsed();
 
-    // Steady state: nothing changes for 10 s; sample the daemon's CPU and memory.
+    // Steady state: nothing changes for STEADY; sample the daemon's CPU and memory, what its
+    // journal grows by, and how long a /metrics scrape takes.
+    let steady = Duration::from_secs(
+        std::env::var("BENCH_STEADY_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(30),
+    );
+    let journal_dir = journal.parent().context("dir")?.to_path_buf();
+    let (bytes0, lines0) = journal_size(&journal_dir)?;
     let (cpu0, _) = usage(d.proc.pid())?;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(steady).await;
     let (cpu1, rss) = usage(d.proc.pid())?;
+    let (bytes1, lines1) = journal_size(&journal_dir)?;
+    let mut scrape_ms = Vec::new();
+    let http = e2e::ready::http();
+    for _ in 0..20 {
+        let t = Instant::now();
+        http.get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+            .send()
+            .await?
+            .bytes()
+            .await?;
+        scrape_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    scrape_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let renew = renewals.lock().unwrap().clone();
     lease_task.abort();
 
@@ -262,10 +295,22 @@ async fn bench_many_pods() -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let secs = steady.as_secs_f64();
     println!(
-        "  daemon at steady state: RSS {:.1} MiB, CPU {:.3} cores",
+        "  daemon at steady state ({secs:.0} s): RSS {:.1} MiB, CPU {:.2} % of a core",
         rss as f64 / 1048576.0,
-        (cpu1 - cpu0) / 10.0
+        (cpu1 - cpu0) / secs * 100.0
+    );
+    println!(
+        "  journal at steady state: {:.2} events/s, {:.0} B/s ({:.1} MiB/day)",
+        (lines1 - lines0) as f64 / 2.0 / secs,
+        (bytes1 - bytes0) as f64 / secs,
+        (bytes1 - bytes0) as f64 / secs * 86400.0 / 1048576.0
+    );
+    println!(
+        "  /metrics scrape (ms): p50 {:.1}  max {:.1}",
+        percentile(&scrape_ms, 0.5),
+        scrape_ms.last().copied().unwrap_or(f64::NAN)
     );
     println!(
         "  VM vanished -> pod Failed/VMGone (ms): p50 {:.0}  max {:.0}",

@@ -53,8 +53,17 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         Event::SacDone { op, result } => guest::sac_done(state, op, result),
         Event::NodeRegistered => {}
     }
-    for key in &state.touched.take() {
-        publish(state, key);
+    // Publishing can touch a pod again (a collected incarnation hands its name to the next
+    // one, which is taken in at once); nothing touched may wait for the next event, or the
+    // state between events would carry work that a state restored from a journal lacks.
+    loop {
+        let touched = state.touched.take();
+        if touched.is_empty() {
+            break;
+        }
+        for key in &touched {
+            publish(state, key);
+        }
     }
     std::mem::take(&mut state.out)
 }
