@@ -409,6 +409,34 @@ impl Metrics {
             journal: JournalMetrics::new(),
             registry: r,
         }
+        .zeroed()
+    }
+
+    /// M6: the outcome series a dashboard and its alerts rate over exist at 0 from the start,
+    /// so a node where nothing has failed yet shows a flat line rather than no data, and a
+    /// first failure is a rise a `rate` can see.
+    fn zeroed(self) -> Self {
+        const RESULTS: [&str; 2] = ["ok", "failed"];
+        for result in RESULTS {
+            for c in [
+                &self.snapshot_save,
+                &self.snapshot_push,
+                &self.snapshot_pull,
+                &self.wake,
+            ] {
+                c.with_label_values(&[result]);
+            }
+            for phase in ["snapshot", "push", "remove", "netresize"] {
+                self.hibernate.with_label_values(&[phase, result]);
+            }
+            for kind in ["windows", "linux_fc", "linux_static", "sac"] {
+                self.postclone.with_label_values(&[kind, result]);
+            }
+        }
+        for reason in ["lane_full", "timeout", "rejected"] {
+            self.events_dropped.with_label_values(&[reason]);
+        }
+        self
     }
 
     /// Exposes the journal's series (M4); once, when a journal is configured.
