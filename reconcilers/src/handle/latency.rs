@@ -55,7 +55,7 @@ pub(crate) fn status_pushed(s: &mut State, key: &PodKey, pushed: &PodStatus) {
     let event = m.vm_event.take().filter(|mark| mark.before != *pushed);
     let ready = status::parse_ready_condition(pushed).is_some_and(|(ready, _)| ready);
     let startup = (ready && !m.ready_pushed && m.first_probe_ok.is_some())
-        .then(|| (m.first_probe_ok, m.seen));
+        .then_some((m.first_probe_ok, m.seen));
     if ready {
         m.ready_pushed = true;
     }
