@@ -625,3 +625,51 @@ async fn serve(listener: std::net::TcpListener, metrics: Metrics) -> std::io::Re
     .run()
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_series_exist_at_zero_from_the_start() {
+        let text = Metrics::new().render();
+        for series in [
+            r#"cocoon_vk_snapshot_save_total{result="failed"} 0"#,
+            r#"cocoon_vk_hibernate_total{phase="push",result="ok"} 0"#,
+            r#"cocoon_vk_postclone_total{kind="sac",result="failed"} 0"#,
+            r#"cocoon_vk_events_dropped_total{reason="timeout"} 0"#,
+            r#"cocoon_vk_wake_total{result="ok"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_lease_age_appears_with_the_first_renewal_and_the_interval_with_the_second() {
+        let m = Metrics::new();
+        assert!(!m.render().contains("cocoon_vk_lease_renew_age_seconds"));
+        m.lease.renewed();
+        let text = m.render();
+        assert!(
+            text.contains("cocoon_vk_lease_renew_age_seconds "),
+            "{text}"
+        );
+        assert!(text.contains("cocoon_vk_lease_renew_interval_seconds_count 0"));
+        m.lease.renewed();
+        assert!(m
+            .render()
+            .contains("cocoon_vk_lease_renew_interval_seconds_count 1"));
+    }
+
+    #[test]
+    fn startup_stages_are_labelled() {
+        let m = Metrics::new();
+        let stage = reconcilers::action::StartupStage::FirstProbeOk;
+        m.observe(&CoreHistogram::PodStartup { stage }, 1500);
+        let text = m.render();
+        assert!(
+            text.contains(r#"cocoon_vk_pod_startup_seconds_sum{stage="first_probe_ok"} 1.5"#),
+            "{text}"
+        );
+    }
+}

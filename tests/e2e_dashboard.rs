@@ -1,7 +1,7 @@
 //! The shipped dashboard and alerts against a real Prometheus scraping the daemon (M6): after
 //! a short workload (three pods Ready, one deleted) every panel query of
 //! packaging/grafana-dashboard.json returns a series, and every metric an alert of
-//! packaging/alerts.yaml names has one.
+//! packaging/alerts.yaml names has one; the three start-ups are observed once each.
 //!
 //! Dashboard queries run as Grafana would send them, with `$instance` as the "All" regex and
 //! `$__rate_interval` as a window that holds several 1 s scrapes. An alert's expression is
@@ -157,6 +157,12 @@ async fn every_dashboard_query_and_alert_has_a_series() -> Result<()> {
     .await
     .with_context(|| d.proc.log_tail(60))?;
     e2e::step!("workload done after {:?}", started.elapsed());
+
+    // Each pod's start-up is observed once, however many status writes and probes followed.
+    let total = r#"sum(cocoon_vk_pod_startup_seconds_count{stage="total"})"#;
+    prom.query_until(total, SERIES_LIMIT, |v| v == PODS.len() as f64)
+        .await
+        .with_context(|| d.proc.log_tail(20))?;
 
     let queries: Vec<String> = dashboard.iter().map(|(_, q)| q.clone()).collect();
     let empty = empty_after(prom, &queries, SERIES_LIMIT).await;
