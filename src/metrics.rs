@@ -1,5 +1,6 @@
-//! vk-cocoon's own Prometheus metrics (M3, prefix `cocoon_vk_`). Counters the
-//! core decides arrive as `Action::Count`/`Observe`; the shell only measures probe time.
+//! vk-cocoon's own Prometheus metrics (M3, prefix `cocoon_vk_`). Counters and the waits the
+//! core decides arrive as `Action::Count`/`Observe`; the shell measures only what the core
+//! cannot see: probe time, the reduce call, an action's wait for its slot, the Lease (M6).
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -48,6 +49,51 @@ pub struct Metrics {
     /// M4: registered only while a journal is configured (`enable_journal`), so a node that
     /// runs without one on purpose shows no journal series and raises no journal alert.
     pub journal: JournalMetrics,
+    pod_startup: HistogramVec,
+    vm_event_status: Histogram,
+    /// M6: one `reduce` call, event in to actions out.
+    pub reduce_duration: Histogram,
+    /// M6: an action handed to the executor until its call starts, by `kind`.
+    pub action_wait: HistogramVec,
+    pub lease: LeaseRenewals,
+}
+
+/// M6: the node Lease's successful renewals: the interval between two, and the age of the
+/// last one, read at scrape time so a renew loop that is stuck shows it growing.
+#[derive(Clone)]
+pub struct LeaseRenewals {
+    interval: Histogram,
+    last: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl LeaseRenewals {
+    pub fn renewed(&self) {
+        let now = std::time::Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(prev) = last.replace(now) {
+            self.interval
+                .observe(now.duration_since(prev).as_secs_f64());
+        }
+    }
+}
+
+/// The age of the last renewal; no series before the first.
+struct LeaseAge {
+    last: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    gauge: Gauge,
+}
+
+impl Collector for LeaseAge {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(last) = last else { return Vec::new() };
+        self.gauge.set(last.elapsed().as_secs_f64());
+        self.gauge.collect()
+    }
 }
 
 /// M4: the journal's health.
@@ -158,7 +204,66 @@ impl Metrics {
             "Peer raw-file restore time",
             &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
         );
+        let pod_startup = HistogramVec::new(
+            HistogramOpts::new(
+                "cocoon_vk_pod_startup_seconds",
+                "A pod's start-up by stage: first seen to VM created (vm_created), to the first probe ok (first_probe_ok), to the Ready status written (ready_pushed); total: first seen to Ready written",
+            )
+            .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
+            &["stage"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(pod_startup.clone()))
+            .expect("unique metric");
+        let vm_event_status = seconds(
+            "cocoon_vk_vm_event_status_seconds",
+            "A cocoon VM event that changed a pod's status, until the server took that status",
+            &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0],
+        );
+        let reduce_duration = seconds(
+            "cocoon_vk_reduce_duration_seconds",
+            "One reduce call of the loop: an event in, its actions out",
+            &[
+                0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                0.05,
+            ],
+        );
+        let action_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "cocoon_vk_action_queue_wait_seconds",
+                "An action handed to the executor until its call starts (a cocoon or kube slot free), by kind",
+            )
+            .buckets(vec![
+                0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
+            ]),
+            &["kind"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(action_wait.clone()))
+            .expect("unique metric");
+        let lease = LeaseRenewals {
+            interval: seconds(
+                "cocoon_vk_lease_renew_interval_seconds",
+                "The node Lease: the age of the last successful renewal when the next one succeeds",
+                &[5.0, 10.0, 11.0, 12.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0],
+            ),
+            last: Default::default(),
+        };
+        r.register(Box::new(LeaseAge {
+            last: lease.last.clone(),
+            gauge: Gauge::new(
+                "cocoon_vk_lease_renew_age_seconds",
+                "Seconds since the node Lease was last renewed (absent before the first renewal)",
+            )
+            .expect("valid metric"),
+        }))
+        .expect("unique metric");
         Self {
+            pod_startup,
+            vm_event_status,
+            reduce_duration,
+            action_wait,
+            lease,
             save_duration,
             push_duration,
             pull_duration,
@@ -304,6 +409,34 @@ impl Metrics {
             journal: JournalMetrics::new(),
             registry: r,
         }
+        .zeroed()
+    }
+
+    /// M6: the outcome series a dashboard and its alerts rate over exist at 0 from the start,
+    /// so a node where nothing has failed yet shows a flat line rather than no data, and a
+    /// first failure is a rise a `rate` can see.
+    fn zeroed(self) -> Self {
+        const RESULTS: [&str; 2] = ["ok", "failed"];
+        for result in RESULTS {
+            for c in [
+                &self.snapshot_save,
+                &self.snapshot_push,
+                &self.snapshot_pull,
+                &self.wake,
+            ] {
+                c.with_label_values(&[result]);
+            }
+            for phase in ["snapshot", "push", "remove", "netresize"] {
+                self.hibernate.with_label_values(&[phase, result]);
+            }
+            for kind in ["windows", "linux_fc", "linux_static", "sac"] {
+                self.postclone.with_label_values(&[kind, result]);
+            }
+        }
+        for reason in ["lane_full", "timeout", "rejected"] {
+            self.events_dropped.with_label_values(&[reason]);
+        }
+        self
     }
 
     /// Exposes the journal's series (M4); once, when a journal is configured.
@@ -402,6 +535,11 @@ impl Metrics {
             CoreHistogram::SnapshotPeerRestoreDuration => {
                 self.peer_restore_duration.observe(millis as f64 / 1000.0)
             }
+            CoreHistogram::PodStartup { stage } => self
+                .pod_startup
+                .with_label_values(&[stage.as_str()])
+                .observe(millis as f64 / 1000.0),
+            CoreHistogram::VmEventToStatus => self.vm_event_status.observe(millis as f64 / 1000.0),
         }
     }
 
@@ -486,4 +624,52 @@ async fn serve(listener: std::net::TcpListener, metrics: Metrics) -> std::io::Re
     .listen(listener)?
     .run()
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_series_exist_at_zero_from_the_start() {
+        let text = Metrics::new().render();
+        for series in [
+            r#"cocoon_vk_snapshot_save_total{result="failed"} 0"#,
+            r#"cocoon_vk_hibernate_total{phase="push",result="ok"} 0"#,
+            r#"cocoon_vk_postclone_total{kind="sac",result="failed"} 0"#,
+            r#"cocoon_vk_events_dropped_total{reason="timeout"} 0"#,
+            r#"cocoon_vk_wake_total{result="ok"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_lease_age_appears_with_the_first_renewal_and_the_interval_with_the_second() {
+        let m = Metrics::new();
+        assert!(!m.render().contains("cocoon_vk_lease_renew_age_seconds"));
+        m.lease.renewed();
+        let text = m.render();
+        assert!(
+            text.contains("cocoon_vk_lease_renew_age_seconds "),
+            "{text}"
+        );
+        assert!(text.contains("cocoon_vk_lease_renew_interval_seconds_count 0"));
+        m.lease.renewed();
+        assert!(m
+            .render()
+            .contains("cocoon_vk_lease_renew_interval_seconds_count 1"));
+    }
+
+    #[test]
+    fn startup_stages_are_labelled() {
+        let m = Metrics::new();
+        let stage = reconcilers::action::StartupStage::FirstProbeOk;
+        m.observe(&CoreHistogram::PodStartup { stage }, 1500);
+        let text = m.render();
+        assert!(
+            text.contains(r#"cocoon_vk_pod_startup_seconds_sum{stage="first_probe_ok"} 1.5"#),
+            "{text}"
+        );
+    }
 }

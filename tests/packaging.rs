@@ -1,6 +1,6 @@
 //! The shipped packaging stays consistent with the code: alert rules parse and pass their unit
-//! tests (promtool, which `make deps` installs) and only name metrics this build exports; the unit runs the
-//! real subcommand.
+//! tests (promtool, which `make deps` installs), the Grafana dashboard parses, and both name
+//! only metrics this build exports; the unit runs the real subcommand.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -19,17 +19,53 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     out
 }
 
-#[test]
-fn alert_rules_name_only_exported_metrics() {
-    let alerts = std::fs::read_to_string("packaging/alerts.yaml").unwrap();
+fn exported() -> BTreeSet<String> {
     let code = ["src/metrics.rs", "src/stats_collector.rs"]
         .map(|p| std::fs::read_to_string(p).unwrap())
         .join("\n");
-    let exported = metric_names(&code);
+    metric_names(&code)
+}
+
+/// A histogram's series carry its name with a suffix.
+fn is_exported(exported: &BTreeSet<String>, name: &str) -> bool {
+    exported.contains(name)
+        || ["_bucket", "_sum", "_count"]
+            .iter()
+            .filter_map(|s| name.strip_suffix(s))
+            .any(|base| exported.contains(base))
+}
+
+#[test]
+fn alert_rules_name_only_exported_metrics() {
+    let alerts = std::fs::read_to_string("packaging/alerts.yaml").unwrap();
+    let exported = exported();
     for name in metric_names(&alerts) {
         assert!(
-            exported.contains(&name),
+            is_exported(&exported, &name),
             "packaging/alerts.yaml uses {name}, which this build does not export"
+        );
+    }
+}
+
+/// M6: every panel of packaging/grafana-dashboard.json queries something, and only metrics
+/// this build exports.
+#[test]
+fn dashboard_names_only_exported_metrics() {
+    let text = std::fs::read_to_string("packaging/grafana-dashboard.json").unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    let mut exprs = 0;
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        let targets = p["targets"].as_array().map_or(&[][..], Vec::as_slice);
+        assert!(!targets.is_empty(), "panel {} has no query", p["title"]);
+        exprs += targets.len();
+    }
+    assert!(exprs > 20, "{exprs} queries");
+    let exported = exported();
+    for name in metric_names(&text) {
+        assert!(
+            is_exported(&exported, &name),
+            "packaging/grafana-dashboard.json uses {name}, which this build does not export"
         );
     }
 }

@@ -101,8 +101,10 @@ impl Executor {
                     self.tx.clone(),
                     self.cocoon_slots.clone(),
                 );
+                let waited = self.waited("cocoon");
                 tokio::spawn(async move {
                     let _permit = slots.acquire_owned().await;
+                    waited.stop_and_record();
                     let result = cli.call(&cmd).await;
                     let _ = tx.send(Event::CocoonDone { op, result }).await;
                 });
@@ -203,7 +205,9 @@ impl Executor {
             },
             Action::CallRegistry { op, call, .. } => {
                 let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
+                let waited = self.waited("registry");
                 tokio::spawn(async move {
+                    waited.stop_and_record();
                     let result = match transfers {
                         Some(t) => t.call(&call).await,
                         None => Err(registry::not_configured(&call)),
@@ -213,6 +217,14 @@ impl Executor {
             }
             Action::RegisterNode | Action::Abort { .. } => {}
         }
+    }
+
+    /// M6: started when an action is handed over, recorded when its call starts.
+    fn waited(&self, kind: &str) -> prometheus::HistogramTimer {
+        self.metrics
+            .action_wait
+            .with_label_values(&[kind])
+            .start_timer()
     }
 
     fn kube<F, Fut>(&self, op: reconcilers::OpId, kind: &'static str, f: F)
@@ -228,8 +240,10 @@ impl Executor {
             self.kube_slots.clone(),
         );
         self.metrics.api_writes.with_label_values(&[kind]).inc();
+        let waited = self.waited("kube");
         tokio::spawn(async move {
             let _permit = slots.acquire_owned().await;
+            waited.stop_and_record();
             let result = match tokio::time::timeout(Duration::from_secs(5), f(client)).await {
                 Ok(r) => r,
                 Err(_) => Err(reconcilers::event::KubeError {

@@ -171,8 +171,13 @@ pub async fn register(client: &Client, s: &NodeSettings) -> anyhow::Result<Strin
 
 /// N16: the status with fresh heartbeats every 60 s; N17: the Lease every 10 s. Errors back
 /// off and retry; they never end the task.
-pub async fn heartbeat(client: Client, s: NodeSettings, uid: String) {
-    let node_lease_task = tokio::spawn(node_lease_loop(client.clone(), s.clone(), uid));
+pub async fn heartbeat(
+    client: Client,
+    s: NodeSettings,
+    uid: String,
+    lease: crate::metrics::LeaseRenewals,
+) {
+    let node_lease_task = tokio::spawn(node_lease_loop(client.clone(), s.clone(), uid, lease));
     let api: Api<Node> = Api::all(client);
     let mut tick = tokio::time::interval(STATUS_EVERY);
     tick.tick().await;
@@ -194,12 +199,18 @@ pub async fn heartbeat(client: Client, s: NodeSettings, uid: String) {
     }
 }
 
-async fn node_lease_loop(client: Client, s: NodeSettings, uid: String) {
+async fn node_lease_loop(
+    client: Client,
+    s: NodeSettings,
+    uid: String,
+    renewals: crate::metrics::LeaseRenewals,
+) {
     let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
     let mut backoff = Duration::from_millis(200);
     loop {
         match renew_node_lease(&api, &s, &uid).await {
             Ok(()) => {
+                renewals.renewed();
                 backoff = Duration::from_millis(200);
                 tokio::time::sleep(NODE_LEASE_RENEW).await;
             }

@@ -258,7 +258,11 @@ pub async fn run(settings: Settings) -> Result<()> {
             at: now_ms(),
             event,
         };
+        let reducing = std::time::Instant::now();
         let actions = reduce(&mut state, envelope.clone());
+        metrics
+            .reduce_duration
+            .observe(reducing.elapsed().as_secs_f64());
         if let Some(e) = evidence.as_mut() {
             e.record(&envelope, &actions, &state, tokio::time::Instant::now());
         }
@@ -271,6 +275,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                         client.clone(),
                         settings.node.clone(),
                         tx.clone(),
+                        metrics.lease.clone(),
                     )));
                     tasks.push(tokio::spawn(cocoon_stream::run(
                         settings.cocoon.clone(),
@@ -300,14 +305,19 @@ pub async fn run(settings: Settings) -> Result<()> {
     result
 }
 
-async fn register(client: Client, s: NodeSettings, tx: crate::sources::EventTx) {
+async fn register(
+    client: Client,
+    s: NodeSettings,
+    tx: crate::sources::EventTx,
+    lease: metrics::LeaseRenewals,
+) {
     let mut backoff = std::time::Duration::from_millis(200);
     loop {
         match node::register(&client, &s).await {
             Ok(uid) => {
                 tracing::info!(node = %s.name, "node registered");
                 let _ = tx.send(Event::NodeRegistered).await;
-                node::heartbeat(client, s, uid).await;
+                node::heartbeat(client, s, uid, lease).await;
                 return;
             }
             Err(e) => {

@@ -1355,6 +1355,9 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     if let Some(e) = s.pods.get_mut(key) {
         e.started_at = Some(now);
     }
+    if !woken {
+        crate::latency::vm_created(s, key);
+    }
     // A registry import or a peer's staged copy served this clone only (U6).
     if let Some(scratch) = scratch {
         crate::snapshot::drop_scratch(s, key, scratch);

@@ -39,6 +39,7 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
     let Some(e) = s.pods.get_mut(&key) else {
         s.pods.insert(key.clone(), Box::new(PodEntry::new(pod)));
         s.touched.insert(&key);
+        crate::latency::seen(s, &key);
         if s.started() {
             intake(s, &key);
         }

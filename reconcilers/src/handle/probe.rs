@@ -119,6 +119,9 @@ pub fn done(s: &mut State, key: &PodKey, seq: u64, ok: bool) {
         e.ready_changed_at = Some(now);
         s.touched.insert(key);
     }
+    if ok {
+        crate::latency::probe_ok(s, key);
+    }
     // R6: every tick re-resolves a DHCP VM's IP; the tracked IP is only a cache.
     dhcp::refresh_ip(s, key);
     schedule(s, key, next, standing);

@@ -74,15 +74,17 @@ pub(crate) fn write_done(
                 (KubeOk::Done, Some(pushed)) => e.pod.status = pushed.clone(),
                 (KubeOk::Done, None) => {}
             }
-            if let Some(pushed) = pushed {
-                // The server changed what we pushed: pushing it again would loop.
-                e.writer.echo_mismatch = (pushed != e.pod.status).then_some(pushed);
-            }
             for (k, v) in annotations {
                 match v {
                     Some(v) => e.pod.annotations.insert(k, v),
                     None => e.pod.annotations.remove(&k),
                 };
+            }
+            if let Some(pushed) = pushed {
+                crate::latency::status_pushed(s, key, &pushed);
+                let Some(e) = s.pods.get_mut(key) else { return };
+                // The server changed what we pushed: pushing it again would loop.
+                e.writer.echo_mismatch = (pushed != e.pod.status).then_some(pushed);
             }
         }
         Err(err) => {

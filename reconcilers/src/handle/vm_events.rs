@@ -38,12 +38,13 @@ pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
             .flatten()
     });
     let Some(key) = key.cloned() else { return };
+    if !s.pod(&key).is_some_and(hintable) {
+        return;
+    }
+    crate::latency::vm_event(s, &key);
     let Some(e) = s.pods.get_mut(&key) else {
         return;
     };
-    if !hintable(e) {
-        return;
-    }
     // `hintable` holds only for a Running pod. One operation at a time: the hint waits for
     // the one out, which may have looked at the VM before this change (a removal racing a
     // restart).
@@ -309,6 +310,7 @@ fn refresh(s: &mut State, key: &PodKey, vm: VmRecord) {
     r.vm.record = vm;
     tracking::unindex(s, key, &old);
     tracking::indexed(s, key);
+    crate::latency::vm_event_settled(s, key);
 }
 
 fn inconclusive(

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::moments::Moments;
 use crate::phase::Phase;
 use crate::pod::PodView;
 use crate::spec::{SpecError, VmSpec};
@@ -26,6 +27,9 @@ pub struct PodEntry {
     /// `None`: vk has no word on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_clone: Option<PostClone>,
+    /// M6: the moments of this incarnation a user waits between.
+    #[serde(default, skip_serializing_if = "Moments::is_empty")]
+    pub moments: Moments,
 }
 
 /// The fix-up's progress as the pod's annotations carry it.
@@ -148,6 +152,7 @@ impl PodEntry {
             writer: Writer::default(),
             successor: None,
             post_clone: None,
+            moments: Moments::default(),
         }
     }
 

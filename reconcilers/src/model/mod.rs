@@ -8,6 +8,7 @@ pub mod config;
 pub mod entry;
 pub mod keys;
 pub mod macos;
+pub mod moments;
 pub mod names;
 pub mod ops;
 pub mod phase;

@@ -180,11 +180,45 @@ pub struct SacNic {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum Histogram {
-    VmBootDuration { mode: String, backend: String },
+    VmBootDuration {
+        mode: String,
+        backend: String,
+    },
     SnapshotSaveDuration,
     SnapshotPushDuration,
     SnapshotPullDuration,
     SnapshotPeerRestoreDuration,
+    /// M6: one stage of a pod's start-up, each observed once per incarnation.
+    PodStartup {
+        stage: StartupStage,
+    },
+    /// M6: a VM event that changed a pod's status, until the server took that status.
+    VmEventToStatus,
+}
+
+/// M6: the stages of a pod's start-up, each from the moment before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartupStage {
+    /// First seen → VM created.
+    VmCreated,
+    /// VM created → the first probe that succeeded.
+    FirstProbeOk,
+    /// First probe ok → the status with ready=true written.
+    ReadyPushed,
+    /// First seen → the status with ready=true written.
+    Total,
+}
+
+impl StartupStage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartupStage::VmCreated => "vm_created",
+            StartupStage::FirstProbeOk => "first_probe_ok",
+            StartupStage::ReadyPushed => "ready_pushed",
+            StartupStage::Total => "total",
+        }
+    }
 }
 
 /// A call to the OCI registry (`OCI_REGISTRY`); `name` is the repository below the base.

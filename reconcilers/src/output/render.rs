@@ -224,6 +224,10 @@ pub fn action(a: &Action) -> String {
             Histogram::SnapshotPeerRestoreDuration => {
                 format!("observe snapshot_peer_restore_duration {millis}ms")
             }
+            Histogram::PodStartup { stage } => {
+                format!("observe pod_startup{{stage={}}} {millis}ms", stage.as_str())
+            }
+            Histogram::VmEventToStatus => format!("observe vm_event_status {millis}ms"),
         },
         Action::ObserveCount { histogram, count } => match histogram {
             CountHistogram::PostCloneRetryAttempts { result } => {
