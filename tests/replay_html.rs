@@ -73,10 +73,14 @@ fn the_sample_page_has_a_row_per_pod_with_the_timeline_argv() {
     let row = |name: &str| rows.iter().find(|(p, _, _)| p == name).unwrap().2;
     let web = items(row("default/web"), "c");
     assert!(
-        web.iter().any(|l| l.contains(" vm run ") && l.contains("vk-web")),
+        web.iter()
+            .any(|l| l.contains(" vm run ") && l.contains("vk-web")),
         "{web:?}"
     );
-    assert!(web.iter().any(|l| l.ends_with("vm rm --force -- V001")), "{web:?}");
+    assert!(
+        web.iter().any(|l| l.ends_with("vm rm --force -- V001")),
+        "{web:?}"
+    );
     let worker = items(row("default/worker"), "c");
     assert!(
         worker
@@ -85,15 +89,28 @@ fn the_sample_page_has_a_row_per_pod_with_the_timeline_argv() {
         "{worker:?}"
     );
     // The summary counts and phases.
-    let summary_text = text(row("default/worker").select(&sel("summary")).next().unwrap());
+    let summary_text = text(
+        row("default/worker")
+            .select(&sel("summary"))
+            .next()
+            .unwrap(),
+    );
     assert!(summary_text.contains("5 cocoon"), "{summary_text}");
-    assert!(summary_text.contains("running → evicting → terminal"), "{summary_text}");
+    assert!(
+        summary_text.contains("running → evicting → terminal"),
+        "{summary_text}"
+    );
     let phases: Vec<String> = row("default/worker").select(&sel("b")).map(text).collect();
-    assert!(phases.contains(&"phase running → evicting".to_string()), "{phases:?}");
+    assert!(
+        phases.contains(&"phase running → evicting".to_string()),
+        "{phases:?}"
+    );
     // Statuses pushed, in their rows.
     let statuses = items(row("default/api"), "s2");
     assert!(
-        statuses.iter().any(|s| s.contains("phase=Running ready=true")),
+        statuses
+            .iter()
+            .any(|s| s.contains("phase=Running ready=true")),
         "{statuses:?}"
     );
 
@@ -132,7 +149,11 @@ fn the_binary_writes_the_page_to_a_file() {
         .arg(sample_path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.stdout.is_empty(), "the page replaces the timeline");
     let html = std::fs::read_to_string(&out_path).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"));

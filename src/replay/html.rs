@@ -203,7 +203,10 @@ fn entry(e: &Entry, s: &mut String) {
 
 fn line(e: &Entry, s: &mut String) {
     let (_, time) = clock(e.at);
-    s.push_str(&format!("<time>{time}</time><span class=s>{}</span>", e.seq));
+    s.push_str(&format!(
+        "<time>{time}</time><span class=s>{}</span>",
+        e.seq
+    ));
     s.push_str("<span class=v>");
     escape(&e.event, s);
     s.push_str("</span>");

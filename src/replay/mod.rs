@@ -260,7 +260,10 @@ fn header_note(loc: &crate::journal::Loc, h: &crate::journal::Header) -> String 
     let mut t = Timeline::new(&mut line);
     // Writing to a Vec cannot fail.
     let _ = t.header(loc, h);
-    String::from_utf8_lossy(&line).trim_end().trim_start_matches("== ").to_string()
+    String::from_utf8_lossy(&line)
+        .trim_end()
+        .trim_start_matches("== ")
+        .to_string()
 }
 
 /// The one-line verdict printed after a replay.

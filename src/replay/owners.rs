@@ -15,7 +15,10 @@ use super::focus::timer_key;
 pub enum Owner {
     /// The node's own work: vm list, sweeps, relists, startup.
     Node,
-    Pod { key: PodKey, uid: String },
+    Pod {
+        key: PodKey,
+        uid: String,
+    },
 }
 
 impl Owner {
@@ -83,9 +86,9 @@ impl Owners {
     /// Judged before the event is reduced, against the state it meets.
     pub fn event(&mut self, e: &Event, before: &State) -> Owner {
         let key = match e {
-            Event::PodRelistItem { pod } | Event::PodApplied { pod } | Event::PodDeleted { pod } => {
-                return self.seen(pod)
-            }
+            Event::PodRelistItem { pod }
+            | Event::PodApplied { pod }
+            | Event::PodDeleted { pod } => return self.seen(pod),
             Event::ProbeDone { key, .. } => Some(key.clone()),
             Event::TimerFired { timer } => {
                 if let (Some(key), uid) = (timer_key(timer), timer_uid(timer)) {

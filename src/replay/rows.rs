@@ -40,7 +40,9 @@ impl Kind {
     fn of(a: &Action) -> Kind {
         match a {
             Action::RunCocoon { .. } => Kind::Cocoon,
-            Action::PatchPod { status: Some(_), .. } => Kind::Status,
+            Action::PatchPod {
+                status: Some(_), ..
+            } => Kind::Status,
             Action::PatchPod { .. } => Kind::Annotate,
             Action::RecordEvent { .. } => Kind::Event,
             Action::ArmTimer { .. } => Kind::Timer,
@@ -259,7 +261,9 @@ impl Rows {
             match a {
                 Action::RunCocoon { .. } => r.counts.cocoon += 1,
                 Action::RecordEvent { .. } => r.counts.k8s_events += 1,
-                Action::PatchPod { status: Some(s), .. } => {
+                Action::PatchPod {
+                    status: Some(s), ..
+                } => {
                     r.counts.statuses += 1;
                     r.last_status = Some(render::status(s));
                 }
@@ -270,9 +274,11 @@ impl Rows {
                     p.touched.push((k.clone(), row, phase_of(before, k)));
                 }
             }
-            p.entry(row, || Entry::new(env.seq, env.at, Cause::Other, text.clone()))
-                .items
-                .push((kind, render::action(a)));
+            p.entry(row, || {
+                Entry::new(env.seq, env.at, Cause::Other, text.clone())
+            })
+            .items
+            .push((kind, render::action(a)));
         }
         p
     }
@@ -304,5 +310,51 @@ impl Rows {
         for (row, e) in p.entries {
             self.rows[row].push(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reconcilers::action::{ProbeCheck, ProbeTarget};
+    use reconcilers::{Config, Event};
+
+    #[test]
+    fn a_probe_loop_folds_into_one_entry_with_its_count_and_last() {
+        let state = State::new(Config::default());
+        let key = PodKey::new("default", "web");
+        let mut rows = Rows::new();
+        for seq in 1..=5u64 {
+            let env = Envelope {
+                seq,
+                at: 1_777_600_000_000 + seq as Millis * 1000,
+                event: Event::ProbeDone {
+                    key: key.clone(),
+                    seq,
+                    ok: true,
+                    detail: String::new(),
+                },
+            };
+            let actions = [Action::RunProbe {
+                key: key.clone(),
+                seq: seq + 1,
+                target: ProbeTarget {
+                    ip: Some("10.0.0.5".into()),
+                    check: ProbeCheck::Icmp,
+                },
+                after_ms: 1000,
+                standing: false,
+            }];
+            let p = rows.step(&env, &actions, &state);
+            rows.settle(p, &state, false);
+        }
+        let row = &rows.rows[1];
+        assert_eq!(row.entries.len(), 1);
+        let e = &row.entries[0];
+        assert_eq!((e.seq, e.times), (1, 5));
+        let last = e.last.as_ref().unwrap();
+        assert_eq!(last.event, "probe-done default/web p5 ok");
+        assert_eq!(row.counts.folded, 4);
+        assert_eq!((row.counts.events, row.counts.actions), (5, 5));
     }
 }
