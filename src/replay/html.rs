@@ -27,7 +27,7 @@ li{margin:1px 0;white-space:pre-wrap;word-break:break-all}\
 li.o>.v{color:#888}li.n{color:#a50}li.d{color:#666;font-weight:600}\
 time,.s{color:#888;margin-right:.6em}\
 b{color:#05a;margin-left:.8em}em{color:#a0a;margin-left:.8em}\
-p{margin:0 0 0 2.2em}p::before{content:'\\2192  ';color:#aaa}\
+li p{margin:0 0 0 2.2em}li p::before{content:'\\2192  ';color:#aaa}\
 .c{color:#00c}.s2{color:#073}.a{color:#350}.e{color:#a50}.t{color:#777}.p{color:#777}\
 .x{color:#c00}.r{color:#609}.m{color:#555}.w{color:#a50;font-weight:600}\
 .l{margin-left:2.2em;color:#666}\

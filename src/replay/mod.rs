@@ -21,9 +21,8 @@ use reconcilers::{Action, Envelope, State};
 use crate::journal::{Entry, JournalError, Reader, Start};
 
 pub use focus::Focus;
-pub use html::escape as escape_html;
 pub use replayer::Replayer;
-pub use rows::Rows;
+use rows::Rows;
 pub use timeline::Timeline;
 
 #[derive(Clone, Debug, Default)]
