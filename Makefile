@@ -78,6 +78,7 @@ crash-sweep: deps
 bench:
 	$(CARGO) bench -j$(JOBS) -p reconcilers --all-features
 	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench replay
+	$(CARGO) bench -j$(JOBS) -p vk-cocoon --bench replay_html
 
 # 1,000 loopback guests (127.1.x.y) pinged once a second through the ICMP probe path: CPU per
 # round and reply latency (docs/bench-probes.md). The raw rows need root or CAP_NET_RAW.

@@ -62,6 +62,11 @@ struct ReplayArgs {
     /// Do not print the timeline.
     #[arg(long, short)]
     quiet: bool,
+    /// Write one self-contained HTML page to OUT instead of printing the timeline: a
+    /// collapsible row per pod (and one for the node) with its events, phase changes,
+    /// actions and statuses in time order, repeats folded.
+    #[arg(long, value_name = "OUT")]
+    html: Option<PathBuf>,
 }
 
 fn parse_pod_key(s: &str) -> Result<PodKey, String> {
@@ -150,10 +155,28 @@ fn replay(args: ReplayArgs) -> ExitCode {
         until: args.until,
         verify: args.verify,
         quiet: args.quiet,
+        html: args.html.is_some(),
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    let result = replay::run(&opts, &mut out).and_then(|(summary, state)| {
+    let mut page = match &args.html {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Some(io::BufWriter::new(f)),
+            Err(e) => {
+                eprintln!("vk-cocoon replay: cannot create {}: {e}", path.display());
+                return ExitCode::from(FAILED);
+            }
+        },
+        None => None,
+    };
+    let target: &mut dyn Write = match &mut page {
+        Some(p) => p,
+        None => &mut out,
+    };
+    let result = replay::run(&opts, target).and_then(|(summary, state)| {
+        if let Some(p) = &mut page {
+            p.flush()?;
+        }
         if args.state {
             if let Some(state) = state {
                 serde_json::to_writer_pretty(&mut out, &state).map_err(io::Error::other)?;
@@ -172,6 +195,10 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Err(Failure::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(failure) => {
             let _ = out.flush();
+            // A page cut short by a failure would read as a whole journal.
+            if let Some(path) = &args.html {
+                let _ = std::fs::remove_file(path);
+            }
             eprintln!("vk-cocoon replay: {failure}");
             ExitCode::from(FAILED)
         }

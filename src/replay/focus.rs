@@ -14,7 +14,7 @@ pub struct Focus {
     ops: BTreeSet<OpId>,
 }
 
-fn timer_key(t: &Timer) -> Option<&PodKey> {
+pub(super) fn timer_key(t: &Timer) -> Option<&PodKey> {
     match t {
         Timer::CreateRetry { key, .. }
         | Timer::Recheck { key, .. }

@@ -3,8 +3,11 @@
 //! with the journaled ones. A difference is a determinism bug, and this says where.
 
 mod focus;
+mod html;
 mod json_diff;
+mod owners;
 mod replayer;
+mod rows;
 mod timeline;
 
 use std::fmt;
@@ -19,6 +22,7 @@ use crate::journal::{Entry, JournalError, Reader, Start};
 
 pub use focus::Focus;
 pub use replayer::Replayer;
+use rows::Rows;
 pub use timeline::Timeline;
 
 #[derive(Clone, Debug, Default)]
@@ -32,6 +36,8 @@ pub struct Options {
     pub verify: bool,
     /// No timeline (benchmarks, `--state` alone).
     pub quiet: bool,
+    /// Write one HTML page, a row per pod, instead of the timeline.
+    pub html: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -142,8 +148,9 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
     let mut summary = Summary::default();
     let mut replayer = Replayer::new();
     let mut focus = opts.pod.clone().map(Focus::new);
-    let mut timeline = Timeline::new(out);
-    let show = !opts.quiet;
+    let mut rows = opts.html.then(Rows::new);
+    let mut timeline = Timeline::new(&mut *out);
+    let show = !opts.quiet && !opts.html;
     for entry in reader {
         match entry.map_err(Failure::Journal)? {
             Entry::Header { loc, header } => {
@@ -156,6 +163,9 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
                 if show {
                     timeline.header(&loc, &header)?;
                 }
+                if let Some(rows) = &mut rows {
+                    rows.note(header.created_at, header_note(&loc, &header));
+                }
                 if let Err(differences) = replayer.begin(&header) {
                     summary.state_differences += 1;
                     if opts.verify {
@@ -164,8 +174,12 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
                             differences,
                         });
                     }
+                    const NOTE: &str = "the state this file starts from differs from the replayed state; continuing from the file's";
                     if show {
-                        timeline.note("the state this file starts from differs from the replayed state; continuing from the file's")?;
+                        timeline.note(NOTE)?;
+                    }
+                    if let Some(rows) = &mut rows {
+                        rows.note(header.created_at, NOTE.into());
                     }
                 }
             }
@@ -197,7 +211,15 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
                     }
                 }
                 let kept = opts.verify.then(|| envelope.clone());
+                let pending = rows.as_mut().map(|r| {
+                    let before = replayer.state().expect("a header came first");
+                    r.step(&envelope, &actions, before)
+                });
                 let replayed = replayer.step(envelope);
+                if let (Some(rows), Some(p)) = (&mut rows, pending) {
+                    let after = replayer.state().expect("a header came first");
+                    rows.settle(p, after, replayed != actions);
+                }
                 summary.steps += 1;
                 summary.actions += actions.len() as u64;
                 summary.last_seq = Some(seq);
@@ -219,7 +241,28 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
             }
         }
     }
+    if let Some(rows) = rows {
+        let names: Vec<String> = opts.files.iter().map(|p| p.display().to_string()).collect();
+        let heading = html::Heading {
+            title: &format!("vk-cocoon replay {}", names.join(" ")),
+            verdict: &verdict(&summary, opts.verify, &opts.files),
+            only: opts.pod.as_ref(),
+        };
+        html::write(&rows, &heading, out)?;
+    }
     Ok((summary, replayer.state().cloned()))
+}
+
+/// A header in the page: the node's row shows where files begin and journaling resumed.
+fn header_note(loc: &crate::journal::Loc, h: &crate::journal::Header) -> String {
+    let mut line = Vec::new();
+    let mut t = Timeline::new(&mut line);
+    // Writing to a Vec cannot fail.
+    let _ = t.header(loc, h);
+    String::from_utf8_lossy(&line)
+        .trim_end()
+        .trim_start_matches("== ")
+        .to_string()
 }
 
 /// The one-line verdict printed after a replay.

@@ -18,7 +18,7 @@ pub struct Timeline<'a> {
     day: Option<String>,
 }
 
-fn clock(at: Millis) -> (String, String) {
+pub(super) fn clock(at: Millis) -> (String, String) {
     let s = rfc3339_seconds(at);
     let ms = at.rem_euclid(1000);
     (s[..10].to_string(), format!("{}.{ms:03}", &s[11..19]))

@@ -77,3 +77,24 @@ pub fn vm_id(w: &World, name: &str) -> String {
         .map(|v| v.id.clone())
         .unwrap_or_else(|| panic!("no VM named {name}"))
 }
+
+/// `waves` rounds of [`churn`]'s story, `per_wave` pods each, in one world: as many events
+/// as `churn(waves * per_wave)` without its cost, since the world only ever holds one wave.
+pub fn churn_waves(waves: usize, per_wave: usize) -> World {
+    let mut w = World::new(Config::default());
+    w.start(vec![], vec![]);
+    for wave in 0..waves {
+        let names: Vec<String> = (0..per_wave)
+            .map(|i| format!("p{}", wave * per_wave + i))
+            .collect();
+        for n in &names {
+            w.apply(pod("bench", n).managed().run("ubuntu:24.04").build());
+        }
+        w.run_for(5_000);
+        for n in &names {
+            w.delete_pod(&PodKey::new("bench", n));
+        }
+        w.run_for(30_000);
+    }
+    w
+}
