@@ -261,12 +261,7 @@ fn succeeded(s: &mut State, key: &PodKey) {
     };
     e.post_clone = Some(PostClone::Done);
     count(s, f.kind.as_str(), "ok", Some(f.attempts));
-    let sac = s
-        .pod(key)
-        .and_then(|e| Some((e.spec.as_ref().ok()?, e.vm()?)))
-        .filter(|(spec, vm)| spec.os == Os::Windows && vm.record.has_static_nic())
-        .is_some();
-    if sac {
+    if s.pod(key).is_some_and(owes_sac) {
         // C13 success, step 3: SAC before the success is announced.
         return start_sac(s, key, f.wait, f.attempts);
     }
@@ -433,15 +428,17 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
 /// B9: a restart found the fix-up `done` (its state says so): SAC again if it is owed, else
 /// the lease wait.
 pub(crate) fn resume_after_fixup(s: &mut State, key: &PodKey, wait: IpWait) {
-    let Some(e) = s.pod(key) else { return };
-    let sac = matches!((&e.spec, e.vm()), (Ok(spec), Some(vm)) if spec.os == Os::Windows && vm.record.has_static_nic());
-    if let Some(e) = s.pods.get_mut(key) {
-        e.post_clone = Some(PostClone::Done);
-    }
-    match sac {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.post_clone = Some(PostClone::Done);
+    match owes_sac(e) {
         true => start_sac(s, key, wait, 0),
         false => lease(s, key, wait),
     }
+}
+
+/// C15: a Windows guest with a static NIC gets its addresses over SAC.
+fn owes_sac(e: &crate::entry::PodEntry) -> bool {
+    matches!((&e.spec, e.vm()), (Ok(spec), Some(vm)) if spec.os == Os::Windows && vm.record.has_static_nic())
 }
 
 fn op_word(wait: IpWait) -> &'static str {

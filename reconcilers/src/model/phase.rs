@@ -230,17 +230,6 @@ pub enum Settle {
     Lease { wait: IpWait },
 }
 
-impl Settle {
-    /// The lease wait this step leads to: what the bring-up was for.
-    pub fn wait(&self) -> IpWait {
-        match self {
-            Settle::Classify { .. } => IpWait::Clone,
-            Settle::Fixup(f) => f.wait,
-            Settle::Sac { wait, .. } | Settle::Lease { wait } => *wait,
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fixup {
     pub kind: FixupKind,

@@ -6,7 +6,7 @@
 //! and is checked here first (MACs as hex pairs, addresses as dotted quads, the name by the
 //! VM-name rule), so nothing a pod writes can change what the script does.
 
-use std::net::Ipv4Addr;
+use core::net::Ipv4Addr;
 
 use base64::Engine;
 
