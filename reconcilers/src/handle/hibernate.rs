@@ -56,7 +56,11 @@ pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
 pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &e.phase else { return };
-    let running = r.clone();
+    let mut running = r.clone();
+    // The guest steps end with this VM: a wake brings up a new one with its own, and a
+    // rollback leaves the pod `failed`; an outcome of theirs that comes meanwhile is dropped,
+    // so keeping them would leave a step waiting for it forever.
+    running.settle = None;
     let Some(name) = e.vm_name().map(str::to_string) else {
         return;
     };
