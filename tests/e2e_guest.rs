@@ -39,13 +39,14 @@ const POST_CLONE_STATE: &str = "vm.cocoonstack.io/post-clone-state";
 const LIFECYCLE: &str = "vm.cocoonstack.io/lifecycle-state";
 
 /// A managed clone-mode pod of `snapshot`, its VM named `vk-default-<name>`.
-fn clone_pod(name: &str, snapshot: &str, extra: Value) -> Result<Pod> {
+fn clone_pod(name: &str, snapshot: &str, extra: &[(&str, &str)]) -> Result<Pod> {
     let mut a = json!({"cocoonset.cocoonstack.io/managed": "true",
         "vm.cocoonstack.io/name": format!("vk-{NS}-{name}"),
         "cocoonset.cocoonstack.io/image": snapshot});
-    a.as_object_mut()
-        .context("annotations")?
-        .extend(extra.as_object().context("extra annotations")?.clone());
+    let map = a.as_object_mut().context("annotations")?;
+    for (k, v) in extra {
+        map.insert(k.to_string(), json!(v));
+    }
     pod_manifest(NS, name, NODE, a)
 }
 
@@ -61,23 +62,35 @@ fn fixup_log(sim: &CocoonSim, id: &str) -> Result<Vec<Value>> {
     text.lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
 }
 
-/// One success case: its pod, and what the simulator calls its fix-up.
+const FIRECRACKER: (&str, &str) = ("vm.cocoonstack.io/backend", "firecracker");
+const STATIC_NETWORK: (&str, &str) = ("cocoonset.cocoonstack.io/network", "cocoon-static");
+
+/// One success case: its pod, the snapshot it clones, its own annotations, and what the
+/// simulator calls its fix-up.
 struct Case {
     pod: &'static str,
+    snapshot: &'static str,
+    annotations: &'static [(&'static str, &'static str)],
     sim_kind: &'static str,
 }
 
 const CASES: [Case; 3] = [
     Case {
         pod: "fc",
+        snapshot: FC_SNAPSHOT,
+        annotations: &[FIRECRACKER],
         sim_kind: "linux_fc",
     },
     Case {
         pod: "static",
+        snapshot: STATIC_SNAPSHOT,
+        annotations: &[STATIC_NETWORK],
         sim_kind: "linux",
     },
     Case {
         pod: "windows",
+        snapshot: WINDOWS_SNAPSHOT,
+        annotations: &[("cocoonset.cocoonstack.io/os", "windows"), STATIC_NETWORK],
         sim_kind: "windows",
     },
 ];
@@ -140,11 +153,7 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
 
     // The failing clone goes first: its 180 s budget runs while the others come up.
-    let doomed = clone_pod(
-        "doomed",
-        FC_SNAPSHOT,
-        json!({"vm.cocoonstack.io/backend": "firecracker"}),
-    )?;
+    let doomed = clone_pod("doomed", FC_SNAPSHOT, &[FIRECRACKER])?;
     create_pod(&pods, &doomed).await?;
     // Watched from its creation, so a Ready that lasted a moment would still be seen.
     let doomed_ready = daemon::watch_for(pods.clone(), "doomed", is_ready);
@@ -179,34 +188,13 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         FIRST_TRY_ERROR,
     ])?;
 
-    create_pod(
-        &pods,
-        &clone_pod(
-            "fc",
-            FC_SNAPSHOT,
-            json!({"vm.cocoonstack.io/backend": "firecracker"}),
-        )?,
-    )
-    .await?;
-    create_pod(
-        &pods,
-        &clone_pod(
-            "static",
-            STATIC_SNAPSHOT,
-            json!({"cocoonset.cocoonstack.io/network": "cocoon-static"}),
-        )?,
-    )
-    .await?;
-    create_pod(
-        &pods,
-        &clone_pod(
-            "windows",
-            WINDOWS_SNAPSHOT,
-            json!({"cocoonset.cocoonstack.io/os": "windows",
-                "cocoonset.cocoonstack.io/network": "cocoon-static"}),
-        )?,
-    )
-    .await?;
+    for case in &CASES {
+        create_pod(
+            &pods,
+            &clone_pod(case.pod, case.snapshot, case.annotations)?,
+        )
+        .await?;
+    }
 
     // Until each is Ready: whenever the pod is Ready, its fix-up is done in the guest and on
     // the pod; and each was seen with its VM running, its fix-up under way (not done in the
