@@ -46,7 +46,7 @@ demo: deps
 # Replays the committed sample journal and prints its timeline (no testbed needed).
 demo-replay:
 	$(CARGO) build -j$(JOBS) -p vk-cocoon --bin vk-cocoon
-	$(TARGET_DIR)/debug/vk-cocoon replay --verify packaging/sample/demo.jsonl
+	$(TARGET_DIR)/debug/vk-cocoon replay --verify packaging/sample/demo.journal
 
 # BENCH_PODS pods at once on the testbed: create→Ready, writes per pod, RSS/CPU, vanish
 # latency; fails only if the node Lease misses a renewal.

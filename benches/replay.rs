@@ -27,6 +27,7 @@ fn settings(dir: &std::path::Path) -> JournalSettings {
     JournalSettings {
         path: dir.join("events.jsonl"),
         max_bytes: 64 << 20,
+        max_age_ms: i64::MAX,
         files: 8,
     }
 }

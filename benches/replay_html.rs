@@ -28,6 +28,7 @@ fn main() {
     let settings = JournalSettings {
         path: dir.path().join("events.jsonl"),
         max_bytes: u64::MAX,
+        max_age_ms: i64::MAX,
         files: 1,
     };
     write_run(&settings, &w.state.config, CREATED_AT, &w.log).unwrap();

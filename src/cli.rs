@@ -44,7 +44,7 @@ enum Command {
 #[derive(Args)]
 struct ReplayArgs {
     /// Journal files, in any order (they are sorted by the file number in their headers),
-    /// e.g. /var/lib/vk-cocoon/journal/events.jsonl*
+    /// e.g. /var/lib/vk-cocoon/journal/events.journal*
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Show only the events and actions of this pod.
@@ -67,6 +67,28 @@ struct ReplayArgs {
     /// actions and statuses in time order, repeats folded.
     #[arg(long, value_name = "OUT")]
     html: Option<PathBuf>,
+    /// Print the records themselves, one JSON line each (the files hold them compressed),
+    /// instead of the timeline; every record is still checked, and a damaged file prints
+    /// the lines before the damage.
+    #[arg(long, conflicts_with_all = ["html", "pod", "state"])]
+    json: bool,
+}
+
+/// The records of `files`, in journal order, as the JSON lines they were written as.
+fn print_lines(files: &[PathBuf], out: &mut impl Write) -> io::Result<()> {
+    use vk_cocoon::journal::{frame, Reader};
+    let ordered = match Reader::open(files) {
+        Ok(r) => r.files().to_vec(),
+        // The check that follows names the problem.
+        Err(_) => files.to_vec(),
+    };
+    for path in ordered {
+        let bytes = std::fs::read(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let lines = frame::lines_of_file(&bytes).unwrap_or_else(|(lines, _)| lines);
+        out.write_all(&lines)?;
+    }
+    out.flush()
 }
 
 fn parse_pod_key(s: &str) -> Result<PodKey, String> {
@@ -154,11 +176,21 @@ fn replay(args: ReplayArgs) -> ExitCode {
         pod: args.pod,
         until: args.until,
         verify: args.verify,
-        quiet: args.quiet,
+        quiet: args.quiet || args.json,
         html: args.html.is_some(),
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
+    if args.json {
+        match print_lines(&opts.files, &mut out) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("vk-cocoon replay: {e}");
+                return ExitCode::from(FAILED);
+            }
+        }
+    }
     let mut page = match &args.html {
         Some(path) => match std::fs::File::create(path) {
             Ok(f) => Some(io::BufWriter::new(f)),

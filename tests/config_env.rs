@@ -64,6 +64,7 @@ const EVERY: &[(&str, &str)] = &[
     ("SNAPSHOT_PULL_BUDGET_MIB", "1024"),
     ("VK_JOURNAL_PATH", "/data/journal/ev.jsonl"),
     ("VK_JOURNAL_MAX_BYTES", "16Mi"),
+    ("VK_JOURNAL_MAX_AGE", "12h"),
     ("VK_JOURNAL_FILES", "3"),
 ];
 
@@ -137,7 +138,10 @@ fn every_variable_is_read() {
     assert_eq!(c.clone_from_dir_root, Some(PathBuf::from("/data/import")));
     let j = c.journal.as_ref().expect("journal on");
     assert_eq!(j.path, PathBuf::from("/data/journal/ev.jsonl"));
-    assert_eq!((j.max_bytes, j.files), (16 << 20, 3));
+    assert_eq!(
+        (j.max_bytes, j.max_age_ms, j.files),
+        (16 << 20, 12 * 3_600_000, 3)
+    );
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     assert_eq!(c.set.len(), VARS.len());
 
@@ -184,9 +188,12 @@ fn defaults_are_the_documented_ones() {
     let j = c.journal.clone().expect("journal on by default");
     assert_eq!(
         j.path,
-        PathBuf::from("/var/lib/vk-cocoon/journal/events.jsonl")
+        PathBuf::from("/var/lib/vk-cocoon/journal/events.journal")
     );
-    assert_eq!((j.max_bytes, j.files), (64 << 20, 8));
+    assert_eq!(
+        (j.max_bytes, j.max_age_ms, j.files),
+        (64 << 20, 86_400_000, 8)
+    );
     // OCI_REGISTRY: this build runs without it, with a warning (CFG-3).
     assert_eq!(c.oci_registry, None);
     assert!(c.warnings.iter().any(|w| w.contains("OCI_REGISTRY")));
@@ -285,6 +292,8 @@ const BAD: &[(&str, &str)] = &[
     ("SNAPSHOT_PULL_BUDGET_MIB", "1.5"),
     ("VK_JOURNAL_MAX_BYTES", "1Ki"),
     ("VK_JOURNAL_MAX_BYTES", "big"),
+    ("VK_JOURNAL_MAX_AGE", "30s"),
+    ("VK_JOURNAL_MAX_AGE", "12"),
     ("VK_JOURNAL_FILES", "0"),
 ];
 

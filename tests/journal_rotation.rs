@@ -9,7 +9,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use reconcilers::{Config, Envelope, Event, State};
-use vk_cocoon::journal::record::{encode_actions, encode_event};
 use vk_cocoon::journal::{
     existing_files, rotated_path, Entry, Journal, JournalSettings, Problem, Reader, Start,
     FORMAT_VERSION,
@@ -29,12 +28,12 @@ fn headers(files: &[PathBuf]) -> Vec<(u64, Start)> {
 }
 
 /// Files of this size hold a few hundred steps of the churn run beside their header's state.
-const FILE_BYTES: u64 = 48 * 1024;
+const FILE_BYTES: u64 = 4 * 1024;
 
 /// 12 pods through create → ready → delete, in several files.
 fn rotated_journal(dir: &Path, files: u32) -> (PathBuf, u64) {
     let w = scenarios::churn(12);
-    let path = dir.join("events.jsonl");
+    let path = dir.join("events.journal");
     support::journal_world(&w, &path, FILE_BYTES, files);
     (path, w.log.len() as u64)
 }
@@ -132,7 +131,7 @@ fn a_changed_byte_in_a_rotated_file_names_that_file() {
     let (path, _) = rotated_journal(dir.path(), 1000);
     let files = existing_files(&path, 1000);
     let target = &files[1];
-    let mut bytes = fs::read(target).unwrap();
+    let mut bytes = support::read_lines(target);
     let third_line = bytes
         .iter()
         .enumerate()
@@ -142,7 +141,7 @@ fn a_changed_byte_in_a_rotated_file_names_that_file() {
         .0
         + 30;
     bytes[third_line] ^= 0x01;
-    fs::write(target, bytes).unwrap();
+    support::write_lines(target, &bytes);
     let e = match verify(&files) {
         Err(Failure::Journal(e)) => e,
         other => panic!("expected a journal error, got {other:?}"),
@@ -160,8 +159,9 @@ fn envelope(seq: u64) -> Envelope {
 
 fn settings(dir: &Path) -> JournalSettings {
     JournalSettings {
-        path: dir.join("j/events.jsonl"),
+        path: dir.join("j/events.journal"),
         max_bytes: 1 << 20,
+        max_age_ms: i64::MAX,
         files: 4,
     }
 }
@@ -203,6 +203,7 @@ fn a_crash_loop_does_not_push_older_files_out() {
     process(
         &JournalSettings {
             max_bytes: 2_000,
+            max_age_ms: i64::MAX,
             ..s.clone()
         },
         40,
@@ -227,11 +228,12 @@ fn a_current_file_whose_end_does_not_verify_is_rotated_away() {
     let dir = tempfile::tempdir().unwrap();
     let s = settings(dir.path());
     process(&s, 3);
-    let mut bytes = fs::read(&s.path).unwrap();
+    let mut text = support::read_lines(&s.path);
     // A byte of the last record's body changed: its stored hash no longer matches.
-    let at = bytes.len() - 100;
-    bytes[at] ^= 0x01;
-    fs::write(&s.path, &bytes).unwrap();
+    let at = text.len() - 100;
+    text[at] ^= 0x01;
+    support::write_lines(&s.path, &text);
+    let bytes = fs::read(&s.path).unwrap();
     process(&s, 2);
     assert_eq!(fs::read(rotated_path(&s.path, 1)).unwrap(), bytes);
     assert_eq!(
@@ -245,34 +247,41 @@ fn a_current_file_whose_end_does_not_verify_is_rotated_away() {
 fn a_current_file_of_another_format_is_rotated_away() {
     let dir = tempfile::tempdir().unwrap();
     let s = settings(dir.path());
-    process(&s, 2);
-    let text = fs::read_to_string(&s.path).unwrap();
-    let older = text.replacen(
-        &format!("\"version\":{FORMAT_VERSION},"),
-        &format!("\"version\":{},", FORMAT_VERSION - 1),
-        1,
-    );
-    assert_ne!(older, text);
+    // A journal of the line format (version 5), as an older build left it.
+    let older =
+        fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/journal-v5.jsonl"))
+            .unwrap();
+    fs::create_dir_all(s.path.parent().unwrap()).unwrap();
     fs::write(&s.path, &older).unwrap();
     process(&s, 2);
-    assert_eq!(fs::read_to_string(rotated_path(&s.path, 1)).unwrap(), older);
-    assert_eq!(
-        headers(std::slice::from_ref(&s.path)),
-        vec![(1, Start::Open)]
-    );
+    assert_eq!(fs::read(rotated_path(&s.path, 1)).unwrap(), older);
+    let files = existing_files(&s.path, 4);
+    assert_eq!(headers(&files), vec![(0, Start::Open), (1, Start::Open)]);
+    let versions: Vec<u32> = Reader::open(&files)
+        .unwrap()
+        .filter_map(|e| match e.unwrap() {
+            Entry::Header { header, .. } => Some(header.version),
+            Entry::Step { .. } => None,
+        })
+        .collect();
+    assert_eq!(versions, vec![FORMAT_VERSION - 1, FORMAT_VERSION]);
+    // The old file is still read, and the chain runs from its last record into the new one.
+    assert!(Reader::open(&files).unwrap().all(|e| e.is_ok()));
 }
 
 #[test]
 fn a_full_current_file_is_rotated_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let s = JournalSettings {
-        max_bytes: 3_000,
+        max_bytes: 1_000,
+        max_age_ms: i64::MAX,
         ..settings(dir.path())
     };
     // One step short of rotating by itself: the file is past its size when the process ends.
     process(
         &JournalSettings {
             max_bytes: u64::MAX,
+            max_age_ms: i64::MAX,
             ..s.clone()
         },
         12,
@@ -303,7 +312,7 @@ fn journal_files_are_for_root_alone() {
     // An existing directory is the operator's: left as it is.
     let shared = tempfile::tempdir().unwrap();
     fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    process(&settings_at(shared.path().join("events.jsonl")), 1);
+    process(&settings_at(shared.path().join("events.journal")), 1);
     assert_eq!(mode(shared.path()), 0o755);
 }
 
@@ -311,6 +320,7 @@ fn settings_at(path: PathBuf) -> JournalSettings {
     JournalSettings {
         path,
         max_bytes: 1 << 20,
+        max_age_ms: i64::MAX,
         files: 4,
     }
 }
@@ -354,7 +364,7 @@ fn a_header_inside_a_file_must_be_a_start_or_resume_of_that_file() {
     let dir = tempfile::tempdir().unwrap();
     let s = settings(dir.path());
     process(&s, 2);
-    let bytes = fs::read(&s.path).unwrap();
+    let bytes = support::read_lines(&s.path);
     let last = bytes[..bytes.len() - 1]
         .rsplit(|&c| c == b'\n')
         .next()
@@ -373,8 +383,8 @@ fn a_header_inside_a_file_must_be_a_start_or_resume_of_that_file() {
             state: &state,
         };
         encode_header(&mut out, &h, &prev).unwrap();
-        let p = dir.path().join(format!("case-{file_no}-{start:?}.jsonl"));
-        fs::write(&p, out).unwrap();
+        let p = dir.path().join(format!("case-{file_no}-{start:?}.journal"));
+        support::write_lines(&p, &out);
         match verify(&[p]) {
             Err(Failure::Journal(e)) => (e.line, e.problem),
             other => panic!("expected a journal error, got {other:?}"),
@@ -407,16 +417,14 @@ fn a_half_written_record_of_the_previous_process_is_cut_off() {
         let actions = reconcilers::reduce(&mut state, envelope(seq));
         j.record(&envelope(seq), &actions).unwrap();
     }
-    let last = j.last_hash();
-    drop(j);
-    // A crash mid-write: the event line of seq 3 complete, its actions line half written.
+    // A crash mid-write: the frame of seq 3 (its event and actions) half written.
     let complete = fs::read(&s.path).unwrap();
-    let mut torn = complete.clone();
-    let ev = encode_event(&mut torn, &envelope(3), &last).unwrap();
-    let mut actions = Vec::new();
-    encode_actions(&mut actions, 3, &[], &ev).unwrap();
-    torn.extend_from_slice(&actions[..actions.len() / 2]);
-    fs::write(&s.path, &torn).unwrap();
+    let actions = reconcilers::reduce(&mut state, envelope(3));
+    j.record(&envelope(3), &actions).unwrap();
+    drop(j);
+    let whole = fs::read(&s.path).unwrap();
+    let torn = &whole[..complete.len() + (whole.len() - complete.len()) / 2];
+    fs::write(&s.path, torn).unwrap();
     assert!(matches!(
         verify(std::slice::from_ref(&s.path)),
         Err(Failure::Journal(e)) if e.problem == Problem::Truncated
@@ -450,8 +458,9 @@ fn an_unwritable_journal_directory_says_what_to_do() {
     let blocker = dir.path().join("file");
     fs::write(&blocker, b"").unwrap();
     let s = JournalSettings {
-        path: blocker.join("events.jsonl"),
+        path: blocker.join("events.journal"),
         max_bytes: 1 << 20,
+        max_age_ms: i64::MAX,
         files: 2,
     };
     let config = Config::default();
@@ -482,4 +491,46 @@ fn a_rotated_header_whose_state_differs_from_the_replayed_one_is_named() {
         }
         other => panic!("expected a state divergence, got {other:?}"),
     }
+}
+
+/// A quiet node writes little: a file also ends once it is `max_age_ms` old (by its records'
+/// times), and a process starting after that begins a new file instead of appending.
+#[test]
+fn a_file_is_rotated_by_age_as_well_as_by_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = JournalSettings {
+        max_age_ms: 10_000,
+        ..settings(dir.path())
+    };
+    let t0 = 1_777_600_000_000;
+    let at = |seq: u64| Envelope {
+        seq,
+        at: t0 + seq as i64 * 1_000,
+        event: Event::PodRelistBegin,
+    };
+    let config = Config::default();
+    let mut state = State::new(config.clone());
+    let mut j = Journal::open_at(&s, &config, &state, t0).unwrap();
+    for seq in 1..=25 {
+        let actions = reconcilers::reduce(&mut state, at(seq));
+        j.record(&at(seq), &actions).unwrap();
+        j.rotate_if_needed(&state).unwrap();
+    }
+    drop(j);
+    let files = existing_files(&s.path, 4);
+    let started = [(0, Start::Open), (1, Start::Rotate), (2, Start::Rotate)];
+    assert_eq!(headers(&files), started);
+    // Within the age the next start appends; past it, it begins file 3.
+    Journal::open_at(&s, &config, &State::new(config.clone()), t0 + 26_000).unwrap();
+    assert_eq!(headers(&existing_files(&s.path, 4)).len(), 4);
+    assert_eq!(
+        headers(std::slice::from_ref(&s.path)),
+        vec![(2, Start::Rotate), (2, Start::Open)]
+    );
+    Journal::open_at(&s, &config, &State::new(config.clone()), t0 + 31_000).unwrap();
+    assert_eq!(
+        headers(std::slice::from_ref(&s.path)),
+        vec![(3, Start::Open)]
+    );
+    verify(&existing_files(&s.path, 4)).expect("the chain runs through every file");
 }

@@ -15,8 +15,7 @@ use vk_cocoon::replay::Failure;
 use support::{rewrite, sample_path, verify, vk_cocoon};
 
 fn lines(path: &Path) -> Vec<Vec<u8>> {
-    fs::read(path)
-        .unwrap()
+    support::read_lines(path)
         .split_inclusive(|&c| c == b'\n')
         .map(<[u8]>::to_vec)
         .collect()
@@ -57,7 +56,7 @@ fn the_sample_verifies() {
 #[test]
 fn reading_and_rewriting_the_sample_gives_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let copy = dir.path().join("copy.jsonl");
+    let copy = dir.path().join("copy.journal");
     rewrite(&sample_path(), &copy, |_, _| {});
     assert!(fs::read(&copy).unwrap() == fs::read(sample_path()).unwrap());
 }
@@ -71,12 +70,41 @@ fn every_changed_byte_is_caught_at_its_own_line() {
         for pos in [line.len() / 3, line.len() - 120, line.len() - 20] {
             let mut bad = original.clone();
             bad[i][pos] ^= 0x01;
-            let path = dir.path().join("bad.jsonl");
-            fs::write(&path, bad.concat()).unwrap();
+            let path = dir.path().join("bad.journal");
+            support::write_lines(&path, &bad.concat());
             let e = journal_error(&[path]);
             assert_eq!(e.line, i as u64 + 1, "byte {pos} of line {}: {e}", i + 1);
         }
     }
+}
+
+/// The file holds the lines compressed: a changed byte there either fails the check (a frame
+/// that does not decompress, or lines whose hashes no longer hold) or changes nothing the
+/// records say.
+#[test]
+fn a_changed_byte_of_the_compressed_file_never_passes_as_another_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = fs::read(sample_path()).unwrap();
+    let text = support::read_lines(&sample_path());
+    let path = dir.path().join("flipped.journal");
+    let (mut caught, mut same) = (0, 0);
+    for pos in (0..original.len()).step_by(11) {
+        let mut bad = original.clone();
+        bad[pos] ^= 0x04;
+        fs::write(&path, &bad).unwrap();
+        if verify(std::slice::from_ref(&path)).is_err() {
+            caught += 1;
+        } else {
+            let lines = vk_cocoon::journal::frame::lines_of_file(&bad).map_err(|(_, e)| e);
+            assert_eq!(
+                lines.ok().as_ref(),
+                Some(&text),
+                "byte {pos} passed as other records"
+            );
+            same += 1;
+        }
+    }
+    assert!(caught > 10 * same, "caught {caught}, unchanged {same}");
 }
 
 #[test]
@@ -92,8 +120,8 @@ fn a_changed_byte_fails_the_binary_naming_the_record() {
     bad[39] = text
         .replacen("\"at\":17776", "\"at\":17777", 1)
         .into_bytes();
-    let path = dir.path().join("demo.jsonl");
-    fs::write(&path, bad.concat()).unwrap();
+    let path = dir.path().join("demo.journal");
+    support::write_lines(&path, &bad.concat());
     let out = vk_cocoon()
         .args(["replay", "--verify"])
         .arg(&path)
@@ -102,7 +130,7 @@ fn a_changed_byte_fails_the_binary_naming_the_record() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(
-        err.contains("demo.jsonl:40 (seq 20): hash mismatch"),
+        err.contains("demo.journal:40 (seq 20): hash mismatch"),
         "{err}"
     );
 }
@@ -112,8 +140,8 @@ fn a_removed_record_breaks_the_link_of_the_next() {
     let dir = tempfile::tempdir().unwrap();
     let mut bad = lines(&sample_path());
     bad.remove(10);
-    let path = dir.path().join("gap.jsonl");
-    fs::write(&path, bad.concat()).unwrap();
+    let path = dir.path().join("gap.journal");
+    support::write_lines(&path, &bad.concat());
     let e = journal_error(&[path]);
     assert_eq!(e.line, 11);
     assert!(matches!(e.problem, Problem::BrokenLink { .. }), "{e}");
@@ -123,11 +151,13 @@ fn a_removed_record_breaks_the_link_of_the_next() {
 fn a_journal_cut_mid_record_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let all = fs::read(sample_path()).unwrap();
-    let path = dir.path().join("cut.jsonl");
+    let path = dir.path().join("cut.journal");
     fs::write(&path, &all[..all.len() - 10]).unwrap();
+    // The last frame holds the last step, its event and its actions: the file ends inside
+    // it, and the error names the first line it would have given.
     let n = lines(&sample_path()).len() as u64;
     let e = journal_error(&[path]);
-    assert_eq!((e.line, e.problem), (n, Problem::Truncated));
+    assert_eq!((e.line, e.problem), (n - 1, Problem::Truncated));
 }
 
 #[test]
@@ -144,7 +174,7 @@ fn a_seq_gap_is_named_even_with_an_intact_chain() {
         },
     );
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gap.jsonl");
+    let path = dir.path().join("gap.journal");
     fs::write(&path, out).unwrap();
     let e = journal_error(&[path]);
     assert_eq!(
@@ -160,7 +190,7 @@ fn a_seq_gap_is_named_even_with_an_intact_chain() {
 #[test]
 fn altered_actions_with_a_recomputed_chain_fail_in_the_reducer_comparison() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("forged.jsonl");
+    let path = dir.path().join("forged.journal");
     let mut forged_seq = None;
     rewrite(&sample_path(), &path, |env, actions| {
         for a in actions.iter_mut() {

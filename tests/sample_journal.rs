@@ -1,4 +1,4 @@
-//! The sample journal in packaging/sample/demo.jsonl is made here, from the demo run of the
+//! The sample journal in packaging/sample/demo.journal is made here, from the demo run of the
 //! fake world, by the daemon's own journal writer. The test fails when the committed file is
 //! not what the current code writes; `UPDATE_SAMPLE=1 cargo test --test sample_journal`
 //! rewrites it.
@@ -8,6 +8,7 @@ mod support;
 use reconcilers::pod::PodKey;
 use reconcilers::render;
 use reconcilers::Action;
+use vk_cocoon::journal::frame;
 
 use support::scenarios;
 
@@ -65,7 +66,7 @@ fn the_demo_run_creates_three_pods_evicts_one_and_deletes_one() {
 fn the_committed_sample_journal_is_what_the_writer_produces() {
     let w = scenarios::demo();
     let dir = tempfile::tempdir().unwrap();
-    let fresh = dir.path().join("demo.jsonl");
+    let fresh = dir.path().join("demo.journal");
     support::journal_world(&w, &fresh, u64::MAX, 1);
     let produced = std::fs::read(&fresh).unwrap();
     let committed_path = support::sample_path();
@@ -76,6 +77,8 @@ fn the_committed_sample_journal_is_what_the_writer_produces() {
     }
     let committed = std::fs::read(&committed_path).unwrap_or_default();
     if committed != produced {
+        let text = |b: &[u8]| frame::lines_of_file(b).unwrap_or_else(|(lines, _)| lines);
+        let (committed, produced) = (text(&committed), text(&produced));
         let first = committed
             .split(|&c| c == b'\n')
             .zip(produced.split(|&c| c == b'\n'))

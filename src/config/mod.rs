@@ -195,6 +195,7 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 const MIB: i128 = 1 << 20;
+const DAY_MS: i64 = 86_400_000;
 
 /// Reads variables through `lookup`, remembering every error instead of stopping at one.
 struct Env<'a> {
@@ -414,8 +415,10 @@ impl Config {
                 parse::int_in(s, 1, 1 << 30)
             }),
         };
-        let journal_path =
-            e.path_or_off("VK_JOURNAL_PATH", "/var/lib/vk-cocoon/journal/events.jsonl");
+        let journal_path = e.path_or_off(
+            "VK_JOURNAL_PATH",
+            "/var/lib/vk-cocoon/journal/events.journal",
+        );
         let max_bytes = e.or("VK_JOURNAL_MAX_BYTES", 64 * MIB as u64, |s| {
             let q = parse::quantity(s)?;
             if q.units() < MIB {
@@ -425,10 +428,18 @@ impl Config {
             }
             u64::try_from(q.units()).map_err(|_| "is too large".to_string())
         });
+        let max_age_ms = e.or("VK_JOURNAL_MAX_AGE", DAY_MS, |s| {
+            let ms = parse::duration_ms(s)?;
+            if ms < 60_000 {
+                return Err("must be at least 1m".into());
+            }
+            Ok(ms)
+        });
         let files = e.or("VK_JOURNAL_FILES", 8, |s| parse::int_in(s, 1, 1000));
         let journal = journal_path.map(|path| JournalSettings {
             path,
             max_bytes,
+            max_age_ms,
             files,
         });
 

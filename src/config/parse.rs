@@ -34,6 +34,24 @@ pub fn quantity(s: &str) -> Result<Quantity, String> {
     }
 }
 
+/// A duration: a whole number with a unit, `s`, `m`, `h` or `d` (`90s`, `12h`, `7d`).
+pub fn duration_ms(s: &str) -> Result<i64, String> {
+    const HOW: &str = "must be a whole number with a unit s, m, h or d, such as 12h or 7d";
+    let split = s.len().saturating_sub(1);
+    let (n, unit) = (s.get(..split).unwrap_or(""), s.get(split..).unwrap_or(""));
+    let scale: i64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(HOW.into()),
+    };
+    match n.parse::<i64>() {
+        Ok(v) if v > 0 => v.checked_mul(scale).ok_or_else(|| "is too large".into()),
+        _ => Err(HOW.into()),
+    }
+}
+
 /// `HOST:PORT` to listen on. An empty host (`:9091`) means every IPv4 address.
 pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {

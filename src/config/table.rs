@@ -98,6 +98,10 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             Some(j) => j.max_bytes.to_string(),
             None => "-".into(),
         },
+        "VK_JOURNAL_MAX_AGE" => match &c.journal {
+            Some(j) => format!("{}s", j.max_age_ms / 1000),
+            None => "-".into(),
+        },
         "VK_JOURNAL_FILES" => match &c.journal {
             Some(j) => j.files.to_string(),
             None => "-".into(),

@@ -203,13 +203,18 @@ pub const VARS: &[Var] = &[
     ),
     var(
         "VK_JOURNAL_PATH",
-        "/var/lib/vk-cocoon/journal/events.jsonl",
+        "/var/lib/vk-cocoon/journal/events.journal",
         "the event journal; set empty to disable it",
     ),
     var(
         "VK_JOURNAL_MAX_BYTES",
         "64Mi",
         "rotate a journal file at this size (a quantity, at least 1Mi)",
+    ),
+    var(
+        "VK_JOURNAL_MAX_AGE",
+        "24h",
+        "rotate a journal file once its first record is this old (s, m, h or d; at least 1m)",
     ),
     var(
         "VK_JOURNAL_FILES",

@@ -12,6 +12,7 @@
 mod digest;
 mod export;
 mod files;
+pub mod frame;
 mod problem;
 mod reader;
 pub mod record;

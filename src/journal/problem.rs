@@ -12,6 +12,8 @@ pub enum Problem {
     /// The last line has no newline: the writer stopped in the middle of a record.
     Truncated,
     EmptyFile,
+    /// A frame that does not decompress to whole lines (see `frame`): a changed byte.
+    BadFrame(String),
     NoHash,
     BadJson(String),
     UnknownKind(String),
@@ -65,9 +67,10 @@ impl fmt::Display for Problem {
         match self {
             Problem::Io(e) => write!(f, "cannot read: {e}"),
             Problem::Truncated => f.write_str(
-                "truncated record: the last line has no newline (the writer stopped mid-write)",
+                "truncated record: the file ends inside its last record (the writer stopped mid-write)",
             ),
             Problem::EmptyFile => f.write_str("empty file: a journal file starts with a header"),
+            Problem::BadFrame(why) => write!(f, "damaged frame: {why}"),
             Problem::NoHash => {
                 f.write_str("bad record: the line does not end with a \"hash\" member")
             }

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use reconcilers::{Action, Envelope};
 
 use super::digest::Digest;
+use super::frame::{self, Decompressor, FrameError};
 use super::problem::{JournalError, Problem};
-use super::record::{self, Header, Record, Start};
+use super::record::{self, Header, Record, Start, FORMAT_VERSION, LINES_VERSION};
 
 /// Where a record is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,10 +39,94 @@ pub enum Entry {
     },
 }
 
+/// Where a file's lines come from: frames (this format) or the file's own lines (version 5).
+enum Source {
+    Lines(BufReader<File>),
+    Frames {
+        rd: BufReader<File>,
+        dec: Box<Decompressor>,
+        payload: Vec<u8>,
+        /// The current frame's lines, and how far they have been read.
+        lines: Vec<u8>,
+        pos: usize,
+    },
+}
+
+impl Source {
+    fn open(f: File) -> std::io::Result<Source> {
+        let mut rd = BufReader::with_capacity(1 << 20, f);
+        let framed = rd.fill_buf()?.first().is_some_and(|&b| frame::is_framed(b));
+        Ok(if framed {
+            Source::Frames {
+                rd,
+                dec: Box::new(Decompressor::new()?),
+                payload: Vec::new(),
+                lines: Vec::new(),
+                pos: 0,
+            }
+        } else {
+            Source::Lines(rd)
+        })
+    }
+
+    fn version(&self) -> u32 {
+        match self {
+            Source::Lines(_) => LINES_VERSION,
+            Source::Frames { .. } => FORMAT_VERSION,
+        }
+    }
+
+    /// Appends the next line (with its newline, when it has one) to `out`; `Ok(false)` at the
+    /// end of the file.
+    fn next_line(&mut self, out: &mut Vec<u8>) -> Result<bool, Problem> {
+        match self {
+            Source::Lines(rd) => match rd.read_until(b'\n', out) {
+                Ok(n) => Ok(n > 0),
+                Err(e) => Err(Problem::Io(e.to_string())),
+            },
+            Source::Frames {
+                rd,
+                dec,
+                payload,
+                lines,
+                pos,
+            } => {
+                while *pos == lines.len() {
+                    lines.clear();
+                    *pos = 0;
+                    match frame::read_frame(rd, payload) {
+                        Ok(None) => return Ok(false),
+                        Ok(Some(tag)) => dec.frame(tag, payload, lines).map_err(frame_problem)?,
+                        Err(e) => return Err(frame_problem(e)),
+                    }
+                }
+                // A frame holds whole lines only (`Decompressor::frame` checks), so a newline
+                // ends this one.
+                let rest = &lines[*pos..];
+                let n = rest
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(rest.len(), |i| i + 1);
+                out.extend_from_slice(&rest[..n]);
+                *pos += n;
+                Ok(true)
+            }
+        }
+    }
+}
+
+fn frame_problem(e: FrameError) -> Problem {
+    match e {
+        FrameError::Io(e) => Problem::Io(e.to_string()),
+        FrameError::Torn => Problem::Truncated,
+        FrameError::Corrupt(why) => Problem::BadFrame(why),
+    }
+}
+
 pub struct Reader {
     files: Vec<PathBuf>,
     next_file: usize,
-    cur: Option<(Arc<Path>, BufReader<File>)>,
+    cur: Option<(Arc<Path>, Source)>,
     line_no: u64,
     buf: Vec<u8>,
     /// Hash of the last record read; `None` before the first header.
@@ -96,15 +181,16 @@ impl Reader {
     /// The next line of the current file, decoded and checked against the chain; `None` at
     /// the end of the file.
     fn next_line(&mut self) -> Option<Result<(Loc, record::Line), JournalError>> {
-        let (path, rd) = self.cur.as_mut()?;
+        let (path, src) = self.cur.as_mut()?;
         let path = path.clone();
+        let form = src.version();
         self.buf.clear();
-        match rd.read_until(b'\n', &mut self.buf) {
-            Ok(0) => return None,
-            Ok(_) => {}
-            Err(e) => {
+        match src.next_line(&mut self.buf) {
+            Ok(false) => return None,
+            Ok(true) => {}
+            Err(p) => {
                 let line = self.line_no + 1;
-                return Some(Err(self.err(&path, line, None, Problem::Io(e.to_string()))));
+                return Some(Err(self.err(&path, line, None, p)));
             }
         }
         self.line_no += 1;
@@ -119,6 +205,13 @@ impl Reader {
             Ok(l) => l,
             Err(p) => return Some(Err(self.err(&path, loc.line, None, p))),
         };
+        // A header of the line format inside frames, or the reverse, was not written so.
+        if let Record::Header(h) = &line.record {
+            if h.version != form {
+                let p = Problem::UnsupportedVersion(h.version);
+                return Some(Err(self.err(&path, loc.line, None, p)));
+            }
+        }
         let seq = line.record.seq();
         // A header's link is checked in `header`, after the more telling file-order checks.
         let is_header = matches!(line.record, Record::Header(_));
@@ -148,12 +241,9 @@ impl Reader {
         self.next_file += 1;
         self.line_no = 0;
         self.in_file = false;
-        match File::open(&path) {
-            Ok(f) => {
-                self.cur = Some((
-                    Arc::from(path.as_path()),
-                    BufReader::with_capacity(1 << 20, f),
-                ));
+        match File::open(&path).and_then(Source::open) {
+            Ok(src) => {
+                self.cur = Some((Arc::from(path.as_path()), src));
                 Some(Ok(()))
             }
             Err(e) => Some(Err(self.err(&path, 0, None, Problem::Io(e.to_string())))),
@@ -377,13 +467,21 @@ fn file_no_of(path: &Path) -> Result<u64, JournalError> {
         problem,
     };
     let f = File::open(path).map_err(|e| err(0, Problem::Io(e.to_string())))?;
-    let mut start = Vec::with_capacity(128);
-    f.take(128)
-        .read_to_end(&mut start)
-        .map_err(|e| err(1, Problem::Io(e.to_string())))?;
-    if start.is_empty() {
-        return Err(err(0, Problem::EmptyFile));
-    }
+    let mut rd = BufReader::new(f);
+    let framed = match rd.fill_buf() {
+        Ok([]) => return Err(err(0, Problem::EmptyFile)),
+        Ok(b) => frame::is_framed(b[0]),
+        Err(e) => return Err(err(1, Problem::Io(e.to_string()))),
+    };
+    let start = if framed {
+        frame::first_bytes(&mut rd, 128).unwrap_or_default()
+    } else {
+        let mut start = Vec::with_capacity(128);
+        rd.take(128)
+            .read_to_end(&mut start)
+            .map_err(|e| err(1, Problem::Io(e.to_string())))?;
+        start
+    };
     Ok(record::header_prefix(&start).map_or(0, |(_, file_no)| file_no))
 }
 
@@ -417,8 +515,8 @@ mod tests {
             prev = encode_event(&mut out, &env, &prev).unwrap();
             prev = encode_actions(&mut out, seq, &[], &prev).unwrap();
         }
-        let path = dir.join(format!("events-{file_no}.jsonl"));
-        std::fs::write(&path, out).unwrap();
+        let path = dir.join(format!("events-{file_no}.journal"));
+        std::fs::write(&path, frame::frame_lines(&out).unwrap()).unwrap();
         path
     }
 

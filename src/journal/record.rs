@@ -24,8 +24,12 @@ use super::digest::Digest;
 use super::problem::Problem;
 
 /// Bumped on any change an older reader could misread. 5: a file may hold several runs
-/// (a header after records), and a header may start with `resume`.
-pub const FORMAT_VERSION: u32 = 5;
+/// (a header after records), and a header may start with `resume`. 6: the lines are stored
+/// in zstd frames ([`super::frame`]); files of version 5 are plain lines and still read.
+pub const FORMAT_VERSION: u32 = 6;
+
+/// The line format's last version, read by this build and never written.
+pub const LINES_VERSION: u32 = 5;
 
 /// `,"hash":"` + 64 digits + `"}`: the fixed-size end of every line.
 const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;
@@ -254,7 +258,7 @@ pub fn decode(line: &[u8]) -> Result<Line, Problem> {
                     v.version
                 }
             };
-            if version != FORMAT_VERSION {
+            if version != FORMAT_VERSION && version != LINES_VERSION {
                 return Err(Problem::UnsupportedVersion(version));
             }
             let h: HeaderIn = serde_json::from_slice(line).map_err(bad_json)?;
@@ -316,6 +320,17 @@ pub fn header_prefix(line: &[u8]) -> Option<(u32, u64)> {
     let rest = rest.strip_prefix(b",\"file_no\":")?;
     let (file_no, _) = number(rest)?;
     Some((u32::try_from(version).ok()?, file_no))
+}
+
+/// The header's `created_at`, from the fixed start the writer gives it (`…,"file_no":7,
+/// "node":"<name>","created_at":<ms>,…`): node names never hold a quote.
+pub fn header_created_at(line: &[u8]) -> Option<Millis> {
+    const KEY: &[u8] = b",\"created_at\":";
+    header_prefix(line)?;
+    let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let rest = &line[at..];
+    let end = rest.iter().position(|c| !c.is_ascii_digit())?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
 }
 
 /// Splits `…,"hash":"<64 hex>"}` into the body without its closing brace, and the hash.

@@ -1,17 +1,19 @@
-//! Appending to the journal, and size-bounded rotation.
+//! Appending to the journal, and rotation by size and age.
 //!
 //! The loop owns one `Journal` while journaling works (`runtime::evidence` decides what
 //! happens when it does not). For every envelope it reduces it calls [`Journal::record`]
 //! *before* it executes the actions, then [`Journal::rotate_if_needed`] with the state the
 //! reduce left, so a new file's header holds exactly the state its first event meets.
 //!
-//! Each `record` is one `write(2)` of two lines (event + actions). There is no fsync per
+//! Each `record` is one `write(2)` of one frame holding two lines (event + actions; see
+//! [`super::frame`]). There is no fsync per
 //! record: the journal explains a run, it is not the source of truth (the cluster and cocoon
 //! are), so a power cut may lose the tail; a crash of the process loses nothing written.
 //!
-//! A file begins only by size. A process that starts (or journals again after losing
-//! records) appends its header to the current file when that file is of this format, its last
-//! record verifies and it has room; otherwise the file is rotated away and a new one begun.
+//! A file begins when the current one reaches its size or its age. A process that starts (or
+//! journals again after losing records) appends its header to the current file when that file
+//! is of this format, its last record verifies and it has room and time left; otherwise the
+//! file is rotated away and a new one begun.
 //! So a daemon restarting in a loop adds a header per start instead of pushing the older
 //! files, and the evidence of why it restarts, out of the kept set.
 
@@ -27,19 +29,24 @@ use reconcilers::{Action, Config, Envelope, State};
 
 use super::digest::Digest;
 use super::files::rotated_path;
+use super::frame::{self, Compressor, FrameError};
 use super::record::{self, HeaderFields, Record, Start, FORMAT_VERSION};
 
 /// The journal holds pod specs, annotations and error texts: readable by root alone.
 const FILE_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o700;
 
-/// Where and how much (from `VK_JOURNAL_PATH`, `VK_JOURNAL_MAX_BYTES`, `VK_JOURNAL_FILES`).
+/// Where and how much (from `VK_JOURNAL_PATH`, `VK_JOURNAL_MAX_BYTES`, `VK_JOURNAL_MAX_AGE`,
+/// `VK_JOURNAL_FILES`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalSettings {
     /// The file being written; rotated files are `<path>.1` (newest) … `<path>.<files-1>`.
     pub path: PathBuf,
     /// A file is rotated once it holds at least this many bytes.
     pub max_bytes: u64,
+    /// A file is rotated once its first record is this old (by the records' own times), so a
+    /// quiet node keeps one file per period and `files` of them reach that far back.
+    pub max_age_ms: Millis,
     /// Files kept, the current one included (≥ 1).
     pub files: u32,
 }
@@ -50,14 +57,18 @@ pub struct Journal {
     file: File,
     /// Bytes in the current file.
     bytes: u64,
+    /// When the current file's first header was written.
+    file_started: Millis,
     /// Records written to the current file after its last header.
     records: u64,
     file_no: u64,
     last: Digest,
     last_seq: Option<u64>,
     last_at: Millis,
-    /// Reused for every record so the hot path does not allocate.
+    /// Reused for every record so the hot path does not allocate: the lines, then their frame.
     buf: Vec<u8>,
+    framed: Vec<u8>,
+    zstd: Compressor,
     /// Set after a failed write: nothing more is appended through this value; its owner
     /// attaches a new one, which checks the file's end again.
     broken: Option<String>,
@@ -125,29 +136,37 @@ impl Journal {
         let path = &settings.path;
         ensure_dir(path)?;
         tighten_modes(settings);
-        let (file, file_no, prev, bytes) = match current_file(path, settings.max_bytes)? {
-            Current::Append { tail, len } => (append(path)?, tail.file_no, tail.hash, len),
-            Current::Retire { tail } => {
-                shift_files(settings)?;
-                let (file_no, prev) = next_file_after(tail);
-                (create(path)?, file_no, prev, 0)
-            }
-            Current::Absent => {
-                let (file_no, prev) = next_file_after(previous_tail(&rotated_path(path, 1))?);
-                (create(path)?, file_no, prev, 0)
-            }
-        };
+        let oldest_start = created_at.saturating_sub(settings.max_age_ms);
+        let (file, file_no, prev, bytes, file_started) =
+            match current_file(path, settings.max_bytes, oldest_start)? {
+                Current::Append { tail, len } => {
+                    (append(path)?, tail.file_no, tail.hash, len, tail.started)
+                }
+                Current::Retire { tail } => {
+                    shift_files(settings)?;
+                    let (file_no, prev) = next_file_after(tail);
+                    (create(path)?, file_no, prev, 0, created_at)
+                }
+                Current::Absent => {
+                    let before = previous_tail(&rotated_path(path, 1))?;
+                    let (file_no, prev) = next_file_after(before);
+                    (create(path)?, file_no, prev, 0, created_at)
+                }
+            };
         let mut j = Journal {
             settings: settings.clone(),
             config: config.clone(),
             file,
             bytes,
+            file_started,
             records: 0,
             file_no,
             last: prev,
             last_seq: after_seq,
             last_at: created_at,
             buf: Vec::with_capacity(64 * 1024),
+            framed: Vec::with_capacity(16 * 1024),
+            zstd: Compressor::new().context("journal: cannot set up zstd")?,
             broken: None,
         };
         j.write_header(start, state, created_at)?;
@@ -173,7 +192,7 @@ impl Journal {
             .context("journal: cannot serialize the event")?;
         let acts = record::encode_actions(&mut self.buf, envelope.seq, actions, &ev)
             .context("journal: cannot serialize the actions")?;
-        self.write_buf()?;
+        self.write_buf(false)?;
         self.last = acts;
         self.last_seq = Some(envelope.seq);
         self.last_at = envelope.at;
@@ -181,12 +200,14 @@ impl Journal {
         Ok(())
     }
 
-    /// Starts the next file when the current one is full. `state` must be the state after the
-    /// last recorded envelope was reduced: it becomes the new file's starting point.
+    /// Starts the next file when the current one is full or old. `state` must be the state
+    /// after the last recorded envelope was reduced: it becomes the new file's starting point.
     pub fn rotate_if_needed(&mut self, state: &State) -> Result<bool> {
+        let full = self.bytes >= self.settings.max_bytes;
+        let old = self.last_at.saturating_sub(self.file_started) >= self.settings.max_age_ms;
         // A file holding only its header is never rotated, or a state larger than the limit
         // would rotate forever.
-        if self.bytes < self.settings.max_bytes || self.records == 0 || self.broken.is_some() {
+        if !(full || old) || self.records == 0 || self.broken.is_some() {
             return Ok(false);
         }
         self.file.sync_data().ok();
@@ -198,6 +219,7 @@ impl Journal {
         };
         self.bytes = 0;
         self.records = 0;
+        self.file_started = self.last_at;
         self.write_header(Start::Rotate, state, self.last_at)?;
         Ok(true)
     }
@@ -227,13 +249,21 @@ impl Journal {
         };
         let h = record::encode_header(&mut self.buf, &fields, &self.last)
             .context("journal: cannot serialize the state snapshot for the file header")?;
-        self.write_buf()?;
+        self.write_buf(true)?;
         self.last = h;
         Ok(())
     }
 
-    fn write_buf(&mut self) -> Result<()> {
-        if let Err(e) = self.file.write_all(&self.buf) {
+    /// Writes the lines in `buf` as one frame; a header starts a new stream (`segment`), so
+    /// each run in a file decodes on its own.
+    fn write_buf(&mut self, segment: bool) -> Result<()> {
+        self.framed.clear();
+        if let Err(e) = self.zstd.frame(&self.buf, segment, &mut self.framed) {
+            // The stream may hold part of these lines: nothing more goes through it.
+            self.broken = Some(format!("zstd: {e}"));
+            bail!("journal: cannot compress a record: {e}");
+        }
+        if let Err(e) = self.file.write_all(&self.framed) {
             let why = format!("write to {}: {e}", self.settings.path.display());
             // A short write leaves half a line; cut it so the file still ends on a whole
             // record and can be continued once writes work again. If even that fails, the
@@ -242,7 +272,7 @@ impl Journal {
             self.broken = Some(why.clone());
             bail!("journal: {why}");
         }
-        self.bytes += self.buf.len() as u64;
+        self.bytes += self.framed.len() as u64;
         Ok(())
     }
 
@@ -336,6 +366,8 @@ struct Tail {
     /// The file's first header is of this build's format, and its last record decodes and
     /// hashes to the hash it carries: a new header may follow it.
     continuable: bool,
+    /// The `created_at` of the file's first header (0 when unknown).
+    started: Millis,
 }
 
 /// What to do with the file at the journal's path.
@@ -348,7 +380,8 @@ enum Current {
     Retire { tail: Option<Tail> },
 }
 
-fn current_file(path: &Path, max_bytes: u64) -> Result<Current> {
+/// `oldest_start`: a file whose first header is older than this is rotated away.
+fn current_file(path: &Path, max_bytes: u64, oldest_start: Millis) -> Result<Current> {
     let Some(tail) = previous_tail(path)? else {
         let present = fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false);
         return Ok(if present {
@@ -365,7 +398,7 @@ fn current_file(path: &Path, max_bytes: u64) -> Result<Current> {
         tracing::info!(file = %path.display(), "the current journal file is of another format or its end does not verify; starting a new file");
         return Ok(Current::Retire { tail: Some(tail) });
     }
-    if len >= max_bytes {
+    if len >= max_bytes || tail.started < oldest_start {
         return Ok(Current::Retire { tail: Some(tail) });
     }
     Ok(Current::Append { tail, len })
@@ -400,6 +433,11 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
     if f.metadata()?.len() == 0 {
         return Ok(None);
     }
+    let mut first = [0u8; 1];
+    f.read_exact(&mut first)?;
+    if frame::is_framed(first[0]) {
+        return framed_tail(path, &mut f);
+    }
     let Some((version, file_no)) = header_prefix(&mut f) else {
         tracing::warn!(
             file = %path.display(),
@@ -425,11 +463,13 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
         let hash = hash_of_line(&line);
         if complete && !is_event {
             if let Some(hash) = hash {
+                // Files of the line format are read, never continued.
                 let continuable = version == FORMAT_VERSION && verifies(&line, hash);
                 return Ok(Some(Tail {
                     hash,
                     file_no,
                     continuable,
+                    started: 0,
                 }));
             }
             tracing::warn!(file = %path.display(), "the previous journal file ends in an unreadable record; the new file starts a new chain");
@@ -443,6 +483,112 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
         f.set_len(line_start)?;
         len = line_start;
     }
+}
+
+/// The end of a file of frames: a frame its writer did not finish is cut off; the last line of
+/// the last frame is the tail.
+fn framed_tail(path: &Path, f: &mut File) -> Result<Option<Tail>> {
+    f.seek(SeekFrom::Start(0))?;
+    let start = frame::first_bytes(&mut io::BufReader::new(&mut *f), 256);
+    let prefix = start.as_deref().and_then(record::header_prefix);
+    let Some((version, file_no)) = prefix else {
+        tracing::warn!(
+            file = %path.display(),
+            "the previous journal file has no readable header; the new file starts a new chain"
+        );
+        return Ok(None);
+    };
+    if file_no >= LAST_CONTINUED_FILE_NO {
+        tracing::warn!(
+            file = %path.display(),
+            file_no,
+            "the previous journal file claims a file number no journal reaches; the new file starts a new chain"
+        );
+        return Ok(None);
+    }
+    let started = start
+        .as_deref()
+        .and_then(record::header_created_at)
+        .unwrap_or(0);
+    // Find where the last run's stream starts and where the last whole frame ends.
+    f.seek(SeekFrom::Start(0))?;
+    let mut rd = io::BufReader::with_capacity(1 << 20, &mut *f);
+    let mut payload = Vec::new();
+    let (mut end, mut last_segment) = (0u64, None);
+    let torn = loop {
+        match frame::read_frame(&mut rd, &mut payload) {
+            Ok(None) => break false,
+            Ok(Some(tag)) => {
+                if tag == frame::SEGMENT {
+                    last_segment = Some(end);
+                }
+                end += (frame::HEAD_LEN + payload.len()) as u64;
+            }
+            Err(FrameError::Torn) => break true,
+            Err(FrameError::Io(e)) => {
+                return Err(e).with_context(|| format!("cannot read {}", path.display()))
+            }
+            Err(FrameError::Corrupt(why)) => bail!("{}: {why}", path.display()),
+        }
+    };
+    drop(rd);
+    if torn {
+        let len = f.metadata()?.len();
+        tracing::warn!(
+            file = %path.display(),
+            bytes = len - end,
+            "cutting an unfinished record off the end of the previous journal file"
+        );
+        f.set_len(end)?;
+    }
+    let unreadable = |why: String| -> Result<Option<Tail>> {
+        tracing::warn!(file = %path.display(), %why, "the previous journal file ends in an unreadable record; the new file starts a new chain");
+        Ok(None)
+    };
+    let Some(from) = last_segment else {
+        return unreadable("no frame starts a stream".into());
+    };
+    f.seek(SeekFrom::Start(from))?;
+    let mut rd = io::BufReader::with_capacity(1 << 20, &mut *f).take(end - from);
+    let mut dec = frame::Decompressor::new()?;
+    // The lines of the last frame that decompressed; a damaged frame after it leaves the file
+    // not continuable, but the chain can still run on from the last record that was read.
+    let (mut lines, mut next) = (Vec::new(), Vec::new());
+    let mut damaged = false;
+    loop {
+        match frame::read_frame(&mut rd, &mut payload) {
+            Ok(None) => break,
+            Ok(Some(tag)) => {
+                next.clear();
+                if dec.frame(tag, &payload, &mut next).is_err() {
+                    damaged = true;
+                    break;
+                }
+                std::mem::swap(&mut lines, &mut next);
+            }
+            Err(_) => {
+                damaged = true;
+                break;
+            }
+        }
+    }
+    if damaged {
+        tracing::info!(file = %path.display(), "a frame at the end of the previous journal file does not decompress; starting a new file");
+    }
+    let body = lines.strip_suffix(b"\n").unwrap_or(&lines);
+    let last = match body.iter().rposition(|&c| c == b'\n') {
+        Some(nl) => &lines[nl + 1..],
+        None => &lines[..],
+    };
+    let Some(hash) = hash_of_line(last) else {
+        return unreadable("its last line has no hash".into());
+    };
+    Ok(Some(Tail {
+        hash,
+        file_no,
+        continuable: !damaged && version == FORMAT_VERSION && verifies(last, hash),
+        started,
+    }))
 }
 
 /// The last record decodes as this format's header or actions and hashes to `hash`.
@@ -518,8 +664,9 @@ mod tests {
     fn open_after(file_no: u64) -> (u64, String) {
         let dir = tempfile::tempdir().unwrap();
         let settings = JournalSettings {
-            path: dir.path().join("events.jsonl"),
+            path: dir.path().join("events.journal"),
             max_bytes: 1 << 20,
+            max_age_ms: i64::MAX,
             files: 2,
         };
         let last = format!(
@@ -529,7 +676,9 @@ mod tests {
         fs::write(&settings.path, last).unwrap();
         let config = Config::default();
         let j = Journal::open_at(&settings, &config, &State::new(config.clone()), 0).unwrap();
-        (j.file_no(), fs::read_to_string(&settings.path).unwrap())
+        let bytes = fs::read(&settings.path).unwrap();
+        let text = frame::lines_of_file(&bytes).unwrap();
+        (j.file_no(), String::from_utf8(text).unwrap())
     }
 
     /// A previous file numbered u64::MAX overflowed `file_no + 1` (a panic in debug builds);

@@ -213,6 +213,7 @@ mod tests {
         JournalSettings {
             path,
             max_bytes: 1 << 20,
+            max_age_ms: i64::MAX,
             files: 4,
         }
     }

@@ -11,7 +11,7 @@ use vk_cocoon::journal::{write_run, JournalSettings};
 
 /// Where the committed sample journal lives.
 pub fn sample_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/sample/demo.jsonl")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/sample/demo.journal")
 }
 
 /// The wall time the fake world starts at: the journal's `created_at`.
@@ -22,6 +22,7 @@ pub fn journal_world(w: &World, path: &Path, max_bytes: u64, files: u32) {
     let settings = JournalSettings {
         path: path.to_path_buf(),
         max_bytes,
+        max_age_ms: i64::MAX,
         files,
     };
     let config = w.state.config.clone();
@@ -40,6 +41,7 @@ pub fn rewrite(
     let settings = JournalSettings {
         path: dst.to_path_buf(),
         max_bytes: u64::MAX,
+        max_age_ms: i64::MAX,
         files: 1,
     };
     let mut journal = None;
@@ -74,6 +76,20 @@ pub fn rewrite(
     }
 }
 
+/// The records of a journal file as the text lines they are written as (the file holds them
+/// compressed in frames).
+pub fn read_lines(path: &Path) -> Vec<u8> {
+    let bytes = std::fs::read(path).unwrap();
+    vk_cocoon::journal::frame::lines_of_file(&bytes).expect("whole frames")
+}
+
+/// Writes journal text lines as a journal file, framed as the writer frames them: the way
+/// to hand-edit a record and keep everything else as written.
+pub fn write_lines(path: &Path, text: &[u8]) {
+    let framed = vk_cocoon::journal::frame::frame_lines(text).unwrap();
+    std::fs::write(path, framed).unwrap();
+}
+
 /// The binary under test.
 pub fn vk_cocoon() -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_vk-cocoon"));
@@ -95,7 +111,8 @@ pub fn verify(files: &[PathBuf]) -> Result<vk_cocoon::replay::Summary, vk_cocoon
 /// Re-encodes one journal file record by record, chaining from the file's own first `prev`,
 /// after `edit_state` changed its header's state and `edit_event` each event. The writer
 /// would refuse some edits (a seq gap); the encoder does not, and every hash and link comes
-/// out intact, so only the checks beyond the chain can object.
+/// out intact, so only the checks beyond the chain can object. Returns the file's bytes,
+/// framed.
 pub fn reencode(
     path: &Path,
     mut edit_state: impl FnMut(&mut reconcilers::State),
@@ -105,7 +122,7 @@ pub fn reencode(
         decode, encode_actions, encode_event, encode_header, HeaderFields,
     };
     use vk_cocoon::journal::{Entry, Reader};
-    let bytes = std::fs::read(path).unwrap();
+    let bytes = read_lines(path);
     let first = &bytes[..bytes.iter().position(|&c| c == b'\n').unwrap()];
     let mut last = decode(first).unwrap().prev;
     let mut out = Vec::new();
@@ -135,5 +152,5 @@ pub fn reencode(
             }
         }
     }
-    out
+    vk_cocoon::journal::frame::frame_lines(&out).unwrap()
 }
