@@ -27,12 +27,13 @@ use serde_json::json;
 const NS: &str = "default";
 const NODE: &str = "node-a";
 
-/// Bytes and lines (two per reduced event) of every journal file in `dir`.
+/// Bytes on disk and lines (two per reduced event) of every journal file in `dir`.
 fn journal_size(dir: &Path) -> Result<(u64, u64)> {
     let (mut bytes, mut lines) = (0, 0);
     for f in std::fs::read_dir(dir)? {
-        let text = std::fs::read(f?.path())?;
-        bytes += text.len() as u64;
+        let raw = std::fs::read(f?.path())?;
+        bytes += raw.len() as u64;
+        let text = vk_cocoon::journal::frame::lines_of_file(&raw).unwrap_or_else(|(t, _)| t);
         lines += text.iter().filter(|b| **b == b'\n').count() as u64;
     }
     Ok((bytes, lines))
@@ -261,7 +262,7 @@ async fn bench_many_pods() -> Result<()> {
     d.proc.stop();
 
     // For a look at what the daemon did: `BENCH_KEEP_JOURNAL=DIR make bench-e2e`, then
-    // `vk-cocoon replay --pod NS/NAME DIR/*.jsonl`.
+    // `vk-cocoon replay --pod NS/NAME DIR/*.journal*`.
     if let Some(keep) = std::env::var_os("BENCH_KEEP_JOURNAL") {
         std::fs::create_dir_all(&keep)?;
         for f in std::fs::read_dir(journal.parent().context("dir")?)? {

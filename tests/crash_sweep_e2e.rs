@@ -556,26 +556,22 @@ impl Runner<'_> {
 #[derive(Debug, PartialEq, Eq)]
 enum Tail {
     Whole,
-    /// The last line has no newline.
+    /// The file ends inside its last frame.
     Torn,
-    /// The last record is an event without its actions.
-    EventOnly,
 }
 
 fn journal_tail(path: &Path) -> Result<Tail> {
+    use vk_cocoon::journal::frame::{read_frame, FrameError};
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    if !bytes.ends_with(b"\n") {
-        return Ok(Tail::Torn);
+    let (mut r, mut payload) = (&bytes[..], Vec::new());
+    loop {
+        match read_frame(&mut r, &mut payload) {
+            Ok(None) => return Ok(Tail::Whole),
+            Ok(Some(_)) => {}
+            Err(FrameError::Torn) => return Ok(Tail::Torn),
+            Err(e) => anyhow::bail!("{}: {e:?}", path.display()),
+        }
     }
-    let body = &bytes[..bytes.len() - 1];
-    let last = body
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(body, |i| &body[i + 1..]);
-    Ok(match last.starts_with(br#"{"kind":"event""#) {
-        true => Tail::EventOnly,
-        false => Tail::Whole,
-    })
 }
 
 /// What `vk-cocoon replay --verify` says of a copy of the journal as the kill left it.
@@ -896,7 +892,7 @@ impl Sweep<'_> {
         }
         self.fig.torn_tails += 1;
         if self.fig.first_torn.is_none() {
-            let copy = self.tb.run_dir().join("torn.jsonl");
+            let copy = self.tb.run_dir().join("torn.journal");
             std::fs::copy(&self.runner.journal, &copy)?;
             self.fig.first_torn = Some(format!(
                 "point {}: {tail:?}; replay --verify of the file as the kill left it: {}",

@@ -100,7 +100,10 @@ async fn sub_agents_forking_one_main_at_once_share_one_save() -> Result<()> {
 
     // One save of the fork snapshot, by the journal's record of what the daemon ran.
     drop(d);
-    let text = std::fs::read_to_string(&journal)?;
+    let raw = std::fs::read(&journal)?;
+    let lines = vk_cocoon::journal::frame::lines_of_file(&raw)
+        .map_err(|(_, e)| anyhow::anyhow!("{e:?}"))?;
+    let text = String::from_utf8(lines)?;
     let saves = text
         .lines()
         .filter(|l| l.contains(r#""verb":"snapshot_save","name":"fork-vk-default-main""#))

@@ -4,8 +4,10 @@
 //!
 //! Mutated lines almost never carry a matching hash, so the input is also "re-chained": every
 //! line shaped like a record gets its `prev` and `hash` recomputed (independently, with sha2)
-//! before the line checks and the reader see it. NUL bytes split it into up to four files. Files go to a directory of this process's
-//! own under /dev/shm (else the system temp dir).
+//! before the line checks and the reader see it. NUL bytes split it into up to four files,
+//! read as they are and framed as the writer stores them (zstd frames); the input and the
+//! first framed file each stand as a previous file a new process continues. Files go to a
+//! directory of this process's own under /dev/shm (else the system temp dir).
 
 #![no_main]
 
@@ -16,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use reconcilers::{Config, State};
 use sha2::{Digest as _, Sha256};
 use vk_cocoon::journal::record::{self, HeaderFields, Record};
-use vk_cocoon::journal::{Entry, Journal, JournalSettings, Reader, Start};
+use vk_cocoon::journal::{frame, Entry, Journal, JournalSettings, Reader, Start};
 
 /// `"prev":"` + 64 hex + `"`, then `,"hash":"` + 64 hex + `"}`: the fixed end of a record.
 const PREV_LEN: usize = 8 + 64 + 1;
@@ -43,7 +45,13 @@ fuzz_target!(|data: &[u8]| {
         files.push(chained);
     }
     read_files(&files);
+    // The same lines as the writer stores them: compressed frames.
+    let framed: Vec<Vec<u8>> = files.iter().filter_map(|f| frame::frame_lines(f).ok()).collect();
+    read_files(&framed);
     continue_chain(data);
+    if let Some(first) = framed.first() {
+        continue_chain(first);
+    }
 });
 
 /// `decode` hashes exactly `prev ‖ line without its hash member`.
@@ -176,7 +184,7 @@ fn dir() -> &'static Path {
 fn read_files(files: &[Vec<u8>]) {
     let mut paths = Vec::new();
     for (i, bytes) in files.iter().enumerate() {
-        let path = dir().join(format!("read-{i}.jsonl"));
+        let path = dir().join(format!("read-{i}.journal"));
         std::fs::write(&path, bytes).expect("write a journal file");
         paths.push(path);
     }
@@ -219,8 +227,9 @@ fn read_files(files: &[Vec<u8>]) {
 /// with that process's header; a previous file that read cleanly still reads cleanly.
 fn continue_chain(previous: &[u8]) {
     let settings = JournalSettings {
-        path: dir().join("events.jsonl"),
+        path: dir().join("events.journal"),
         max_bytes: 1 << 20,
+        max_age_ms: i64::MAX,
         files: 2,
     };
     let rotated = vk_cocoon::journal::rotated_path(&settings.path, 1);

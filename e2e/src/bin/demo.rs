@@ -55,7 +55,7 @@ async fn main() -> Result<()> {
     daemon::seed_clone_snapshot(&tb)?;
     let mut opts = DaemonOptions::new(
         vk_cocoon_bin()?,
-        tb.run_dir().join("journal").join("events.jsonl"),
+        tb.run_dir().join("journal").join("events.journal"),
     )?;
     opts.node = NODE.into();
     let mut d = daemon::start(&tb, &opts)?;
