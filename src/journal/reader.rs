@@ -36,6 +36,8 @@ pub enum Entry {
         loc: Loc,
         envelope: Envelope,
         actions: Vec<Action>,
+        /// Microseconds the daemon took to reduce the event, when it recorded them.
+        reduce_us: Option<u64>,
     },
 }
 
@@ -409,13 +411,17 @@ impl Reader {
                 return Err(self.err(&loc.file, loc.line, Some(seq), p));
             }
         }
-        let actions = match self.next_line() {
+        let (actions, reduce_us) = match self.next_line() {
             None => return Err(self.err(&loc.file, loc.line, Some(seq), Problem::MissingActions)),
             Some(Err(e)) => return Err(e),
             Some(Ok((aloc, line))) => match line.record {
-                Record::Actions { seq: a, actions } if a == seq => {
+                Record::Actions {
+                    seq: a,
+                    actions,
+                    reduce_us,
+                } if a == seq => {
                     self.last = Some(line.hash);
-                    actions
+                    (actions, reduce_us)
                 }
                 Record::Actions { seq: a, .. } => {
                     let p = Problem::ActionsSeq {
@@ -435,6 +441,7 @@ impl Reader {
             loc,
             envelope,
             actions,
+            reduce_us,
         })
     }
 
@@ -513,7 +520,7 @@ mod tests {
                 event: Event::PodRelistBegin,
             };
             prev = encode_event(&mut out, &env, &prev).unwrap();
-            prev = encode_actions(&mut out, seq, &[], &prev).unwrap();
+            prev = encode_actions(&mut out, seq, &[], None, &prev).unwrap();
         }
         let path = dir.join(format!("events-{file_no}.journal"));
         std::fs::write(&path, frame::frame_lines(&out).unwrap()).unwrap();

@@ -76,7 +76,13 @@ pub struct Header {
 pub enum Record {
     Header(Box<Header>),
     Event(Envelope),
-    Actions { seq: u64, actions: Vec<Action> },
+    Actions {
+        seq: u64,
+        actions: Vec<Action>,
+        /// Microseconds the daemon spent reducing the event (absent in generated journals):
+        /// its own share of a pod's wait, which the millisecond `at` cannot show.
+        reduce_us: Option<u64>,
+    },
 }
 
 impl Record {
@@ -128,6 +134,8 @@ struct ActionsOut<'a> {
     kind: &'static str,
     seq: u64,
     actions: &'a [Action],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reduce_us: Option<u64>,
     prev: &'a str,
 }
 
@@ -158,6 +166,8 @@ struct EventIn {
 struct ActionsIn {
     seq: u64,
     actions: Vec<Action>,
+    #[serde(default)]
+    reduce_us: Option<u64>,
     prev: String,
 }
 
@@ -210,6 +220,7 @@ pub fn encode_actions(
     out: &mut Vec<u8>,
     seq: u64,
     actions: &[Action],
+    reduce_us: Option<u64>,
     prev: &Digest,
 ) -> serde_json::Result<Digest> {
     let prev_hex = prev.hex();
@@ -217,6 +228,7 @@ pub fn encode_actions(
         kind: "actions",
         seq,
         actions,
+        reduce_us,
         prev: prev_hex.as_str(),
     };
     encode(out, &body, prev)
@@ -290,6 +302,7 @@ pub fn decode(line: &[u8]) -> Result<Line, Problem> {
                 Record::Actions {
                     seq: a.seq,
                     actions: a.actions,
+                    reduce_us: a.reduce_us,
                 },
                 a.prev,
             )
@@ -393,7 +406,7 @@ mod tests {
     #[test]
     fn a_changed_byte_changes_the_computed_hash() {
         let mut out = Vec::new();
-        encode_actions(&mut out, 3, &[], &Digest::GENESIS).unwrap();
+        encode_actions(&mut out, 3, &[], None, &Digest::GENESIS).unwrap();
         out.pop();
         let pos = out.iter().position(|&c| c == b'3').unwrap();
         out[pos] = b'4';
@@ -405,7 +418,7 @@ mod tests {
     fn malformed_lines_are_named() {
         assert_eq!(decode(b"{}").unwrap_err(), Problem::NoHash);
         let mut out = Vec::new();
-        encode_actions(&mut out, 1, &[], &Digest::GENESIS).unwrap();
+        encode_actions(&mut out, 1, &[], None, &Digest::GENESIS).unwrap();
         let text = String::from_utf8(out).unwrap().replace("actions", "action");
         let err = decode(text.trim_end().as_bytes()).unwrap_err();
         assert!(

@@ -175,6 +175,26 @@ impl Journal {
     /// Writes the event and the actions it produced, and returns once both lines are handed
     /// to the kernel. Seqs must be consecutive within a process.
     pub fn record(&mut self, envelope: &Envelope, actions: &[Action]) -> Result<()> {
+        self.record_step(envelope, actions, None)
+    }
+
+    /// [`Journal::record`] with the microseconds the reduce took, which the daemon records
+    /// so a pod's wait can be split into the daemon's share and the rest.
+    pub fn record_timed(
+        &mut self,
+        envelope: &Envelope,
+        actions: &[Action],
+        reduce_us: u64,
+    ) -> Result<()> {
+        self.record_step(envelope, actions, Some(reduce_us))
+    }
+
+    fn record_step(
+        &mut self,
+        envelope: &Envelope,
+        actions: &[Action],
+        reduce_us: Option<u64>,
+    ) -> Result<()> {
         if let Some(why) = &self.broken {
             bail!("the journal stopped after an earlier write error: {why}");
         }
@@ -190,7 +210,7 @@ impl Journal {
         self.buf.clear();
         let ev = record::encode_event(&mut self.buf, envelope, &self.last)
             .context("journal: cannot serialize the event")?;
-        let acts = record::encode_actions(&mut self.buf, envelope.seq, actions, &ev)
+        let acts = record::encode_actions(&mut self.buf, envelope.seq, actions, reduce_us, &ev)
             .context("journal: cannot serialize the actions")?;
         self.write_buf(false)?;
         self.last = acts;
@@ -679,6 +699,38 @@ mod tests {
         let bytes = fs::read(&settings.path).unwrap();
         let text = frame::lines_of_file(&bytes).unwrap();
         (j.file_no(), String::from_utf8(text).unwrap())
+    }
+
+    /// The daemon's reduce time travels with the step and comes back from the reader; a
+    /// generated journal has none.
+    #[test]
+    fn a_step_carries_its_reduce_time_when_it_was_measured() {
+        use crate::journal::{Entry, Reader};
+        let dir = tempfile::tempdir().unwrap();
+        let settings = JournalSettings {
+            path: dir.path().join("events.journal"),
+            max_bytes: 1 << 20,
+            max_age_ms: i64::MAX,
+            files: 2,
+        };
+        let config = Config::default();
+        let mut j = Journal::open_at(&settings, &config, &State::new(config.clone()), 0).unwrap();
+        let env = |seq| Envelope {
+            seq,
+            at: 0,
+            event: reconcilers::Event::PodRelistBegin,
+        };
+        j.record_timed(&env(1), &[], 37).unwrap();
+        j.record(&env(2), &[]).unwrap();
+        drop(j);
+        let got: Vec<Option<u64>> = Reader::open(&[settings.path.clone()])
+            .unwrap()
+            .filter_map(|e| match e.unwrap() {
+                Entry::Step { reduce_us, .. } => Some(reduce_us),
+                Entry::Header { .. } => None,
+            })
+            .collect();
+        assert_eq!(got, vec![Some(37), None]);
     }
 
     /// A previous file numbered u64::MAX overflowed `file_no + 1` (a panic in debug builds);

@@ -187,6 +187,7 @@ pub fn run(opts: &Options, out: &mut dyn Write) -> Result<(Summary, Option<State
                 loc,
                 envelope,
                 actions,
+                ..
             } => {
                 if opts.until.is_some_and(|u| envelope.seq > u) {
                     break;

@@ -72,13 +72,20 @@ impl Evidence {
     }
 
     /// Journals one reduce step (`state` is the state it left), or counts it lost.
-    pub fn record(&mut self, envelope: &Envelope, actions: &[Action], state: &State, now: Instant) {
+    pub fn record(
+        &mut self,
+        envelope: &Envelope,
+        actions: &[Action],
+        reduce_us: u64,
+        state: &State,
+        now: Instant,
+    ) {
         let Some(j) = self.journal.as_mut() else {
             self.lost += 1;
             self.metrics.records_dropped.inc();
             return;
         };
-        if let Err(e) = j.record(envelope, actions) {
+        if let Err(e) = j.record_timed(envelope, actions, reduce_us) {
             self.lost += 1;
             self.metrics.records_dropped.inc();
             self.down(&e, now);
@@ -195,7 +202,8 @@ mod tests {
             self.seq += 1;
             let env = envelope(self.seq);
             let actions = reduce(&mut self.state, env.clone());
-            self.evidence.record(&env, &actions, &self.state, self.now);
+            self.evidence
+                .record(&env, &actions, 0, &self.state, self.now);
         }
 
         fn later(&mut self, d: Duration) {

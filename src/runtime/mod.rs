@@ -260,11 +260,11 @@ pub async fn run(settings: Settings) -> Result<()> {
         };
         let reducing = std::time::Instant::now();
         let actions = reduce(&mut state, envelope.clone());
-        metrics
-            .reduce_duration
-            .observe(reducing.elapsed().as_secs_f64());
+        let took = reducing.elapsed();
+        metrics.reduce_duration.observe(took.as_secs_f64());
         if let Some(e) = evidence.as_mut() {
-            e.record(&envelope, &actions, &state, tokio::time::Instant::now());
+            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            e.record(&envelope, &actions, us, &state, tokio::time::Instant::now());
         }
         let mut fatal = None;
         for action in actions {

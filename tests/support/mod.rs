@@ -63,14 +63,16 @@ pub fn rewrite(
             Entry::Step {
                 mut envelope,
                 mut actions,
+                reduce_us,
                 ..
             } => {
                 edit(&mut envelope, &mut actions);
-                journal
-                    .as_mut()
-                    .expect("a header first")
-                    .record(&envelope, &actions)
-                    .expect("record");
+                let j = journal.as_mut().expect("a header first");
+                match reduce_us {
+                    Some(us) => j.record_timed(&envelope, &actions, us),
+                    None => j.record(&envelope, &actions),
+                }
+                .expect("record");
             }
         }
     }
@@ -144,11 +146,12 @@ pub fn reencode(
             Entry::Step {
                 mut envelope,
                 actions,
+                reduce_us,
                 ..
             } => {
                 edit_event(&mut envelope);
                 last = encode_event(&mut out, &envelope, &last).unwrap();
-                last = encode_actions(&mut out, envelope.seq, &actions, &last).unwrap();
+                last = encode_actions(&mut out, envelope.seq, &actions, reduce_us, &last).unwrap();
             }
         }
     }

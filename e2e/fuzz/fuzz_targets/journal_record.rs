@@ -112,9 +112,11 @@ fn round_trips(l: &record::Line) {
     let mut out = Vec::new();
     let again = match &l.record {
         Record::Event(env) => record::encode_event(&mut out, env, &l.prev),
-        Record::Actions { seq, actions } => {
-            record::encode_actions(&mut out, *seq, actions, &l.prev)
-        }
+        Record::Actions {
+            seq,
+            actions,
+            reduce_us,
+        } => record::encode_actions(&mut out, *seq, actions, *reduce_us, &l.prev),
         Record::Header(h) => record::encode_header(
             &mut out,
             &HeaderFields {
@@ -136,9 +138,18 @@ fn round_trips(l: &record::Line) {
     );
     match (&l.record, &back.record) {
         (Record::Event(a), Record::Event(b)) => assert_eq!(a, b),
-        (Record::Actions { seq: s, actions: a }, Record::Actions { seq: t, actions: b }) => {
-            assert_eq!((s, a), (t, b))
-        }
+        (
+            Record::Actions {
+                seq: s,
+                actions: a,
+                reduce_us: u,
+            },
+            Record::Actions {
+                seq: t,
+                actions: b,
+                reduce_us: v,
+            },
+        ) => assert_eq!((s, a, u), (t, b, v)),
         (Record::Header(a), Record::Header(b)) => {
             assert_eq!(
                 (
