@@ -455,10 +455,17 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
     }
     let mut first = [0u8; 1];
     f.read_exact(&mut first)?;
-    if frame::is_framed(first[0]) {
-        return framed_tail(path, &mut f);
-    }
-    let Some((version, file_no)) = header_prefix(&mut f) else {
+    let framed = frame::is_framed(first[0]);
+    // The header's fixed start: its version, number and (framed) creation time.
+    f.seek(SeekFrom::Start(0))?;
+    let start = if framed {
+        frame::first_bytes(&mut io::BufReader::new(&mut f), 256)
+    } else {
+        let mut start = Vec::with_capacity(256);
+        (&mut f).take(256).read_to_end(&mut start)?;
+        Some(start)
+    };
+    let Some((version, file_no)) = start.as_deref().and_then(record::header_prefix) else {
         tracing::warn!(
             file = %path.display(),
             "the previous journal file has no readable header; the new file starts a new chain"
@@ -472,6 +479,13 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
             "the previous journal file claims a file number no journal reaches; the new file starts a new chain"
         );
         return Ok(None);
+    }
+    if framed {
+        let started = start
+            .as_deref()
+            .and_then(record::header_created_at)
+            .unwrap_or(0);
+        return framed_tail(path, &mut f, version, file_no, started);
     }
     let mut len = f.metadata()?.len();
     loop {
@@ -507,29 +521,13 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
 
 /// The end of a file of frames: a frame its writer did not finish is cut off; the last line of
 /// the last frame is the tail.
-fn framed_tail(path: &Path, f: &mut File) -> Result<Option<Tail>> {
-    f.seek(SeekFrom::Start(0))?;
-    let start = frame::first_bytes(&mut io::BufReader::new(&mut *f), 256);
-    let prefix = start.as_deref().and_then(record::header_prefix);
-    let Some((version, file_no)) = prefix else {
-        tracing::warn!(
-            file = %path.display(),
-            "the previous journal file has no readable header; the new file starts a new chain"
-        );
-        return Ok(None);
-    };
-    if file_no >= LAST_CONTINUED_FILE_NO {
-        tracing::warn!(
-            file = %path.display(),
-            file_no,
-            "the previous journal file claims a file number no journal reaches; the new file starts a new chain"
-        );
-        return Ok(None);
-    }
-    let started = start
-        .as_deref()
-        .and_then(record::header_created_at)
-        .unwrap_or(0);
+fn framed_tail(
+    path: &Path,
+    f: &mut File,
+    version: u32,
+    file_no: u64,
+    started: Millis,
+) -> Result<Option<Tail>> {
     // Find where the last run's stream starts and where the last whole frame ends.
     f.seek(SeekFrom::Start(0))?;
     let mut rd = io::BufReader::with_capacity(1 << 20, &mut *f);
@@ -622,13 +620,6 @@ fn verifies(line: &[u8], hash: Digest) -> bool {
         }
         Err(_) => false,
     }
-}
-
-fn header_prefix(f: &mut File) -> Option<(u32, u64)> {
-    f.seek(SeekFrom::Start(0)).ok()?;
-    let mut start = Vec::with_capacity(128);
-    f.take(128).read_to_end(&mut start).ok()?;
-    record::header_prefix(&start)
 }
 
 /// The last line of the first `len` bytes (with its newline if it has one) and where it starts.
