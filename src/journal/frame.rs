@@ -98,15 +98,16 @@ pub struct Decompressor {
     dec: Decoder<'static>,
     /// A segment frame has been seen: continuation frames have a stream to continue.
     in_stream: bool,
-    scratch: Vec<u8>,
 }
+
+/// Room made in the output before each decoder call.
+const DECODE_STEP: usize = 64 * 1024;
 
 impl Decompressor {
     pub fn new() -> io::Result<Decompressor> {
         Ok(Decompressor {
             dec: Decoder::new()?,
             in_stream: false,
-            scratch: vec![0u8; 256 * 1024],
         })
     }
 
@@ -134,22 +135,26 @@ impl Decompressor {
         let mut input = InBuffer::around(payload);
         let mut hint;
         loop {
-            let taken = input.pos();
-            let mut o = OutBuffer::around(&mut self.scratch[..]);
+            let (taken, before) = (input.pos(), out.len());
+            // Straight into `out`'s spare room: no second copy of every line.
+            out.reserve(DECODE_STEP);
+            let room = out.capacity();
+            let mut o = OutBuffer::around_pos(&mut *out, before);
             hint = self.dec.run(&mut input, &mut o).map_err(corrupt)?;
-            let n = o.pos();
+            drop(o);
+            let n = out.len() - before;
             if n == 0 && input.pos() == taken && taken < payload.len() {
                 return Err(FrameError::Corrupt("the decoder makes no progress".into()));
             }
-            out.extend_from_slice(&self.scratch[..n]);
             if out.len() - start > MAX_LINES_PER_FRAME {
                 return Err(FrameError::Corrupt(format!(
                     "decompresses to more than {} MiB",
                     MAX_LINES_PER_FRAME >> 20
                 )));
             }
-            // Done once every input byte is taken and the decoder has nothing buffered.
-            if input.pos() == payload.len() && n < self.scratch.len() {
+            // Done once every input byte is taken and the decoder had room to spare: it has
+            // nothing more buffered.
+            if input.pos() == payload.len() && out.len() < room {
                 break;
             }
         }
