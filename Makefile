@@ -53,6 +53,17 @@ demo-replay:
 bench-e2e: deps
 	BENCH_PODS=$(BENCH_PODS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_e2e -- --ignored --nocapture
 
+# Every figure of the scale goals in one table, release build: BENCH_ALL_PODS (1000) pods at
+# once on the testbed with zero-boot VMs whose guests share one simulator process (mass
+# create, the daemon's own share of create → Ready in µs, steady-state CPU, RSS, journal
+# growth and /metrics time, VM vanished → Failed), then replay --verify of a synthetic
+# 1,000-pod journal and of the run's own. About 10 minutes on 2 cores, plus the first release
+# build (~6 minutes).
+.PHONY: bench-all
+BENCH_ALL_PODS ?= 1000
+bench-all: deps
+	BENCH_PODS=$(BENCH_ALL_PODS) $(CARGO) test -j$(JOBS) --release -p vk-cocoon --test bench_e2e -- --ignored --nocapture
+
 # BENCH_FOLLOWERS (100) `logs -f` clients on one node while lines are appended and pods are
 # created: the daemon's RSS and CPU, line delivery latency, create → Ready with and without
 # them (figures in docs/bench-logs.md). About 2 minutes.
