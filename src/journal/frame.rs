@@ -141,7 +141,6 @@ impl Decompressor {
             let room = out.capacity();
             let mut o = OutBuffer::around_pos(&mut *out, before);
             hint = self.dec.run(&mut input, &mut o).map_err(corrupt)?;
-            drop(o);
             let n = out.len() - before;
             if n == 0 && input.pos() == taken && taken < payload.len() {
                 return Err(FrameError::Corrupt("the decoder makes no progress".into()));

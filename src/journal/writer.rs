@@ -714,7 +714,7 @@ mod tests {
         j.record_timed(&env(1), &[], 37).unwrap();
         j.record(&env(2), &[]).unwrap();
         drop(j);
-        let got: Vec<Option<u64>> = Reader::open(&[settings.path.clone()])
+        let got: Vec<Option<u64>> = Reader::open(std::slice::from_ref(&settings.path))
             .unwrap()
             .filter_map(|e| match e.unwrap() {
                 Entry::Step { reduce_us, .. } => Some(reduce_us),
