@@ -41,9 +41,11 @@ async fn scheduled_pods_and_the_garbage_collector() -> Result<()> {
         .create(&PostParams::default(), &ns)
         .await?;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    until("the default ServiceAccount in a new namespace", LIMIT, || async {
-        Ok(sas.get_opt("default").await?.map(|_| ()))
-    })
+    until(
+        "the default ServiceAccount in a new namespace",
+        LIMIT,
+        || async { Ok(sas.get_opt("default").await?.map(|_| ())) },
+    )
     .await?;
 
     let journal = tb.run_dir().join("journal-gc").join("events.jsonl");
@@ -58,7 +60,10 @@ async fn scheduled_pods_and_the_garbage_collector() -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let node = until("the not-ready taint off the Ready node", LIMIT, || async {
         let n = nodes.get(NODE).await?;
-        Ok((!taint_keys(&n).iter().any(|k| k == "node.kubernetes.io/not-ready")).then_some(n))
+        Ok((!taint_keys(&n)
+            .iter()
+            .any(|k| k == "node.kubernetes.io/not-ready"))
+        .then_some(n))
     })
     .await
     .with_context(|| d.proc.log_tail(40))?;
@@ -74,7 +79,10 @@ async fn scheduled_pods_and_the_garbage_collector() -> Result<()> {
     let owner = cms.create(&PostParams::default(), &owner).await?;
     let mut pod = run_pod(NS, "owned", NODE)?;
     ensure!(
-        pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none(),
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none(),
         "the manifest names no node"
     );
     pod.metadata.owner_references = Some(vec![OwnerReference {
@@ -114,9 +122,11 @@ async fn scheduled_pods_and_the_garbage_collector() -> Result<()> {
 
     // Background propagation, the default: the owner goes at once, the collector follows.
     cms.delete("owner", &DeleteParams::default()).await?;
-    until("the garbage collector deleted the owned pod", LIMIT, || async {
-        Ok(pods.get_opt("owned").await?.is_none().then_some(()))
-    })
+    until(
+        "the garbage collector deleted the owned pod",
+        LIMIT,
+        || async { Ok(pods.get_opt("owned").await?.is_none().then_some(())) },
+    )
     .await
     .with_context(|| d.proc.log_tail(40))?;
     until("the daemon removed the pod's VM", LIMIT, || async {

@@ -184,7 +184,11 @@ fn as_its_kubelet_left_it(n: &Node) -> serde_json::Value {
     if let Some(status) = n.status.as_mut() {
         status.conditions = status.conditions.take().map(|cs| {
             cs.into_iter()
-                .filter(|c| c.message.as_deref().is_some_and(|m| m.contains("vk-cocoon")))
+                .filter(|c| {
+                    c.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("vk-cocoon"))
+                })
                 .collect()
         });
     }

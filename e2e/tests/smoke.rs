@@ -163,4 +163,3 @@ async fn node_and_pod_round_trip_then_clean_teardown() {
         assert!(!cg.exists(), "cgroup {} left behind", cg.display());
     }
 }
-
