@@ -89,10 +89,12 @@ async fn sub_agents_forking_one_main_at_once_share_one_save() -> Result<()> {
         .await?
         .items
         .into_iter()
-        // Only the pods' own: the API server reports its own repairs as Warnings too.
+        // Only the pods' own: the API server reports its own repairs as Warnings too. Nor the
+        // scheduler's: a pod created before the node registers waits as FailedScheduling.
         .filter(|e| {
             e.type_.as_deref() == Some("Warning")
                 && e.involved_object.kind.as_deref() == Some("Pod")
+                && !daemon::from_the_scheduler(e)
         })
         .map(|e| format!("{:?}: {:?}", e.reason, e.message))
         .collect();

@@ -162,6 +162,39 @@ fn daemonset_env(
     Ok(env)
 }
 
+/// A Node without what the node lifecycle controller writes to any node (its `node.kubernetes.io/`
+/// taints, and conditions it marks Unknown once the heartbeats stop) and without bookkeeping;
+/// of the conditions only those the daemon writes (N8) count. A daemon that took the Node over
+/// would change what is left.
+fn as_its_kubelet_left_it(n: &Node) -> serde_json::Value {
+    let mut n = n.clone();
+    n.metadata.resource_version = None;
+    n.metadata.managed_fields = None;
+    if let Some(spec) = n.spec.as_mut() {
+        spec.taints = spec
+            .taints
+            .take()
+            .map(|ts| {
+                ts.into_iter()
+                    .filter(|t| !t.key.starts_with("node.kubernetes.io/"))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|ts| !ts.is_empty());
+    }
+    if let Some(status) = n.status.as_mut() {
+        status.conditions = status.conditions.take().map(|cs| {
+            cs.into_iter()
+                .filter(|c| {
+                    c.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("vk-cocoon"))
+                })
+                .collect()
+        });
+    }
+    serde_json::to_value(n).unwrap_or_default()
+}
+
 /// The shipped DaemonSet on a host that has its own kubelet Node: the daemon, started with the
 /// environment the DaemonSet gives it, registers `<host>-cocoon` and leaves the host's Node, its
 /// Lease and the pods scheduled to it alone (a terminating pod there is not force-deleted).
@@ -177,16 +210,34 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         .await?;
     // The host's own Node, as its kubelet keeps it.
     let nodes: Api<Node> = Api::all(admin.clone());
+    // Ready with room for a pod, as its kubelet registers it, so the scheduler places the
+    // host's pod there once the node lifecycle controller has taken `not-ready` off.
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let host: Node = serde_json::from_value(json!({
         "metadata": {"name": "host-1", "labels": {"cocoonstack.io/host": "true", "kubernetes.io/hostname": "host-1"}},
+        "status": {
+            "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}]
+        }
     }))?;
     let host = nodes.create(&Default::default(), &host).await?;
-    let host_version = host.metadata.resource_version.clone();
-    // A pod of the host's, terminating behind a finalizer.
+    // A pod of the host's (no cocoon toleration), terminating behind a finalizer.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let mut local = pod_manifest(NS, "host-local", "host-1", json!({}))?;
-    local.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let local: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "host-local", "namespace": NS, "finalizers": ["example.com/hold"]},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "host-1"},
+            "containers": [{"name": "app", "image": "registry.invalid/app:1"}]
+        }
+    }))?;
     create_pod(&pods, &local).await?;
+    daemon::until("the host's pod scheduled to host-1", LIMIT, || async {
+        let p = pods.get("host-local").await?;
+        Ok((p.spec.and_then(|s| s.node_name).as_deref() == Some("host-1")).then_some(()))
+    })
+    .await?;
     pods.delete("host-local", &DeleteParams::default()).await?;
 
     let ds: DaemonSet = Api::namespaced(admin.clone(), "cocoon-system")
@@ -265,8 +316,8 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let host_now = nodes.get("host-1").await?;
     ensure!(
-        host_now.metadata.resource_version == host_version,
-        "the host's Node was written to"
+        as_its_kubelet_left_it(&host) == as_its_kubelet_left_it(&host_now),
+        "the host's Node was written to: {host_now:?}"
     );
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
     ensure!(
@@ -277,12 +328,16 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         leases.get_opt(&name).await?.is_some(),
         "no Lease for the virtual node"
     );
-    // Still there (not force-deleted), and its status as the API server made it.
+    // Still there (not force-deleted), and its status as the scheduler left it.
     let local = pods.get("host-local").await?;
     let status = local.status.clone().unwrap_or_default();
     ensure!(
         local.metadata.deletion_timestamp.is_some()
-            && status.conditions.is_none()
+            && status
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ == "PodScheduled")
             && status.start_time.is_none()
             && status.container_statuses.is_none(),
         "the host's terminating pod was touched: {status:?}"
@@ -310,7 +365,7 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
     let log = std::fs::read_to_string(w.proc.log_path())?;
     ensure!(log.contains("Refusing to take it over"), "{log}");
     ensure!(
-        nodes.get("host-1").await?.metadata.resource_version == host_version,
+        as_its_kubelet_left_it(&host) == as_its_kubelet_left_it(&nodes.get("host-1").await?),
         "the refused daemon wrote to the host's Node"
     );
 

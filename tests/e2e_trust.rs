@@ -37,9 +37,11 @@ async fn warning_of(events: &Api<Event>, pod: &str) -> Result<String> {
             .await?
             .items
             .into_iter()
+            // The daemon's, not the scheduler's (FailedScheduling while the node registers).
             .find(|e| {
                 e.type_.as_deref() == Some("Warning")
                     && e.involved_object.name.as_deref() == Some(pod)
+                    && !daemon::from_the_scheduler(e)
             })
             .and_then(|e| e.message))
     })

@@ -2,6 +2,7 @@
 # Builds the real components the e2e testbed runs, from their Go modules, into a cache
 # outside the checkout (CI clones afresh each run, so an in-tree cache would always be cold).
 #   kube-apiserver + kubectl  k8s.io/kubernetes   (cold: ~9-10 min on 2 cores)
+#   kube-scheduler + kube-controller-manager, same module (cold, after the apiserver: ~3.5 min)
 #   etcd                      go.etcd.io/etcd/server/v3 (cold: ~2 min)
 #   registry                  distribution v3 cmd/registry (cold: ~2 min)
 #   metrics-server            sigs.k8s.io/metrics-server (cold: ~5 min; for `kubectl top`)
@@ -39,14 +40,20 @@ need_go() {
   command -v go >/dev/null || { echo "go not found: install Go 1.26 (see README, Testbed)" >&2; exit 1; }
 }
 
+# The k8s.io/kubernetes binaries the testbed runs, all from one module at one version.
+K8S_CMDS=(kube-apiserver kubectl kube-scheduler kube-controller-manager)
+
 build_k8s() {
-  local api="$BIN/kube-apiserver-$K8S_VERSION" kc="$BIN/kubectl-$K8S_VERSION"
-  if [[ -x $api && -x $kc ]]; then log "kube-apiserver and kubectl $K8S_VERSION cached"; return; fi
+  local missing=() cmd
+  for cmd in "${K8S_CMDS[@]}"; do
+    [[ -x $BIN/$cmd-$K8S_VERSION ]] || missing+=("$cmd")
+  done
+  if ((${#missing[@]} == 0)); then log "${K8S_CMDS[*]} $K8S_VERSION cached"; return; fi
   need_go
   local dir="$CACHE/src/k8s-$K8S_VERSION" minor=${K8S_VERSION#v1.}
   minor=${minor%%.*}
   mkdir -p "$dir"
-  log "kube-apiserver + kubectl $K8S_VERSION: cold build, usually 9-10 minutes on 2 cores"
+  log "${missing[*]} $K8S_VERSION: cold build: the apiserver and kubectl usually 9-10 minutes on 2 cores, the scheduler and controller-manager ~4 more"
   local gomod
   gomod=$(cd "$dir" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   [[ -f $gomod ]] || { echo "could not download k8s.io/kubernetes@$K8S_VERSION (is the Go module proxy reachable?)" >&2; exit 1; }
@@ -61,25 +68,25 @@ build_k8s() {
     grep -oE 'k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" |
       awk -v v="v0.$minor.${K8S_VERSION##*.}" '{print "replace " $1 " => " $1 " " v}'
   } >"$dir/go.mod"
-  cat >"$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for cmd in "${K8S_CMDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$cmd"; done
+    printf ')\n'
+  } >"$dir/tools.go"
   log "resolving modules (go mod tidy, ~20 s)"
   (cd "$dir" && go mod tidy >/dev/null)
   local ld="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-  log "compiling kube-apiserver (the long step)"
-  (cd "$dir" && go build -v -ldflags "$ld" -o "$api.tmp" k8s.io/kubernetes/cmd/kube-apiserver 2>&1) | progress kube-apiserver
-  mv "$api.tmp" "$api"
-  log "compiling kubectl (~1 min after the apiserver)"
-  (cd "$dir" && go build -v -ldflags "$ld" -o "$kc.tmp" k8s.io/kubernetes/cmd/kubectl 2>&1) | progress kubectl
-  mv "$kc.tmp" "$kc"
+  local out
+  # In K8S_CMDS order: the apiserver compiles most of what the others share, so each later
+  # binary mostly links packages already in Go's build cache.
+  for cmd in "${missing[@]}"; do
+    out="$BIN/$cmd-$K8S_VERSION"
+    SECONDS=0
+    log "compiling $cmd"
+    (cd "$dir" && go build -v -ldflags "$ld" -o "$out.tmp" "k8s.io/kubernetes/cmd/$cmd" 2>&1) | progress "$cmd"
+    mv "$out.tmp" "$out"
+    log "$cmd built in ${SECONDS}s"
+  done
 }
 
 # Builds one main package from a wrapper module: etcd's and distribution's own go.mod files carry
@@ -129,7 +136,8 @@ case $what in
   all) build_etcd; build_registry; build_metrics_server; build_k8s ;;
   *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server]" >&2; exit 2 ;;
 esac
-for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION \
+for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION kube-scheduler-$K8S_VERSION \
+  kube-controller-manager-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION \
   metrics-server-$METRICS_SERVER_VERSION; do
   [[ -x $BIN/$b ]] && ln -sf "$b" "$BIN/${b%-v*}"
 done

@@ -2,7 +2,7 @@
 # Installs what the e2e harness needs on a fresh Debian machine, then builds the control-plane
 # binaries. Safe to rerun: a warm machine skips apt entirely and finds the binaries cached.
 #   Debian packages  iproute2 iputils-ping prometheus ca-certificates  (cold: ~1 min, warm: 0 s)
-#   build-deps.sh    kube-apiserver kubectl etcd registry               (cold: ~10 min, warm: <1 s)
+#   build-deps.sh    the k8s control plane, etcd, registry, metrics-server (cold: ~20 min, warm: <1 s)
 set -euo pipefail
 
 log() { printf '[ci-setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }

@@ -16,14 +16,15 @@ pub fn cache_bin_dir() -> PathBuf {
     cache.join("bin")
 }
 
-/// Path of one built binary (`kube-apiserver`, `kubectl`, `etcd`, `registry`,
-/// `metrics-server`), or an error that says how to build it.
+/// Path of one built binary (`kube-apiserver`, `kube-scheduler`, `kube-controller-manager`,
+/// `kubectl`, `etcd`, `registry`, `metrics-server`), or an error that says how to build it.
 pub fn built(name: &str) -> Result<PathBuf> {
     let p = cache_bin_dir().join(name);
     if !p.exists() {
         bail!(
             "{} is missing: run `make deps` (e2e/scripts/build-deps.sh) to build kube-apiserver, \
-             kubectl, etcd, registry and metrics-server into {}",
+             kube-scheduler, kube-controller-manager, kubectl, etcd, registry and metrics-server \
+             into {}",
             p.display(),
             cache_bin_dir().display()
         );
@@ -33,7 +34,14 @@ pub fn built(name: &str) -> Result<PathBuf> {
 
 /// Fails early, with the `make deps` hint, when any built binary is missing.
 pub fn require_all() -> Result<()> {
-    for b in ["kube-apiserver", "kubectl", "etcd", "registry"] {
+    for b in [
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kubectl",
+        "etcd",
+        "registry",
+    ] {
         built(b)?;
     }
     Ok(())

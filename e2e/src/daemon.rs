@@ -77,7 +77,13 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
         .env("VK_JOURNAL_PATH", &o.journal)
         .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
         .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"))
-        .env("VK_LOG_LEVEL", "info");
+        .env("VK_LOG_LEVEL", "info")
+        // The scheduler places pods by allocatable: the node stands for a host big enough for
+        // the benchmark's 1,000 pods of `pod_manifest`'s size (500m, 512Mi), after the default
+        // 20 % reserve, rather than for this machine's own few cores.
+        .env("VK_NODE_CPU", "640")
+        .env("VK_NODE_MEM", "640Gi")
+        .env("VK_NODE_PODS", "1024");
     // The apiserver presents its kubelet client certificate, signed by the testbed CA, when
     // it calls the kubelet API (kubectl logs); the daemon checks callers against that CA.
     if let Some(pki) = &tb.pki {
@@ -87,8 +93,13 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
     tb.spawn("vk-cocoon", cmd)
 }
 
-/// A pod as the operator would make it for this node: one placeholder container `agent`,
-/// grace 1 s, the provider toleration, and the given annotations.
+/// The pool the daemons started here belong to (`VK_NODE_POOL` unset).
+pub const POOL: &str = "default";
+
+/// A pod as the operator makes it for a CocoonSet pinned to `node`: the scheduler places it by
+/// the pool label and a required hostname affinity, the provider taint's toleration lets it
+/// onto a cocoon node, and it tolerates the node going not-ready or unreachable forever. One
+/// placeholder container `agent`, grace 1 s, and the given annotations.
 pub fn pod_manifest(
     ns: &str,
     name: &str,
@@ -100,11 +111,18 @@ pub fn pod_manifest(
         "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "annotations": annotations},
         "spec": {
-            "nodeName": node,
+            "nodeSelector": {"cocoonstack.io/pool": POOL},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}},
             "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "agent", "image": "ghcr.io/cocoonstack/placeholder:latest",
                 "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}],
-            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
+            "tolerations": [
+                {"key": "virtual-kubelet.io/provider", "operator": "Exists"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+            ]
         }
     }))?)
 }

@@ -28,17 +28,27 @@ pub async fn get_text(client: &Client, path: &str) -> Result<String> {
     Ok(client.request_text(req).await?)
 }
 
-/// Creates the namespace (unless it exists) and its `default` ServiceAccount. Without a
-/// controller-manager nobody else creates that account, and the ServiceAccount admission
-/// plugin rejects every pod in a namespace that lacks it (`serviceaccount "default" not found`).
+/// Creates the namespace (unless it exists) and returns once the controller-manager's
+/// ServiceAccount controller has given it its `default` ServiceAccount: until then the
+/// ServiceAccount admission plugin rejects every pod there (`serviceaccount "default" not found`).
 pub async fn ensure_namespace(client: &Client, ns: &str) -> Result<()> {
-    let nss: Api<Namespace> = Api::all(client.clone());
-    if nss.get_opt(ns).await?.is_none() {
-        let obj: Namespace = serde_json::from_value(serde_json::json!({
-            "metadata": { "name": ns }
-        }))?;
-        create_or_exists(nss.create(&PostParams::default(), &obj).await)?;
+    create_namespace(client, ns).await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if sas.get_opt("default").await?.is_some() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("namespace {ns} got no `default` ServiceAccount within 60 s: is kube-controller-manager's serviceaccount controller running?");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The same on a testbed without kube-controller-manager: the harness creates the account.
+pub async fn ensure_namespace_with_account(client: &Client, ns: &str) -> Result<()> {
+    create_namespace(client, ns).await?;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let sa: ServiceAccount = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "default" }
@@ -54,6 +64,17 @@ pub async fn ensure_namespace(client: &Client, ns: &str) -> Result<()> {
             Err(e) => return Err(e.context(format!("creating serviceaccount {ns}/default"))),
         }
     }
+}
+
+async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    if nss.get_opt(ns).await?.is_none() {
+        let obj: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": ns }
+        }))?;
+        create_or_exists(nss.create(&PostParams::default(), &obj).await)?;
+    }
+    Ok(())
 }
 
 fn create_or_exists<T>(r: kube::Result<T>) -> Result<()> {

@@ -1,14 +1,18 @@
 //! Real-component testbed for vk-cocoon end-to-end tests.
 //!
-//! A [`Testbed`] runs what a cocoon node talks to in production, on loopback only: etcd and
-//! kube-apiserver (no scheduler or controller-manager, so tests bind pods with `spec.nodeName`),
-//! a distribution registry, Prometheus, metrics-server and the cocoon simulator. Everything it starts lives
+//! A [`Testbed`] runs what a cocoon node talks to in production, on loopback only: etcd,
+//! kube-apiserver, kube-scheduler and kube-controller-manager (pods reach a node through the
+//! scheduler, by its pool label and the provider taint's toleration; the node lifecycle, garbage
+//! collector and ServiceAccount controllers run as in a cluster), a distribution registry,
+//! Prometheus, metrics-server and the cocoon simulator. Everything it starts lives
 //! under one run directory in `/tmp/vk-cocoon-testbed/`, so a run that was killed with SIGKILL
 //! is swept by the next one (see [`rundir`] and [`procs`]).
 
 pub mod apiserver;
 pub mod bins;
 pub mod certs;
+pub mod component;
+pub mod controller_manager;
 pub mod daemon;
 pub mod etcd;
 pub mod kube;
@@ -21,6 +25,7 @@ pub mod prometheus;
 pub mod ready;
 pub mod registry;
 pub mod rundir;
+pub mod scheduler;
 pub mod sim;
 pub mod testbed;
 

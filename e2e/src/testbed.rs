@@ -7,20 +7,27 @@ use anyhow::{Context, Result};
 
 use crate::apiserver::ApiServer;
 use crate::certs::Pki;
+use crate::controller_manager::ControllerManager;
 use crate::etcd::Etcd;
 use crate::metrics_server::MetricsServer;
 use crate::procs::Proc;
 use crate::prometheus::{Prometheus, ScrapeJob};
 use crate::registry::Registry;
 use crate::rundir::RunDir;
+use crate::scheduler::Scheduler;
 use crate::sim::CocoonSim;
 use crate::step;
 
-/// What to start. Components start concurrently; only the control plane's etcd → apiserver
-/// order is sequential.
+/// What to start. Components start concurrently; only the control plane's etcd → apiserver →
+/// scheduler and controller-manager order is sequential.
 #[derive(Clone, Debug, Default)]
 pub struct TestbedOptions {
+    /// etcd, kube-apiserver, kube-scheduler and kube-controller-manager.
     pub control_plane: bool,
+    /// The control plane without kube-scheduler and kube-controller-manager: nothing schedules,
+    /// garbage-collects or watches node health, and the harness creates each namespace's
+    /// `default` ServiceAccount itself.
+    pub apiserver_only: bool,
     pub registry: bool,
     /// Start Prometheus scraping these jobs (it always scrapes itself too).
     pub prometheus: Option<Vec<ScrapeJob>>,
@@ -44,12 +51,20 @@ impl TestbedOptions {
     pub fn all() -> Self {
         TestbedOptions {
             control_plane: true,
+            apiserver_only: false,
             registry: true,
             prometheus: Some(Vec::new()),
             sim: true,
             metrics_server: None,
             namespaces: Vec::new(),
         }
+    }
+
+    /// See [`TestbedOptions::apiserver_only`].
+    pub fn apiserver_only(mut self) -> Self {
+        self.control_plane = true;
+        self.apiserver_only = true;
+        self
     }
 
     pub fn with_registry(mut self) -> Self {
@@ -88,6 +103,8 @@ pub struct Testbed {
     pub metrics_server: Option<MetricsServer>,
     pub prometheus: Option<Prometheus>,
     pub registry: Option<Registry>,
+    pub controller_manager: Option<ControllerManager>,
+    pub scheduler: Option<Scheduler>,
     pub apiserver: Option<ApiServer>,
     pub etcd: Option<Etcd>,
     pub sim: Option<CocoonSim>,
@@ -104,6 +121,10 @@ impl Testbed {
             crate::bins::built("kube-apiserver")?;
             crate::bins::built("etcd")?;
             crate::bins::built("kubectl")?;
+            if !opts.apiserver_only {
+                crate::bins::built("kube-scheduler")?;
+                crate::bins::built("kube-controller-manager")?;
+            }
         }
         if opts.registry {
             crate::bins::built("registry")?;
@@ -118,6 +139,8 @@ impl Testbed {
             metrics_server: None,
             prometheus: None,
             registry: None,
+            controller_manager: None,
+            scheduler: None,
             apiserver: None,
             etcd: None,
             sim: None,
@@ -137,7 +160,19 @@ impl Testbed {
             let pki = Pki::generate(&run.subdir("pki")?)?;
             let etcd = Etcd::start(run).await?;
             let api = ApiServer::start(run, &pki, &etcd).await?;
-            anyhow::Ok(Some((pki, etcd, api)))
+            if opts.apiserver_only {
+                return anyhow::Ok(Some((pki, etcd, api, None)));
+            }
+            let (sched, cm) = tokio::join!(
+                Scheduler::start(run, &pki, &api),
+                ControllerManager::start(run, &pki, &api)
+            );
+            // Both kept (or dropped, which stops them) together with the apiserver.
+            let controllers = match (sched, cm) {
+                (Ok(s), Ok(c)) => Ok((s, c)),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+            anyhow::Ok(Some((pki, etcd, api, Some(controllers?))))
         };
         let registry = async {
             match opts.registry {
@@ -154,10 +189,14 @@ impl Testbed {
         let (cp, reg, prom) = tokio::join!(control_plane, registry, prometheus);
         // Keep whatever started, so a failure below still tears it down on drop.
         let cp_err = match cp {
-            Ok(Some((pki, etcd, api))) => {
+            Ok(Some((pki, etcd, api, controllers))) => {
                 tb.pki = Some(pki);
                 tb.etcd = Some(etcd);
                 tb.apiserver = Some(api);
+                if let Some((s, c)) = controllers {
+                    tb.scheduler = Some(s);
+                    tb.controller_manager = Some(c);
+                }
                 None
             }
             Ok(None) => None,
@@ -225,9 +264,15 @@ impl Testbed {
         crate::kube::kubectl(self.kubeconfig()?, args).await
     }
 
-    /// Creates a namespace and its `default` ServiceAccount (see [`crate::kube::ensure_namespace`]).
+    /// Creates a namespace (unless it exists) and returns once it has its `default`
+    /// ServiceAccount, which the ServiceAccount admission plugin requires of every pod: the
+    /// controller-manager's creates it, or, on an apiserver-only testbed, the harness does.
     pub async fn ensure_namespace(&self, ns: &str) -> Result<()> {
-        crate::kube::ensure_namespace(&self.client()?, ns).await
+        let client = self.client()?;
+        match self.controller_manager {
+            Some(_) => crate::kube::ensure_namespace(&client, ns).await,
+            None => crate::kube::ensure_namespace_with_account(&client, ns).await,
+        }
     }
 
     /// Starts a process (typically the daemon under test) as part of this run: its own process
@@ -258,6 +303,18 @@ impl Testbed {
         }
         if let Some(a) = &self.apiserver {
             v.push(("TESTBED_APISERVER".into(), a.url.clone()));
+        }
+        if let Some(s) = &self.scheduler {
+            v.push((
+                "TESTBED_SCHEDULER".into(),
+                format!("https://127.0.0.1:{}", s.port),
+            ));
+        }
+        if let Some(c) = &self.controller_manager {
+            v.push((
+                "TESTBED_CONTROLLER_MANAGER".into(),
+                format!("https://127.0.0.1:{}", c.port),
+            ));
         }
         if let Some(r) = &self.registry {
             v.push(("TESTBED_REGISTRY".into(), r.addr.clone()));
@@ -323,6 +380,8 @@ impl Testbed {
             self.metrics_server.as_mut().map(|c| &mut c.proc),
             self.prometheus.as_mut().map(|c| &mut c.proc),
             self.registry.as_mut().map(|c| &mut c.proc),
+            self.controller_manager.as_mut().map(|c| &mut c.proc),
+            self.scheduler.as_mut().map(|c| &mut c.proc),
             self.apiserver.as_mut().map(|c| &mut c.proc),
             self.etcd.as_mut().map(|c| &mut c.proc),
         ]
@@ -355,6 +414,8 @@ impl Drop for Testbed {
         drop(self.metrics_server.take());
         drop(self.prometheus.take());
         drop(self.registry.take());
+        drop(self.controller_manager.take());
+        drop(self.scheduler.take());
         drop(self.apiserver.take());
         drop(self.etcd.take());
         self.hosts.clear();

@@ -1,5 +1,6 @@
-//! The control plane end to end: a Node and a Pod bound to it through kube-rs, read back
-//! with kubectl, then a teardown that leaves nothing behind.
+//! The control plane end to end: a Node as a cocoon node registers it and a Pod the scheduler
+//! places there through kube-rs, read back with kubectl, then a teardown that leaves nothing
+//! behind.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
@@ -18,13 +19,25 @@ async fn node_and_pod_round_trip_then_clean_teardown() {
     .expect("testbed starts");
     let client = tb.client().unwrap();
 
+    // What the daemon registers (N2, N4, N8, N12): the pool label, the provider taint, Ready,
+    // and room for a pod. The node lifecycle controller takes the `not-ready` taint the
+    // apiserver adds to every new node off once it sees Ready.
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {
             "name": "cocoon-node-1",
-            "labels": { "type": "virtual-kubelet", "kubernetes.io/role": "agent" }
+            "labels": { "type": "virtual-kubelet", "kubernetes.io/role": "agent",
+                        "kubernetes.io/hostname": "cocoon-node-1",
+                        "cocoonstack.io/pool": e2e::daemon::POOL }
         },
         "spec": {
             "taints": [{ "key": "virtual-kubelet.io/provider", "value": "cocoon", "effect": "NoSchedule" }]
+        },
+        "status": {
+            "capacity": { "cpu": "8", "memory": "16Gi", "pods": "110" },
+            "allocatable": { "cpu": "8", "memory": "16Gi", "pods": "110" },
+            "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady",
+                             "lastHeartbeatTime": now, "lastTransitionTime": now }]
         }
     }))
     .unwrap();
@@ -33,19 +46,26 @@ async fn node_and_pod_round_trip_then_clean_teardown() {
         .await
         .expect("node created");
 
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "hello", "namespace": "smoke" },
-        "spec": {
-            "nodeName": "cocoon-node-1",
-            "containers": [{ "name": "main", "image": "registry.invalid/hello:1" }],
-            "tolerations": [{ "key": "virtual-kubelet.io/provider", "operator": "Exists" }]
-        }
-    }))
-    .unwrap();
-    Api::<Pod>::namespaced(client.clone(), "smoke")
-        .create(&PostParams::default(), &pod)
+    let pod = e2e::daemon::pod_manifest("smoke", "hello", "cocoon-node-1", serde_json::json!({}))
+        .unwrap();
+    assert!(pod.spec.as_ref().unwrap().node_name.is_none());
+    let pods = Api::<Pod>::namespaced(client.clone(), "smoke");
+    pods.create(&PostParams::default(), &pod)
         .await
-        .expect("pod created: needs the default ServiceAccount the harness creates");
+        .expect("pod created: needs the default ServiceAccount the controller-manager creates");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let p = pods.get("hello").await.unwrap();
+        if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("cocoon-node-1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scheduler did not place the pod: {:?}",
+            p.status
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 
     let version = tb
         .kubectl(&["version", "--client", "-o", "json"])
@@ -109,8 +129,8 @@ async fn node_and_pod_round_trip_then_clean_teardown() {
     let run = tb.run_dir().to_path_buf();
     let started: Vec<i32> = tb.processes().into_iter().map(|(pid, _)| pid).collect();
     assert!(
-        started.len() >= 2,
-        "etcd and kube-apiserver run: {started:?}"
+        started.len() >= 4,
+        "etcd, kube-apiserver, kube-scheduler and kube-controller-manager run: {started:?}"
     );
 
     drop(tb);

@@ -138,6 +138,14 @@ pub async fn wait_ready(api: &Api<Pod>, name: &str, limit: Duration) -> Result<P
     .await
 }
 
+/// An Event kube-scheduler reported (FailedScheduling while a pod waits for a node, say), not
+/// the daemon.
+pub fn from_the_scheduler(e: &k8s_openapi::api::core::v1::Event) -> bool {
+    let scheduler = Some("default-scheduler");
+    e.reporting_component.as_deref() == scheduler
+        || e.source.as_ref().and_then(|s| s.component.as_deref()) == scheduler
+}
+
 /// Replays the run's journal with `--verify`: the same events must give the same actions.
 pub fn replay_verify(journal: &Path) -> Result<()> {
     let dir = journal.parent().context("journal path has no parent")?;
