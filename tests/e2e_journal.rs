@@ -10,7 +10,7 @@
 #[path = "e2e/daemon.rs"]
 mod daemon;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -105,7 +105,7 @@ async fn a_journal_disk_that_fills_up_mid_run_is_survived() -> Result<()> {
     let dir = tb.run_dir().join("journal");
     // Dropped before the testbed, which removes the run directory.
     let disk = Tmpfs::mount(&dir, "8m")?;
-    let journal = dir.join("events.jsonl");
+    let journal = dir.join("events.journal");
     let metrics_port = e2e::ports::free_port()?;
     let mut d = daemon::start(
         &tb,
@@ -131,11 +131,22 @@ async fn a_journal_disk_that_fills_up_mid_run_is_survived() -> Result<()> {
     ensure!(mode == 0o600, "journal file mode {mode:o}");
 
     // The disk fills up under the running daemon. A Ready pod whose guest answers costs no
-    // journal record, so the next record is the new pod's: the first write to fail.
+    // journal record, so the next record is the new pod's: the first write to fail. Records
+    // are compressed and a few could still fit in the journal file's last partial page, so
+    // the new pod carries 16 KiB of random text, which no compression shrinks below a page.
     let filled = std::time::Instant::now();
     let filler = disk.fill()?;
     let asked = std::time::Instant::now();
-    create_pod(&pods, &run_pod("during")?).await?;
+    let mut during = run_pod("during")?;
+    let mut noise = vec![0u8; 8 << 10];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut noise)?;
+    let noise: String = noise.iter().map(|b| format!("{b:02x}")).collect();
+    during
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("e2e.cocoonstack.io/incompressible".into(), noise);
+    create_pod(&pods, &during).await?;
     until("the journal reported down", LIMIT, || async {
         let up = metric(metrics_port, "cocoon_vk_journal_up").await?;
         let errors = metric(metrics_port, "cocoon_vk_journal_write_errors_total").await?;
