@@ -25,7 +25,7 @@ const CREATED_AT: i64 = 1_777_600_000_000;
 fn settings(dir: &std::path::Path) -> JournalSettings {
     // The daemon's defaults: 64 MiB files, 8 kept.
     JournalSettings {
-        path: dir.join("events.jsonl"),
+        path: dir.join("events.journal"),
         max_bytes: 64 << 20,
         max_age_ms: i64::MAX,
         files: 8,

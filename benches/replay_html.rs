@@ -26,7 +26,7 @@ fn main() {
     assert!(events >= 100_000, "{events} events");
     let dir = tempfile::tempdir().unwrap();
     let settings = JournalSettings {
-        path: dir.path().join("events.jsonl"),
+        path: dir.path().join("events.journal"),
         max_bytes: u64::MAX,
         max_age_ms: i64::MAX,
         files: 1,

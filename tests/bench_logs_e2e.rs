@@ -182,7 +182,7 @@ async fn bench_logs_followers() -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     let sim = tb.sim.as_ref().context("sim")?;
     let pki = tb.pki.clone().context("pki")?;
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let kubelet_port = e2e::ports::free_port()?;
     let opts = DaemonOptions {
         env: vec![

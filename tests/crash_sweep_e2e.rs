@@ -1093,7 +1093,7 @@ async fn crash_sweep() -> Result<()> {
                 ],
                 ..DaemonOptions::default()
             },
-            journal: journal_dir.join("events.jsonl"),
+            journal: journal_dir.join("events.journal"),
         },
         pods: Api::namespaced(tb.client()?, NS),
         sim: Sim::new(&tb)?,

@@ -39,7 +39,7 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     daemon::seed_clone_snapshot(&tb)?;
     let sim = tb.sim.as_ref().context("sim")?;
-    let journal1 = tb.run_dir().join("journal-1").join("events.jsonl");
+    let journal1 = tb.run_dir().join("journal-1").join("events.journal");
     let opts = DaemonOptions::default();
     let metrics_port = e2e::ports::free_port()?;
     let mut d = daemon::start(
@@ -189,7 +189,7 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
     // 4: kill -9 and restart: the same VMs are adopted, none created, pods stay Ready.
     let before = vm_ids(&tb);
     d.proc.signal(libc::SIGKILL);
-    let journal2 = tb.run_dir().join("journal-2").join("events.jsonl");
+    let journal2 = tb.run_dir().join("journal-2").join("events.journal");
     let metrics_port = e2e::ports::free_port()?;
     d = daemon::start(
         &tb,
@@ -308,7 +308,7 @@ async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
     ensure!(orphan.len() == 1, "expected one orphan VM, have {orphan:?}");
 
     // 5a: alert keeps the orphan and counts it.
-    let j_alert = tb.run_dir().join("journal-alert").join("events.jsonl");
+    let j_alert = tb.run_dir().join("journal-alert").join("events.journal");
     let alert = DaemonOptions {
         orphan_policy: "alert",
         ..DaemonOptions::default()
@@ -332,7 +332,7 @@ async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
     d.proc.stop();
 
     // 5b: destroy removes it.
-    let j_destroy = tb.run_dir().join("journal-destroy").join("events.jsonl");
+    let j_destroy = tb.run_dir().join("journal-destroy").join("events.journal");
     let opts = DaemonOptions::default();
     d = daemon::start(
         &tb,
@@ -504,7 +504,7 @@ async fn icmp_probes_degrade_without_net_raw() -> Result<()> {
     };
     let _closed = PingGroupRangeClosed::new()?;
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
-    let journal = tb.run_dir().join("journal-degraded").join("events.jsonl");
+    let journal = tb.run_dir().join("journal-degraded").join("events.journal");
     let opts = DaemonOptions {
         launcher: [
             setpriv,

@@ -131,7 +131,7 @@ async fn every_dashboard_query_and_alert_has_a_series() -> Result<()> {
     )
     .await?;
     let prom = tb.prometheus.as_ref().context("prometheus")?;
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let d = daemon::start(
         &tb,
         &DaemonOptions::default(),

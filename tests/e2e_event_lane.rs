@@ -113,7 +113,7 @@ async fn status_writes_do_not_wait_for_events_the_api_server_holds() -> Result<(
     )
     .await?;
 
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let metrics_port = e2e::ports::free_port()?;
     let d = daemon::start(
         &tb,

@@ -79,7 +79,7 @@ fn exec_children() -> usize {
 
 async fn scenario(websocket: bool) -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let kubelet_port = e2e::ports::free_port()?;
     // The simulator runs guest commands for real (in the guest's network namespace when it
     // has one), so a command reads its stdin as it comes and ends when it likes.

@@ -23,7 +23,7 @@ const SUBAGENTS: usize = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sub_agents_forking_one_main_at_once_share_one_save() -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let metrics_port = e2e::ports::free_port()?;
     let d = daemon::start(
         &tb,

@@ -48,7 +48,7 @@ async fn scheduled_pods_and_the_garbage_collector() -> Result<()> {
     )
     .await?;
 
-    let journal = tb.run_dir().join("journal-gc").join("events.jsonl");
+    let journal = tb.run_dir().join("journal-gc").join("events.journal");
     let d = daemon::start(
         &tb,
         &DaemonOptions::default(),

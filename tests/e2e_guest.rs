@@ -143,7 +143,7 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
         GUEST_ERROR,
     ])?;
 
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let opts = DaemonOptions {
         env: vec![("COCOON_SIM_GUEST_FIXUP".into(), "1".into())],
         ..DaemonOptions::default()

@@ -55,7 +55,7 @@ async fn macos_pod_runs_survives_a_restart_and_deletes() -> Result<()> {
         ],
         ..Default::default()
     };
-    let journal1 = tb.run_dir().join("journal-1").join("events.jsonl");
+    let journal1 = tb.run_dir().join("journal-1").join("events.journal");
     let mut d = daemon::start(
         &tb,
         &opts,
@@ -147,7 +147,7 @@ async fn macos_pod_runs_survives_a_restart_and_deletes() -> Result<()> {
 
     // B1: kill -9 and restart: the guest is adopted, never run again; the pod stays Ready.
     d.proc.signal(libc::SIGKILL);
-    let journal2 = tb.run_dir().join("journal-2").join("events.jsonl");
+    let journal2 = tb.run_dir().join("journal-2").join("events.journal");
     d = daemon::start(
         &tb,
         &opts,

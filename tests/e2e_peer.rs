@@ -139,11 +139,11 @@ async fn a_hibernated_vm_wakes_on_another_node_from_its_peer() -> Result<()> {
     let a = daemon::start(
         &tb,
         &node_opts("node-a", "127.0.0.2", None),
-        &tb.run_dir().join("journal-a").join("events.jsonl"),
+        &tb.run_dir().join("journal-a").join("events.journal"),
         metrics_a,
         e2e::ports::free_port()?,
     )?;
-    let journal_b = tb.run_dir().join("journal-b").join("events.jsonl");
+    let journal_b = tb.run_dir().join("journal-b").join("events.journal");
     let b = daemon::start(
         &tb,
         &node_opts("node-b", "127.0.0.3", Some("sim-b")),

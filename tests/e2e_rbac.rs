@@ -58,7 +58,7 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
     let kubeconfig = tb.run_dir().join("vk-cocoon-sa.kubeconfig");
     token_kubeconfig(tb.kubeconfig()?, token.trim(), &kubeconfig)?;
 
-    let journal = tb.run_dir().join("journal-rbac").join("events.jsonl");
+    let journal = tb.run_dir().join("journal-rbac").join("events.journal");
     let opts = DaemonOptions {
         env: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
         ..DaemonOptions::default()
@@ -292,7 +292,7 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         env: opts_env.clone(),
         ..DaemonOptions::default()
     };
-    let journal = tb.run_dir().join("journal-ds").join("events.jsonl");
+    let journal = tb.run_dir().join("journal-ds").join("events.journal");
     let d = daemon::start(
         &tb,
         &opts,
@@ -349,7 +349,7 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         env: opts_env,
         ..DaemonOptions::default()
     };
-    let journal2 = tb.run_dir().join("journal-ds-wrong").join("events.jsonl");
+    let journal2 = tb.run_dir().join("journal-ds-wrong").join("events.journal");
     let mut w = daemon::start(
         &tb,
         &wrong,

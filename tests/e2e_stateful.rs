@@ -128,7 +128,7 @@ async fn registry_clone_delete_policy_hibernate_and_wake() -> Result<()> {
     sim_run(&sim_cli, &["snapshot", "rm", "agent-base:v1"])?;
     sim_run(&sim_cli, &["vm", "rm", "--force", "base-maker"])?;
 
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let opts = DaemonOptions {
         env: vec![
             ("OCI_REGISTRY".into(), format!("{addr}/{PREFIX}")),
@@ -315,7 +315,7 @@ async fn failures_roll_back_and_killed_daemons_finish() -> Result<()> {
         env: vec![("OCI_REGISTRY".into(), format!("{addr}/{PREFIX}"))],
         ..DaemonOptions::default()
     };
-    let journal1 = tb.run_dir().join("journal-1").join("events.jsonl");
+    let journal1 = tb.run_dir().join("journal-1").join("events.journal");
     let mut d = daemon::start(
         &tb,
         &opts,
@@ -427,7 +427,7 @@ async fn failures_roll_back_and_killed_daemons_finish() -> Result<()> {
     annotate(&pods, "killed", "vm.cocoonstack.io/hibernate", Some("true")).await?;
     lifecycle_is(&pods, "killed", "hibernating").await?;
     d.proc.signal(libc::SIGKILL);
-    let journal2 = tb.run_dir().join("journal-2").join("events.jsonl");
+    let journal2 = tb.run_dir().join("journal-2").join("events.journal");
     d = daemon::start(
         &tb,
         &opts,
@@ -451,7 +451,7 @@ async fn failures_roll_back_and_killed_daemons_finish() -> Result<()> {
     lifecycle_is(&pods, "killed", "creating").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     d.proc.signal(libc::SIGKILL);
-    let journal3 = tb.run_dir().join("journal-3").join("events.jsonl");
+    let journal3 = tb.run_dir().join("journal-3").join("events.journal");
     d = daemon::start(
         &tb,
         &opts,

@@ -70,7 +70,7 @@ async fn kubectl_top_shows_the_vm_and_the_node() -> Result<()> {
         "metrics-server Available {:?} after its start",
         ms.ready_after
     );
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let metrics_port = e2e::ports::free_port()?;
     let kubelet_port = e2e::ports::free_port()?;
     let d = daemon::start(

@@ -54,7 +54,7 @@ async fn a_pod_cannot_take_or_copy_another_namespaces_vm() -> Result<()> {
     for ns in ["team-a", "team-b"] {
         tb.ensure_namespace(ns).await?;
     }
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let d = daemon::start(
         &tb,
         &DaemonOptions::default(),

@@ -143,7 +143,7 @@ pub struct Reader {
 
 impl Reader {
     /// Reads the given files in journal order: sorted by the `file_no` in their headers, so
-    /// a shell glob (`events.jsonl*`) is enough.
+    /// a shell glob (`events.journal*`) is enough.
     pub fn open(paths: &[PathBuf]) -> Result<Reader, JournalError> {
         let mut keyed = Vec::with_capacity(paths.len());
         for p in paths {

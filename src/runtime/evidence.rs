@@ -254,7 +254,7 @@ mod tests {
         // A full disk or a broken mount, reduced to its effect: the directory cannot be made.
         let blocker = dir.path().join("journal");
         fs::write(&blocker, b"").unwrap();
-        let s = settings(blocker.join("events.jsonl"));
+        let s = settings(blocker.join("events.journal"));
         let mut run = Run::start(s.clone());
         assert!(!run.evidence.is_up());
         assert_eq!(run.figures(), (0, 1, 0));
@@ -288,7 +288,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blocker = dir.path().join("journal");
         fs::write(&blocker, b"").unwrap();
-        let mut run = Run::start(settings(blocker.join("events.jsonl")));
+        let mut run = Run::start(settings(blocker.join("events.journal")));
         let mut waits = Vec::new();
         for _ in 0..8 {
             let at = run.evidence.retry_at().unwrap();
@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn a_failed_write_loses_its_step_only_until_the_journal_comes_back() {
         let dir = tempfile::tempdir().unwrap();
-        let s = settings(dir.path().join("events.jsonl"));
+        let s = settings(dir.path().join("events.journal"));
         let mut run = Run::start(s.clone());
         assert_eq!(run.figures(), (1, 0, 0));
         run.step();
@@ -341,7 +341,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blocker = dir.path().join("journal");
         fs::write(&blocker, b"").unwrap();
-        let s = settings(blocker.join("events.jsonl"));
+        let s = settings(blocker.join("events.journal"));
         let mut run = Run::start(s.clone());
         fs::remove_file(&blocker).unwrap();
         // Back before the loop reduced anything: nothing is missing.
