@@ -79,7 +79,7 @@ fn list(env: &Env, store: &Store, filters: &[String]) -> (Vec<StoredVm>, bool) {
             return (Vec::new(), false);
         }
     };
-    match store.read(|db| Ok(db.vms.values().cloned().collect::<Vec<_>>())) {
+    match store.vms() {
         Ok(mut v) => {
             v.retain(|vm| matches(vm, filters));
             v.sort_by_key(|vm| vm.created_ns);
