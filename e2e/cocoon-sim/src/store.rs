@@ -261,9 +261,14 @@ impl Store {
     /// Replaces the VM's record with `vm`, under the VM's lock; a VM removed meanwhile stays
     /// removed.
     pub fn put_vm(&self, vm: &StoredVm) -> Result<()> {
-        let Some(_l) = self.lock_vm(&vm.id)? else {
+        let Some(held) = self.lock_vm(&vm.id)? else {
             return fail(format!("vm {}: VM not found", vm.id));
         };
+        self.put_vm_held(&held, vm)
+    }
+
+    /// [`Store::put_vm`] for a caller that holds the VM's lock already.
+    pub fn put_vm_held(&self, _held: &VmLock, vm: &StoredVm) -> Result<()> {
         if !self.vm_file(&vm.id).exists() {
             return fail(format!("vm {}: VM not found", vm.id));
         }
@@ -289,9 +294,14 @@ impl Store {
 
     /// Drops the record and its name claim; the caller removes the VM's directory after.
     pub fn remove_vm(&self, id: &str) -> Result<()> {
-        let Some(_l) = self.lock_vm(id)? else {
-            return Ok(());
-        };
+        match self.lock_vm(id)? {
+            Some(held) => self.remove_vm_held(&held, id),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Store::remove_vm`] for a caller that holds the VM's lock already.
+    pub fn remove_vm_held(&self, _held: &VmLock, id: &str) -> Result<()> {
         let Some(vm) = self.vm(id)? else {
             return Ok(());
         };

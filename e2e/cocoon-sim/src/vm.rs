@@ -563,13 +563,20 @@ fn succeeded(output: Option<&str>, ids: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Kills the guest, removes dirs, record and host plumbing. The lease stays.
+/// Kills the guest, removes dirs, record and host plumbing, holding the VM's lock until the
+/// record is gone. The lease stays.
 pub fn destroy(env: &Env, store: &Store, vm: &StoredVm) -> Result<()> {
+    let held = store.lock_vm(&vm.id)?;
+    // What the lock's holder left behind is what goes (its PID, its plumbing).
+    let vm = &store.vm(&vm.id)?.unwrap_or_else(|| vm.clone());
     guest::kill(vm.sim.pid, &vm.id, true);
     let _ = fs::remove_dir_all(&vm.sim.run_dir);
     let _ = fs::remove_dir_all(&vm.sim.log_dir);
-    store.remove_vm(&vm.id)?;
+    if let Some(held) = &held {
+        store.remove_vm_held(held, &vm.id)?;
+    }
     let _ = fs::remove_dir_all(env.vm_state_dir(&vm.id));
+    drop(held);
     vmnet::detach(env, vm);
     Ok(())
 }
@@ -603,10 +610,15 @@ fn rm(env: &Env, args: &[String], force: bool, output: Option<&str>) -> Result<(
     succeeded(output, &deleted)
 }
 
-/// Relaunches the guest of a non-running VM. A running one is left alone.
+/// Relaunches the guest of a non-running VM, under the VM's lock. A running one is left
+/// alone.
 pub fn start_one(env: &Env, store: &Store, id: &str) -> Result<bool> {
+    let not_found = || fail("VM not found");
+    let Some(held) = store.lock_vm(id)? else {
+        return not_found();
+    };
     let Some(mut vm) = store.vm(id)? else {
-        return fail("VM not found");
+        return not_found();
     };
     if vm.state == "running" && guest::is_alive(vm.sim.pid, &vm.id) {
         return Ok(false);
@@ -622,7 +634,7 @@ pub fn start_one(env: &Env, store: &Store, id: &str) -> Result<bool> {
     let reason = if vm.first_booted { "restart" } else { "boot" };
     vm.first_booted = true;
     vm.transition("running", reason, now_ns());
-    save_vm(store, &vm)?;
+    store.put_vm_held(&held, &vm)?;
     Ok(true)
 }
 
@@ -657,20 +669,15 @@ fn stop(env: &Env, args: &[String], output: Option<&str>) -> Result<()> {
     let ids = resolve_all(&store, args)?;
     let mut done = Vec::new();
     for id in ids {
+        let Some(held) = store.lock_vm(&id)? else {
+            continue;
+        };
         let Some(mut vm) = store.vm(&id)? else {
             continue;
         };
         guest::kill(vm.sim.pid, &vm.id, false);
         vm.transition("stopped", "stop-user", now_ns());
-        store.update_vm(&id, |v| {
-            v.state = vm.state.clone();
-            v.updated_ns = vm.updated_ns;
-            v.stopped_ns = vm.stopped_ns;
-            v.transition_generation = vm.transition_generation;
-            v.last_transition_reason = vm.last_transition_reason.clone();
-            v.last_transition_at = vm.last_transition_at;
-            Ok(())
-        })?;
+        store.put_vm_held(&held, &vm)?;
         log("cmd.stop", format!("stopped: {id}"));
         done.push(id);
     }
