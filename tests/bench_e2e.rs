@@ -1,5 +1,5 @@
 //! `make bench-e2e`: N pods (BENCH_PODS, default 200) created at once on the real testbed with
-//! zero simulated boot time. Measures — never asserts — create → Ready (from the daemon's own
+//! zero-boot VMs whose guests share one simulator hub process. Measures — never asserts — create → Ready (from the daemon's own
 //! journal, so the figures are the daemon's view, in ms), API writes per pod lifecycle, daemon
 //! RSS and CPU at steady state, and VM-vanished → pod Failed latency. The one assertion: the
 //! node Lease never misses a renewal while the pods are created (N17).
@@ -130,10 +130,7 @@ async fn bench_many_pods() -> Result<()> {
     let journal = tb.run_dir().join("journal").join("events.jsonl");
     let metrics_port = e2e::ports::free_port()?;
     let opts = DaemonOptions {
-        env: vec![
-            ("COCOON_SIM_BOOT_MS".into(), "0".into()),
-            ("COCOON_SIM_LEASE_DELAY_MS".into(), "0".into()),
-        ],
+        env: e2e::sim::CocoonSim::at_scale_env(),
         ..DaemonOptions::default()
     };
     let mut d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
@@ -272,7 +269,7 @@ async fn bench_many_pods() -> Result<()> {
     let (lat, overhead) = create_to_ready(&journal)?;
     vanish_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let max_gap = renew.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    println!("bench-e2e: {n} pods, zero simulated boot time");
+    println!("bench-e2e: {n} pods, zero-boot VMs, guests in one shared hub");
     println!("  API create calls done in {created:?}; all Ready after {all_ready:?}");
     println!(
         "  create -> Ready (daemon journal, ms): p50 {:.0}  p99 {:.0}  max {:.0}  ({} pods)",
