@@ -85,6 +85,12 @@ fn flag(name: &str) -> Result<bool> {
     }
 }
 
+/// `COCOON_SIM_ZERO_BOOT`: also read by the hub, which inherits the environment of the call
+/// that started it.
+pub fn zero_boot() -> Result<bool> {
+    flag("COCOON_SIM_ZERO_BOOT")
+}
+
 fn ms(name: &str, default: u64) -> Result<u64> {
     match var(name) {
         None => Ok(default),
@@ -188,7 +194,8 @@ impl Env {
             }
         };
         // Zero boot overrides both delays: nothing between a call and a guest that answers.
-        let zero_boot = flag("COCOON_SIM_ZERO_BOOT")?;
+        let zero_boot = zero_boot()?;
+        crate::lock::set_durable(!zero_boot);
         let delay = |name: &str, default: u64| -> Result<u64> {
             let v = ms(name, default)?;
             Ok(if zero_boot { 0 } else { v })

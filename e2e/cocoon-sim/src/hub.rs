@@ -402,6 +402,7 @@ fn sweep(root: &Path, g: &Guests) {
 }
 
 pub fn run(root: &Path) -> Result<()> {
+    lock::set_durable(!crate::config::zero_boot()?);
     let Some(_only) = lock::try_exclusive(&root.join("hub.lock"))? else {
         return fail(format!("another guest hub serves {}", root.display()));
     };
