@@ -150,13 +150,54 @@ fn hub_root(pid: i32) -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8_lossy(root).into_owned()))
 }
 
+/// The task's own stat: `/proc/<tid>/stat` of a hub thread would sum the CPU time of every
+/// thread of the hub, which costs as much as the hub has guests.
+fn task_stat(pid: i32) -> String {
+    format!("/proc/{pid}/task/{pid}/stat")
+}
+
+/// Remembers which (PID, VM) pairs were verified as that VM's guest, by the task's start
+/// time, so a caller that asks every tick (the event stream) reads one /proc file per VM,
+/// not three. A reused PID has another start time and is verified again.
+#[derive(Default)]
+pub struct AliveCache(std::collections::HashMap<(i32, String), String>);
+
+impl AliveCache {
+    pub fn is_alive(&mut self, pid: i32, id: &str) -> bool {
+        if pid <= 0 {
+            return false;
+        }
+        let Ok(stat) = fs::read_to_string(task_stat(pid)) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = rest.split_ascii_whitespace();
+        if matches!(fields.next(), Some("Z") | Some("X") | None) {
+            return false;
+        }
+        // Field 22 of stat (starttime) is the 19th after the state.
+        let start = fields.nth(18).unwrap_or_default();
+        let key = (pid, id.to_string());
+        if self.0.get(&key).is_some_and(|s| s == start) {
+            return true;
+        }
+        let alive = is_alive(pid, id);
+        if alive {
+            self.0.insert(key, start.to_string());
+        }
+        alive
+    }
+}
+
 /// Alive = the PID exists, is not a zombie, and is our guest for this VM (PIDs get reused):
 /// a guest process with the VM's ID in its argv, or a hub thread named after the VM.
 pub fn is_alive(pid: i32, id: &str) -> bool {
     if pid <= 0 {
         return false;
     }
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Ok(stat) = fs::read_to_string(task_stat(pid)) else {
         return false;
     };
     let state = stat

@@ -7,7 +7,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::ErrorKind;
 use std::os::fd::AsRawFd;
@@ -56,6 +56,18 @@ fn plain(reference: &str) -> bool {
 /// removes the directory, and a VM that is gone cannot be locked back into existence.
 pub struct VmLock {
     _dir: fs::File,
+}
+
+pub type FileKey = (u64, u64, i64, i64);
+
+#[derive(Default)]
+pub struct RecordCache(HashMap<String, (FileKey, StoredVm)>);
+
+impl RecordCache {
+    /// The identity of the record file last listed for `id`.
+    pub fn key(&self, id: &str) -> Option<FileKey> {
+        self.0.get(id).map(|(k, _)| *k)
+    }
 }
 
 impl Store {
@@ -180,6 +192,33 @@ impl Store {
                 out.push(vm);
             }
         }
+        Ok(out)
+    }
+
+    /// [`Store::vms`] for a caller that lists again and again (the event stream): a record
+    /// whose file is the same as last time (same inode, size and mtime: every write is a new
+    /// file renamed into place) is not read and parsed again.
+    pub fn vms_cached(&self, cache: &mut RecordCache) -> Result<Vec<StoredVm>> {
+        use std::os::unix::fs::MetadataExt;
+        let mut fresh = HashMap::new();
+        let mut out = Vec::new();
+        for id in self.ids()? {
+            let key = match fs::metadata(self.vm_file(&id)) {
+                Ok(m) => (m.ino(), m.len(), m.mtime(), m.mtime_nsec()),
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let vm = match cache.0.remove(&id) {
+                Some((k, vm)) if k == key => vm,
+                _ => match self.vm(&id)? {
+                    Some(vm) => vm,
+                    None => continue,
+                },
+            };
+            out.push(vm.clone());
+            fresh.insert(id, (key, vm));
+        }
+        cache.0 = fresh;
         Ok(out)
     }
 

@@ -56,7 +56,11 @@ pub fn dispatch(env: &Env, cmd: VmCmd) -> Result<()> {
 
 /// `stopped (stale)` when the stored state says running but the guest is gone (S behaviour).
 pub fn reconciled_state(vm: &StoredVm) -> String {
-    if vm.state == "running" && !guest::is_alive(vm.sim.pid, &vm.id) {
+    reconciled_state_with(vm, |pid, id| guest::is_alive(pid, id))
+}
+
+pub fn reconciled_state_with(vm: &StoredVm, alive: impl FnOnce(i32, &str) -> bool) -> String {
+    if vm.state == "running" && !alive(vm.sim.pid, &vm.id) {
         "stopped (stale)".into()
     } else {
         vm.state.clone()
