@@ -89,7 +89,10 @@ fn kill_hub(pid: i32) {
     while std::time::Instant::now() < deadline {
         let state = fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()));
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.trim_start().chars().next())
+            });
         if matches!(state, None | Some('Z') | Some('X')) {
             return;
         }

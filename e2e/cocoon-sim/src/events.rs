@@ -11,10 +11,10 @@ use std::time::Duration;
 use crate::config::Env;
 use crate::error::{fail, Result};
 use crate::faults;
+use crate::guest::AliveCache;
 use crate::model::{StoredVm, VmOut};
 use crate::output::{compact, warn};
 use crate::store::{RecordCache, Store};
-use crate::guest::AliveCache;
 use crate::vm::reconciled_state_with;
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -159,9 +159,7 @@ pub fn status(
             };
             match &before {
                 None => text.push_str(&line(json, "ADDED", &o)?),
-                Some((old, _, _)) if *old != t => {
-                    text.push_str(&line(json, "MODIFIED", &o)?)
-                }
+                Some((old, _, _)) if *old != t => text.push_str(&line(json, "MODIFIED", &o)?),
                 _ => {}
             }
             curr.insert(vm.id, (t, o, stamp));

@@ -424,7 +424,11 @@ pub fn run(root: &Path) -> Result<()> {
             .name("hub-sweep".into())
             .spawn(move || sweep(&r, &g))?;
     }
-    eprintln!("hub: serving {} (pid {})", root.display(), std::process::id());
+    eprintln!(
+        "hub: serving {} (pid {})",
+        root.display(),
+        std::process::id()
+    );
     for conn in listener.incoming().flatten() {
         let (g, p) = (g.clone(), poller.clone());
         let _ = std::thread::Builder::new()

@@ -295,8 +295,7 @@ fn vm(env: &Env, cmd: MacVmCmd) -> Result<()> {
         }
         MacVmCmd::Inspect { args } => output::print_pretty(&record(&lookup(env, one(&args)?)?)),
         MacVmCmd::List { .. } => {
-            let mut vms: Vec<StoredVm> =
-                Store::new(&env.root).vms()?;
+            let mut vms: Vec<StoredVm> = Store::new(&env.root).vms()?;
             vms.sort_by_key(|v| v.created_ns);
             output::print_pretty(&vms.iter().map(record).collect::<Vec<_>>())
         }

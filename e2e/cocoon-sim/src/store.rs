@@ -98,7 +98,10 @@ impl Store {
     }
 
     fn paths(&self) -> [PathBuf; 2] {
-        [self.root.join("snapshots.json"), self.root.join("images.json")]
+        [
+            self.root.join("snapshots.json"),
+            self.root.join("images.json"),
+        ]
     }
 
     fn load_all(&self) -> Result<(Db, [Vec<u8>; 2])> {

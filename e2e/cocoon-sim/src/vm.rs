@@ -56,7 +56,7 @@ pub fn dispatch(env: &Env, cmd: VmCmd) -> Result<()> {
 
 /// `stopped (stale)` when the stored state says running but the guest is gone (S behaviour).
 pub fn reconciled_state(vm: &StoredVm) -> String {
-    reconciled_state_with(vm, |pid, id| guest::is_alive(pid, id))
+    reconciled_state_with(vm, guest::is_alive)
 }
 
 pub fn reconciled_state_with(vm: &StoredVm, alive: impl FnOnce(i32, &str) -> bool) -> String {

@@ -55,7 +55,11 @@ fn a_held_vm_blocks_only_its_own_changes() {
     drop(hold.stdin.take());
     assert!(hold.wait().unwrap().success());
     let out = stop_held.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(sim.inspect("held")["state"], "stopped");
 }
 
@@ -71,7 +75,11 @@ fn parallel_creates_get_distinct_ids_and_addresses() {
         .collect();
     for k in kids {
         let out = k.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let listed: Vec<Value> =
         serde_json::from_str(&sim.run(&["vm", "list", "--format", "json"]).ok().stdout).unwrap();
@@ -81,7 +89,12 @@ fn parallel_creates_get_distinct_ids_and_addresses() {
     ids.dedup();
     assert_eq!(ids.len(), 8);
     let mut ips: Vec<String> = (0..8)
-        .map(|i| sim.info(&format!("p{i}"))["ip"].as_str().unwrap().to_string())
+        .map(|i| {
+            sim.info(&format!("p{i}"))["ip"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     ips.sort_unstable();
     ips.dedup();

@@ -51,7 +51,10 @@ fn lease_ip(sim: &Sim, mac: &str) -> Option<String> {
 }
 
 fn mac(vm: &Value) -> String {
-    vm["network_configs"][0]["mac"].as_str().unwrap().to_string()
+    vm["network_configs"][0]["mac"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 fn address_claim(ip: &str) -> PathBuf {
@@ -76,8 +79,12 @@ fn guests_are_threads_of_one_hub_and_keep_the_contract() {
     let (ia, ib) = (ip(&sim, "a"), ip(&sim, "b"));
     assert_eq!(banner(&ia).as_deref(), Some("SSH-2.0-cocoon-sim\r\n"));
     assert_eq!(banner(&ib).as_deref(), Some("SSH-2.0-cocoon-sim\r\n"));
-    wait_for("a's lease", || lease_ip(&sim, &mac(&a)).filter(|l| *l == ia));
-    wait_for("b's lease", || lease_ip(&sim, &mac(&b)).filter(|l| *l == ib));
+    wait_for("a's lease", || {
+        lease_ip(&sim, &mac(&a)).filter(|l| *l == ia)
+    });
+    wait_for("b's lease", || {
+        lease_ip(&sim, &mac(&b)).filter(|l| *l == ib)
+    });
 
     sim.run(&["vm", "stop", "a"]).ok();
     assert_eq!(banner(&ia), None, "a stopped guest's port is closed");
@@ -118,10 +125,20 @@ fn a_killed_hub_leaves_every_guest_dead() {
     }
     let listed: Vec<Value> =
         serde_json::from_str(&sim.run(&["vm", "list", "--format", "json"]).ok().stdout).unwrap();
-    assert!(listed.iter().all(|v| v["state"] == "running"), "list shows the stored state");
+    assert!(
+        listed.iter().all(|v| v["state"] == "running"),
+        "list shows the stored state"
+    );
     sim.run(&["vm", "start", "a"]).ok();
-    assert_ne!(tgid(pid(&sim, "a")), hub, "a new hub runs the restarted guest");
-    assert_eq!(banner(&ip(&sim, "a")).as_deref(), Some("SSH-2.0-cocoon-sim\r\n"));
+    assert_ne!(
+        tgid(pid(&sim, "a")),
+        hub,
+        "a new hub runs the restarted guest"
+    );
+    assert_eq!(
+        banner(&ip(&sim, "a")).as_deref(),
+        Some("SSH-2.0-cocoon-sim\r\n")
+    );
     assert_eq!(sim.info("b")["alive"], false);
 }
 
