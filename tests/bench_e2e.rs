@@ -1,5 +1,5 @@
 //! `make bench-e2e`: N pods (BENCH_PODS, default 200) created at once on the real testbed with
-//! zero-boot VMs whose guests share one simulator hub process. Measures — never asserts — create → Ready (from the daemon's own
+//! zero-boot VMs whose guests share one simulator hub process and listen on loopback addresses. Measures — never asserts — create → Ready (from the daemon's own
 //! journal, so the figures are the daemon's view, in ms), API writes per pod lifecycle, daemon
 //! RSS and CPU at steady state, and VM-vanished → pod Failed latency. The one assertion: the
 //! node Lease never misses a renewal while the pods are created (N17).
@@ -278,7 +278,7 @@ async fn bench_many_pods() -> Result<()> {
     let (lat, overhead) = create_to_ready(&journal)?;
     vanish_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let max_gap = renew.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    println!("bench-e2e: {n} pods, zero-boot VMs, guests in one shared hub");
+    println!("bench-e2e: {n} pods, zero-boot VMs, guests in one shared hub, loopback network");
     println!("  API create calls done in {created:?}; all Ready after {all_ready:?}");
     println!(
         "  create -> Ready (daemon journal, ms): p50 {:.0}  p99 {:.0}  max {:.0}  ({} pods)",
