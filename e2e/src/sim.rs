@@ -108,6 +108,19 @@ impl CocoonSim {
         ]
     }
 
+    /// Settings for measuring the daemon rather than the simulator: VMs answer at once (no
+    /// boot or lease delay), every guest is a thread of one hub process per root, so a
+    /// thousand idle guests fit on a small machine, and guests listen on loopback addresses:
+    /// a network namespace per VM costs the kernel more than everything else in `vm run`,
+    /// and the daemon never looks inside one. Give them to the daemon's environment.
+    pub fn at_scale_env() -> Vec<(String, String)> {
+        vec![
+            ("COCOON_SIM_ZERO_BOOT".into(), "1".into()),
+            ("COCOON_SIM_GUESTS".into(), "shared".into()),
+            ("COCOON_SIM_NET".into(), "loopback".into()),
+        ]
+    }
+
     /// A `cocoon` command bound to this simulator (for tests that drive it directly). It carries
     /// the run's marker, so guests it starts are found by a sweep even if `sim cleanup` fails.
     pub fn command(&self) -> Command {

@@ -59,11 +59,55 @@ fn guest_procs() -> Vec<GuestProc> {
         .collect()
 }
 
+/// `cocoon sim hub --root R` processes: (pid, R).
+fn hubs() -> Vec<(i32, PathBuf)> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let raw = fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+            let at = args.iter().position(|a| *a == b"hub")?;
+            if at == 0 || args[at - 1] != b"sim" || args.get(at + 1) != Some(&&b"--root"[..]) {
+                return None;
+            }
+            let root = String::from_utf8_lossy(args.get(at + 2)?).into_owned();
+            Some((pid, PathBuf::from(root)))
+        })
+        .collect()
+}
+
+/// SIGKILL, then wait until the process is gone, so its guests' ports are closed.
+fn kill_hub(pid: i32) {
+    // SAFETY: plain kill(2) of a hub process found in /proc just before.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.trim_start().chars().next())
+            });
+        if matches!(state, None | Some('Z') | Some('X')) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 pub fn cleanup(env: &Env, all_leftovers: bool) -> Result<()> {
+    for (pid, root) in hubs() {
+        if root == env.root || all_leftovers && !root.is_dir() {
+            kill_hub(pid);
+        }
+    }
     let store = Store::new(&env.root);
-    let vms = store
-        .read(|db| Ok(db.vms.values().cloned().collect::<Vec<_>>()))
-        .unwrap_or_default();
+    let vms = store.vms().unwrap_or_default();
     let mut ids: BTreeSet<String> = vms.iter().map(|v| v.id.clone()).collect();
     for p in guest_procs() {
         let ours = p.root().is_some_and(|r| r == env.root);

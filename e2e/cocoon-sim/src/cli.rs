@@ -293,6 +293,12 @@ pub enum SimCmd {
         #[arg(long)]
         control: String,
     },
+    /// The process that runs every guest of a root with `COCOON_SIM_GUESTS=shared` (internal)
+    #[command(hide = true)]
+    Hub {
+        #[arg(long)]
+        root: String,
+    },
 }
 
 #[derive(Args, Debug, Default)]
@@ -351,6 +357,9 @@ pub enum FaultCmd {
     },
     /// Kill the VM's guest process (inspect then shows `stopped (stale)`)
     Crash { vm: String },
+    /// Hold the VM's record lock until stdin closes (prints `held` once it has it): changes to
+    /// that VM wait meanwhile, reads and other VMs do not
+    Hold { vm: String },
     /// Kill the guest and store STATE (error or stopped)
     SetState { vm: String, state: String },
     /// Remove the VM record without rm (guest killed, network removed)

@@ -1,6 +1,8 @@
 //! Where the simulator keeps state and how it behaves, from flags and environment.
 //! Root precedence: `--root-dir` > `COCOON_SIM_ROOT` > `COCOON_ROOT_DIR`; there is no default,
 //! so the simulator can never touch a real cocoon's /var/lib/cocoon by accident.
+//! Opt-in scale knobs: `COCOON_SIM_ZERO_BOOT=1` (no boot or lease delay) and
+//! `COCOON_SIM_GUESTS=shared` (every guest a thread of one hub process per root, see `hub`).
 //! Opt-in guest behaviour: `COCOON_SIM_GUEST_FIXUP=1` (clones owe the post-clone fixup, see
 //! `fixup`) and `COCOON_SIM_SAC=1` (Windows SAC console, see `sac`); unset, guests behave as
 //! plain copies that come up at once.
@@ -20,6 +22,14 @@ pub enum NetMode {
 pub enum ExecMode {
     Record,
     Host,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guests {
+    /// One process per guest.
+    Process,
+    /// One hub process per root; each guest is a thread of it.
+    Shared,
 }
 
 #[derive(Clone, Debug)]
@@ -42,6 +52,7 @@ pub struct Env {
     pub guest_fixup: bool,
     /// `COCOON_SIM_SAC` (also on with the fixup knob): Windows guests serve a SAC console.
     pub sac: bool,
+    pub guests: Guests,
 }
 
 #[derive(Default, Clone, Debug)]
@@ -72,6 +83,12 @@ fn flag(name: &str) -> Result<bool> {
         Some("1") | Some("true") => Ok(true),
         Some(other) => fail(format!("{name}={other:?}: want 1 or 0")),
     }
+}
+
+/// `COCOON_SIM_ZERO_BOOT`: also read by the hub, which inherits the environment of the call
+/// that started it.
+pub fn zero_boot() -> Result<bool> {
+    flag("COCOON_SIM_ZERO_BOOT")
 }
 
 fn ms(name: &str, default: u64) -> Result<u64> {
@@ -169,6 +186,20 @@ impl Env {
             ));
         }
         let guest_fixup = flag("COCOON_SIM_GUEST_FIXUP")?;
+        let guests = match var("COCOON_SIM_GUESTS").as_deref() {
+            None | Some("process") => Guests::Process,
+            Some("shared") => Guests::Shared,
+            Some(other) => {
+                return fail(format!("COCOON_SIM_GUESTS={other:?}: want process|shared"))
+            }
+        };
+        // Zero boot overrides both delays: nothing between a call and a guest that answers.
+        let zero_boot = zero_boot()?;
+        crate::lock::set_durable(!zero_boot);
+        let delay = |name: &str, default: u64| -> Result<u64> {
+            let v = ms(name, default)?;
+            Ok(if zero_boot { 0 } else { v })
+        };
         let sac = guest_fixup || flag("COCOON_SIM_SAC")?;
         Ok(Env {
             guest_fixup,
@@ -178,15 +209,22 @@ impl Env {
             run_dir,
             log_dir,
             leases,
-            lease_delay_ms: ms("COCOON_SIM_LEASE_DELAY_MS", 300)?,
+            lease_delay_ms: delay("COCOON_SIM_LEASE_DELAY_MS", 300)?,
             net,
-            boot_ms: ms("COCOON_SIM_BOOT_MS", 0)?,
+            boot_ms: delay("COCOON_SIM_BOOT_MS", 0)?,
+            guests,
             cgroup_parent,
             guest_ports,
             ipam_dir,
             exec,
             root,
         })
+    }
+
+    /// Whether this VM's guest runs in the hub. A Windows guest with a SAC console keeps a
+    /// process of its own: the console is served per process.
+    pub fn shared_guest(&self, vm: &crate::model::StoredVm) -> bool {
+        self.guests == Guests::Shared && vm.sim.sac.is_none()
     }
 
     pub fn vm_state_dir(&self, id: &str) -> PathBuf {

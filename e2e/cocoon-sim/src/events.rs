@@ -11,10 +11,11 @@ use std::time::Duration;
 use crate::config::Env;
 use crate::error::{fail, Result};
 use crate::faults;
+use crate::guest::AliveCache;
 use crate::model::{StoredVm, VmOut};
 use crate::output::{compact, warn};
-use crate::store::Store;
-use crate::vm::reconciled_state;
+use crate::store::{RecordCache, Store};
+use crate::vm::reconciled_state_with;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -71,7 +72,12 @@ fn matches(vm: &StoredVm, filters: &[String]) -> bool {
 }
 
 /// A failed list counts as empty, as cocoon's listAndFilter does: spurious DELETEDs follow.
-fn list(env: &Env, store: &Store, filters: &[String]) -> (Vec<StoredVm>, bool) {
+fn list(
+    env: &Env,
+    store: &Store,
+    cache: &mut RecordCache,
+    filters: &[String],
+) -> (Vec<StoredVm>, bool) {
     let fx = match faults::on_verb(env, "vm status") {
         Ok(fx) => fx,
         Err(e) => {
@@ -79,7 +85,7 @@ fn list(env: &Env, store: &Store, filters: &[String]) -> (Vec<StoredVm>, bool) {
             return (Vec::new(), false);
         }
     };
-    match store.read(|db| Ok(db.vms.values().cloned().collect::<Vec<_>>())) {
+    match store.vms_cached(cache) {
         Ok(mut v) => {
             v.retain(|vm| matches(vm, filters));
             v.sort_by_key(|vm| vm.created_ns);
@@ -91,6 +97,8 @@ fn list(env: &Env, store: &Store, filters: &[String]) -> (Vec<StoredVm>, bool) {
         }
     }
 }
+
+type Stamp = (Option<crate::store::FileKey>, String);
 
 fn line(json: bool, event: &str, vm: &VmOut) -> Result<String> {
     if json {
@@ -116,7 +124,9 @@ pub fn status(
     install_signal_handlers();
     let store = Store::new(&env.root);
     let generation = faults::read(env).stream_generation;
-    let mut prev: BTreeMap<String, (Tuple, VmOut)> = BTreeMap::new();
+    let mut prev: BTreeMap<String, (Tuple, VmOut, Stamp)> = BTreeMap::new();
+    let mut cache = RecordCache::default();
+    let mut alive = AliveCache::default();
     let mut out = std::io::stdout();
     if !json {
         let _ = writeln!(out, "EVENT\tID\tNAME\tSTATE\tCPU\tMEMORY\tIMAGE");
@@ -131,27 +141,31 @@ pub fn status(
         if faults::read(env).stream_generation != generation {
             return fail("event stream killed (sim fault kill-streams)");
         }
-        let (vms, garbage) = list(env, &store, filters);
+        let (vms, garbage) = list(env, &store, &mut cache, filters);
         let mut text = String::new();
         if garbage {
             text.push_str(faults::GARBAGE);
         }
         let mut curr = BTreeMap::new();
-        for vm in &vms {
-            let state = reconciled_state(vm);
-            let t = tuple(vm, &state);
-            let o = vm.to_out(&state);
-            match prev.get(&vm.id) {
+        for vm in vms {
+            let state = reconciled_state_with(&vm, |pid, id| alive.is_alive(pid, id));
+            let t = tuple(&vm, &state);
+            // The same record file in the same state prints the same document: reuse it.
+            let stamp = (cache.key(&vm.id), state);
+            let before = prev.remove(&vm.id);
+            let o = match &before {
+                Some((_, o, s)) if *s == stamp => o.clone(),
+                _ => vm.to_out(&stamp.1),
+            };
+            match &before {
                 None => text.push_str(&line(json, "ADDED", &o)?),
-                Some((old, _)) if *old != t => text.push_str(&line(json, "MODIFIED", &o)?),
+                Some((old, _, _)) if *old != t => text.push_str(&line(json, "MODIFIED", &o)?),
                 _ => {}
             }
-            curr.insert(vm.id.clone(), (t, o));
+            curr.insert(vm.id, (t, o, stamp));
         }
-        for (id, (_, last)) in &prev {
-            if !curr.contains_key(id) {
-                text.push_str(&line(json, "DELETED", last)?);
-            }
+        for (_, last, _) in prev.values() {
+            text.push_str(&line(json, "DELETED", last)?);
         }
         prev = curr;
         if !text.is_empty() && (out.write_all(text.as_bytes()).is_err() || out.flush().is_err()) {

@@ -2,6 +2,8 @@
 //! enters the VM's netns, opens the guest's TCP ports after the boot delay, answers SSH and
 //! HTTP, and plays the guest's DHCP client by writing its lease after the lease delay.
 //! The CLI steers it through `<root>/vms/<ID>/guest.json`, which it polls.
+//! With `COCOON_SIM_GUESTS=shared` the same behaviour runs as a thread of the root's hub
+//! process instead (see `hub`); the VM's `pid` is then that thread's ID.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -43,6 +45,9 @@ pub struct Control {
     pub gateway: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sac: Option<SacControl>,
+    /// The VM log, which a hub guest writes itself (a guest process has it as stderr).
+    #[serde(default)]
+    pub log_file: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -103,21 +108,96 @@ pub fn control_for(env: &Env, vm: &StoredVm) -> Control {
             boot: boot.clone(),
             fault: crate::faults::sac_fault(env, &vm.id),
         }),
+        log_file: vm.log_file(),
     }
 }
 
-pub fn write_control(env: &Env, vm: &StoredVm) -> Result<()> {
+fn write_control_file(env: &Env, vm: &StoredVm) -> Result<()> {
     let c = control_for(env, vm);
     crate::lock::write_atomic(&control_path(env, &vm.id), &serde_json::to_vec_pretty(&c)?)?;
     Ok(())
 }
 
-/// Alive = the PID exists, is not a zombie, and is our guest for this VM (PIDs get reused).
+/// A guest process polls its control file; a hub guest is told to read it again.
+pub fn write_control(env: &Env, vm: &StoredVm) -> Result<()> {
+    write_control_file(env, vm)?;
+    if hub_root(vm.sim.pid).is_some() {
+        crate::hub::refresh(&env.root, &vm.id);
+    }
+    Ok(())
+}
+
+fn cmdline(pid: i32) -> Vec<Vec<u8>> {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// The root whose hub `pid` belongs to, when it is a hub's thread or the hub itself.
+fn hub_root(pid: i32) -> Option<PathBuf> {
+    if pid <= 0 {
+        return None;
+    }
+    let args = cmdline(pid);
+    let at = args.iter().position(|a| a == b"hub")?;
+    if at == 0 || args[at - 1] != b"sim" {
+        return None;
+    }
+    let root = args.iter().position(|a| a == b"--root")?;
+    let root = args.get(root + 1)?;
+    Some(PathBuf::from(String::from_utf8_lossy(root).into_owned()))
+}
+
+/// The task's own stat: `/proc/<tid>/stat` of a hub thread would sum the CPU time of every
+/// thread of the hub, which costs as much as the hub has guests.
+fn task_stat(pid: i32) -> String {
+    format!("/proc/{pid}/task/{pid}/stat")
+}
+
+/// Remembers which (PID, VM) pairs were verified as that VM's guest, by the task's start
+/// time, so a caller that asks every tick (the event stream) reads one /proc file per VM,
+/// not three. A reused PID has another start time and is verified again.
+#[derive(Default)]
+pub struct AliveCache(std::collections::HashMap<(i32, String), String>);
+
+impl AliveCache {
+    pub fn is_alive(&mut self, pid: i32, id: &str) -> bool {
+        if pid <= 0 {
+            return false;
+        }
+        let Ok(stat) = fs::read_to_string(task_stat(pid)) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = rest.split_ascii_whitespace();
+        if matches!(fields.next(), Some("Z") | Some("X") | None) {
+            return false;
+        }
+        // Field 22 of stat (starttime) is the 19th after the state.
+        let start = fields.nth(18).unwrap_or_default();
+        let key = (pid, id.to_string());
+        if self.0.get(&key).is_some_and(|s| s == start) {
+            return true;
+        }
+        let alive = is_alive(pid, id);
+        if alive {
+            self.0.insert(key, start.to_string());
+        }
+        alive
+    }
+}
+
+/// Alive = the PID exists, is not a zombie, and is our guest for this VM (PIDs get reused):
+/// a guest process with the VM's ID in its argv, or a hub thread named after the VM.
 pub fn is_alive(pid: i32, id: &str) -> bool {
     if pid <= 0 {
         return false;
     }
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Ok(stat) = fs::read_to_string(task_stat(pid)) else {
         return false;
     };
     let state = stat
@@ -126,9 +206,13 @@ pub fn is_alive(pid: i32, id: &str) -> bool {
     if matches!(state, Some('Z') | Some('X') | None) {
         return false;
     }
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    args.contains(&b"guest".as_slice()) && args.contains(&id.as_bytes())
+    let args = cmdline(pid);
+    if args.iter().any(|a| a == b"guest") && args.iter().any(|a| a == id.as_bytes()) {
+        return true;
+    }
+    hub_root(pid).is_some()
+        && fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == crate::hub::thread_name(id))
 }
 
 fn signal(pid: i32, sig: libc::c_int) {
@@ -141,6 +225,14 @@ fn signal(pid: i32, sig: libc::c_int) {
 /// SIGTERM (or SIGKILL when `hard`), wait for the exit, escalate if it lingers.
 pub fn kill(pid: i32, id: &str, hard: bool) {
     if !is_alive(pid, id) {
+        return;
+    }
+    if let Some(root) = hub_root(pid) {
+        crate::hub::stop(&root, id);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while is_alive(pid, id) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         return;
     }
     signal(pid, if hard { libc::SIGKILL } else { libc::SIGTERM });
@@ -160,7 +252,12 @@ pub fn kill(pid: i32, id: &str, hard: bool) {
 /// Starts the guest detached (own session, stdio to the VM log, optionally in its cgroup
 /// scope from the first instruction) and returns its PID. No shell is involved.
 pub fn spawn(env: &Env, vm: &StoredVm) -> Result<i32> {
-    write_control(env, vm)?;
+    write_control_file(env, vm)?;
+    if env.shared_guest(vm) {
+        let tid = crate::hub::start(env, &vm.id, &control_path(env, &vm.id))?;
+        write_pid_file(vm, tid);
+        return Ok(tid);
+    }
     let log_path = vm.log_file();
     if let Some(dir) = Path::new(&log_path).parent() {
         fs::create_dir_all(dir)?;
@@ -200,6 +297,11 @@ pub fn spawn(env: &Env, vm: &StoredVm) -> Result<i32> {
     }
     let child = cmd.spawn()?;
     let pid = child.id() as i32;
+    write_pid_file(vm, pid);
+    Ok(pid)
+}
+
+fn write_pid_file(vm: &StoredVm, pid: i32) {
     let pid_file = format!(
         "{}/{}",
         vm.sim.run_dir,
@@ -210,7 +312,6 @@ pub fn spawn(env: &Env, vm: &StoredVm) -> Result<i32> {
         }
     );
     let _ = fs::write(pid_file, format!("{pid}\n"));
-    Ok(pid)
 }
 
 // ---- the guest process itself ----
@@ -220,7 +321,7 @@ fn say(id: &str, msg: impl std::fmt::Display) {
     eprintln!("{ts} guest {id}: {msg}");
 }
 
-fn serve(mut s: TcpStream, port: u16, name: String) {
+pub fn serve(mut s: TcpStream, port: u16, name: String) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
@@ -259,7 +360,7 @@ fn listen(l: TcpListener, port: u16, name: String, stop: Arc<AtomicBool>) {
     }
 }
 
-fn read_control(path: &Path) -> Option<Control> {
+pub fn read_control(path: &Path) -> Option<Control> {
     serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
@@ -283,30 +384,211 @@ fn sac_holds(ctl: &Control, sac: Option<&Mutex<crate::sac::Sac>>) -> bool {
     !g.satisfied(&ctl.ip)
 }
 
-/// A guest whose network is down has no address on eth0, so nothing reaches it; the address
-/// comes back once it is up. Runs inside the VM's netns.
-fn set_address(id: &str, ctl: &Control, held: bool, on: Option<bool>) -> Option<bool> {
-    let cidr = format!("{}/{}", ctl.ip, ctl.prefix);
-    let (args, now): (Vec<&str>, bool) = match (held, on) {
-        (true, None | Some(true)) => (vec!["addr", "flush", "dev", "eth0"], false),
-        (false, Some(false)) => (vec!["addr", "replace", &cidr, "dev", "eth0"], true),
-        _ => return on,
-    };
-    match crate::netns::ip(&args) {
-        Ok(()) => {
-            say(
-                id,
-                if now {
+/// Where a guest's TCP listeners live: its own threads (a guest process) or the hub's poller.
+pub trait Listeners {
+    fn open(&mut self, host: &str, port: u16, name: &str) -> std::io::Result<()>;
+    fn close(&mut self, port: u16);
+}
+
+/// A guest process serves each port on a thread of its own.
+#[derive(Default)]
+struct OwnThreads {
+    stops: BTreeMap<u16, Arc<AtomicBool>>,
+}
+
+impl Listeners for OwnThreads {
+    fn open(&mut self, host: &str, port: u16, name: &str) -> std::io::Result<()> {
+        let l = TcpListener::bind((host, port))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (name, s2) = (name.to_string(), stop.clone());
+        std::thread::spawn(move || listen(l, port, name, s2));
+        self.stops.insert(port, stop);
+        Ok(())
+    }
+
+    fn close(&mut self, port: u16) {
+        if let Some(stop) = self.stops.remove(&port) {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Where a guest's own log lines go: stderr for a guest process (its stderr is the VM log),
+/// the VM log file for a hub guest.
+pub enum Log {
+    Stderr,
+    File(fs::File),
+}
+
+/// What a guest does with its control file's view, whoever runs it: after the boot delay its
+/// ports open (and close again when the control drops them), a network held down by a
+/// pending fixup or SAC has no address and no open port, and a DHCP NIC writes its lease
+/// after the lease delay.
+pub struct Behaviour<L: Listeners> {
+    id: String,
+    booted: Instant,
+    open: std::collections::BTreeSet<u16>,
+    last_bind_try: Instant,
+    leased: Option<String>,
+    wanted: Option<(String, Instant)>,
+    announced: bool,
+    /// None = as plumbed; Some(on) = whether eth0 carries the VM's address.
+    addr_on: Option<bool>,
+    sac: Option<Arc<Mutex<crate::sac::Sac>>>,
+    pub listeners: L,
+    log: Log,
+}
+
+const BIND_RETRY: Duration = Duration::from_millis(500);
+
+impl<L: Listeners> Behaviour<L> {
+    pub fn new(id: &str, listeners: L, log: Log) -> Self {
+        Behaviour {
+            id: id.to_string(),
+            booted: Instant::now(),
+            open: Default::default(),
+            last_bind_try: Instant::now() - Duration::from_secs(10),
+            leased: None,
+            wanted: None,
+            announced: false,
+            addr_on: None,
+            sac: None,
+            listeners,
+            log,
+        }
+    }
+
+    pub fn say(&mut self, msg: impl std::fmt::Display) {
+        match &mut self.log {
+            Log::Stderr => say(&self.id, msg),
+            Log::File(f) => {
+                let ts = crate::timefmt::rfc3339_nano(crate::timefmt::now_ns());
+                let _ = writeln!(f, "{ts} guest {}: {msg}", self.id);
+            }
+        }
+    }
+
+    /// Closes every port, as a powered-off guest does.
+    pub fn power_off(&mut self) {
+        for port in std::mem::take(&mut self.open) {
+            self.listeners.close(port);
+        }
+    }
+
+    /// Brings the guest in line with `ctl`; returns how long until something falls due
+    /// (`None`: nothing will until the control changes).
+    pub fn step(&mut self, ctl: &Control) -> Option<Duration> {
+        let mut due: Option<Duration> = None;
+        let mut at = |d: Duration| due = Some(due.map_or(d, |x: Duration| x.min(d)));
+        let held = ctl.fixup_pending || sac_holds(ctl, self.sac.as_deref());
+        if !ctl.netns.is_empty() {
+            self.addr_on = self.set_address(ctl, held);
+        }
+        let ports: Vec<u16> = if held { Vec::new() } else { ctl.ports.clone() };
+        let boot = Duration::from_millis(ctl.boot_ms);
+        let since_boot = self.booted.elapsed();
+        if since_boot < boot {
+            at(boot - since_boot);
+        } else {
+            if !self.announced {
+                self.say("boot complete");
+                self.announced = true;
+            }
+            let gone: Vec<u16> = self
+                .open
+                .iter()
+                .copied()
+                .filter(|p| !ports.contains(p))
+                .collect();
+            for port in gone {
+                self.open.remove(&port);
+                self.listeners.close(port);
+                self.say(format!("closed port {port}"));
+            }
+            let missing: Vec<u16> = ports
+                .iter()
+                .copied()
+                .filter(|p| !self.open.contains(p))
+                .collect();
+            if !missing.is_empty() {
+                if self.last_bind_try.elapsed() >= BIND_RETRY {
+                    self.last_bind_try = Instant::now();
+                    let host = if ctl.netns.is_empty() {
+                        ctl.ip.clone()
+                    } else {
+                        "0.0.0.0".to_string()
+                    };
+                    let mut failed = false;
+                    for port in missing {
+                        match self.listeners.open(&host, port, &ctl.name) {
+                            Ok(()) => {
+                                self.open.insert(port);
+                                self.say(format!("listening on {host}:{port}"));
+                            }
+                            Err(e) => {
+                                failed = true;
+                                self.say(format!("bind {host}:{port}: {e}"));
+                            }
+                        }
+                    }
+                    if failed {
+                        at(BIND_RETRY);
+                    }
+                } else {
+                    at(BIND_RETRY.saturating_sub(self.last_bind_try.elapsed()));
+                }
+            }
+        }
+        let want = (ctl.dhcp && !ctl.withhold && !held && !ctl.lease_mac.is_empty())
+            .then(|| ctl.lease_mac.clone());
+        if want.as_ref() != self.wanted.as_ref().map(|w| &w.0) {
+            self.wanted = want.map(|m| (m, Instant::now()));
+        }
+        if let Some((mac, since)) = self.wanted.clone() {
+            let delay = Duration::from_millis(ctl.lease_delay_ms);
+            if self.leased.as_ref() != Some(&mac) {
+                if since.elapsed() >= delay {
+                    match crate::leases::grant(Path::new(&ctl.leases_path), &mac, &ctl.ip) {
+                        Ok(()) => {
+                            self.say(format!("dhcp lease {} for {mac}", ctl.ip));
+                            self.leased = Some(mac.clone());
+                        }
+                        Err(e) => {
+                            self.say(format!("dhcp lease write failed: {e}"));
+                            at(Duration::from_millis(100));
+                        }
+                    }
+                } else {
+                    at(delay - since.elapsed());
+                }
+            }
+        }
+        due
+    }
+
+    /// A guest whose network is down has no address on eth0, so nothing reaches it; the
+    /// address comes back once it is up. Runs inside the VM's netns.
+    fn set_address(&mut self, ctl: &Control, held: bool) -> Option<bool> {
+        let on = self.addr_on;
+        let cidr = format!("{}/{}", ctl.ip, ctl.prefix);
+        let (args, now): (Vec<&str>, bool) = match (held, on) {
+            (true, None | Some(true)) => (vec!["addr", "flush", "dev", "eth0"], false),
+            (false, Some(false)) => (vec!["addr", "replace", &cidr, "dev", "eth0"], true),
+            _ => return on,
+        };
+        match crate::netns::ip(&args) {
+            Ok(()) => {
+                self.say(if now {
                     format!("network up: {cidr}")
                 } else {
                     "network down".into()
-                },
-            );
-            Some(now)
-        }
-        Err(e) => {
-            say(id, format!("eth0: {e}"));
-            on
+                });
+                Some(now)
+            }
+            Err(e) => {
+                self.say(format!("eth0: {e}"));
+                on
+            }
         }
     }
 }
@@ -335,12 +617,7 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
         .parent()
         .unwrap_or(Path::new("/"))
         .to_path_buf();
-    let booted = Instant::now();
-    let mut open: BTreeMap<u16, Arc<AtomicBool>> = BTreeMap::new();
-    let mut last_bind_try = Instant::now() - Duration::from_secs(10);
-    let mut leased: Option<String> = None;
-    let mut wanted: Option<(String, Instant)> = None;
-    let mut announced = false;
+    let mut guest = Behaviour::new(id, OwnThreads::default(), Log::Stderr);
     let sac = ctl
         .sac
         .as_ref()
@@ -359,8 +636,7 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
             }
         }
     }
-    // None = as plumbed; Some(on) = whether eth0 carries the VM's address.
-    let mut addr_on: Option<bool> = None;
+    guest.sac = sac;
     loop {
         // The VM dir vanishes with rm/cleanup: never outlive our own record.
         if !vm_dir.is_dir() {
@@ -370,67 +646,7 @@ pub fn run(id: &str, control_file: &Path) -> Result<()> {
         if let Some(c) = read_control(control_file) {
             ctl = c;
         }
-        let held = ctl.fixup_pending || sac_holds(&ctl, sac.as_deref());
-        if !ctl.netns.is_empty() {
-            addr_on = set_address(id, &ctl, held, addr_on);
-        }
-        let ports: Vec<u16> = if held { Vec::new() } else { ctl.ports.clone() };
-        if booted.elapsed() >= Duration::from_millis(ctl.boot_ms) {
-            if !announced {
-                say(id, "boot complete");
-                announced = true;
-            }
-            open.retain(|port, stop| {
-                let keep = ports.contains(port);
-                if !keep {
-                    stop.store(true, Ordering::Relaxed);
-                    say(id, format!("closed port {port}"));
-                }
-                keep
-            });
-            let missing: Vec<u16> = ports
-                .iter()
-                .copied()
-                .filter(|p| !open.contains_key(p))
-                .collect();
-            if !missing.is_empty() && last_bind_try.elapsed() >= Duration::from_millis(500) {
-                last_bind_try = Instant::now();
-                let host = if ctl.netns.is_empty() {
-                    ctl.ip.as_str()
-                } else {
-                    "0.0.0.0"
-                };
-                for port in missing {
-                    match TcpListener::bind((host, port)) {
-                        Ok(l) => {
-                            let stop = Arc::new(AtomicBool::new(false));
-                            let (name, s2) = (ctl.name.clone(), stop.clone());
-                            std::thread::spawn(move || listen(l, port, name, s2));
-                            open.insert(port, stop);
-                            say(id, format!("listening on {host}:{port}"));
-                        }
-                        Err(e) => say(id, format!("bind {host}:{port}: {e}")),
-                    }
-                }
-            }
-        }
-        let want = (ctl.dhcp && !ctl.withhold && !held && !ctl.lease_mac.is_empty())
-            .then(|| ctl.lease_mac.clone());
-        if want.as_ref() != wanted.as_ref().map(|w| &w.0) {
-            wanted = want.map(|m| (m, Instant::now()));
-        }
-        if let Some((mac, since)) = &wanted {
-            let due = since.elapsed() >= Duration::from_millis(ctl.lease_delay_ms);
-            if due && leased.as_ref() != Some(mac) {
-                match crate::leases::grant(Path::new(&ctl.leases_path), mac, &ctl.ip) {
-                    Ok(()) => {
-                        say(id, format!("dhcp lease {} for {mac}", ctl.ip));
-                        leased = Some(mac.clone());
-                    }
-                    Err(e) => say(id, format!("dhcp lease write failed: {e}")),
-                }
-            }
-        }
+        guest.step(&ctl);
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -24,7 +24,7 @@ use crate::config::Env;
 use crate::error::{fail, Result};
 use crate::model::StoredVm;
 use crate::output;
-use crate::store::{self, Store};
+use crate::store::Store;
 
 pub const NAME: &str = "cocoon-macos";
 
@@ -196,7 +196,7 @@ fn one(args: &[String]) -> Result<&str> {
 }
 
 fn lookup(env: &Env, name: &str) -> Result<StoredVm> {
-    Store::new(&env.root).read(|db| store::vm_lookup(db, name).cloned())
+    Store::new(&env.root).lookup_vm(name)
 }
 
 fn set_vnc(env: &Env, id: &str, vnc: &Vnc) -> Result<()> {
@@ -295,8 +295,7 @@ fn vm(env: &Env, cmd: MacVmCmd) -> Result<()> {
         }
         MacVmCmd::Inspect { args } => output::print_pretty(&record(&lookup(env, one(&args)?)?)),
         MacVmCmd::List { .. } => {
-            let mut vms: Vec<StoredVm> =
-                Store::new(&env.root).read(|db| Ok(db.vms.values().cloned().collect()))?;
+            let mut vms: Vec<StoredVm> = Store::new(&env.root).vms()?;
             vms.sort_by_key(|v| v.created_ns);
             output::print_pretty(&vms.iter().map(record).collect::<Vec<_>>())
         }

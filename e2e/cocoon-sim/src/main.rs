@@ -11,6 +11,7 @@ mod events;
 mod faults;
 mod fixup;
 mod guest;
+mod hub;
 mod ids;
 mod images;
 mod ipam;
@@ -113,6 +114,9 @@ fn dispatch(cli: Cli) -> Result<()> {
     };
     if let Cmd::Sim(cli::SimCmd::Guest { id, control }) = &cmd {
         return guest::run(id, std::path::Path::new(control));
+    }
+    if let Cmd::Sim(cli::SimCmd::Hub { root }) = &cmd {
+        return hub::run(std::path::Path::new(root));
     }
     let env = config::Env::load(&flags)?;
     match cmd {

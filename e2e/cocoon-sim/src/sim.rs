@@ -10,7 +10,7 @@ use crate::guest;
 use crate::leases;
 use crate::model::StoredVm;
 use crate::output;
-use crate::store::{self, Store};
+use crate::store::Store;
 use crate::timefmt::now_ns;
 use crate::vm_ops::update_vm;
 
@@ -30,12 +30,12 @@ pub fn dispatch(env: &Env, cmd: SimCmd) -> Result<()> {
         SimCmd::Lease(l) => lease(env, l),
         SimCmd::Info { args } => info(env, &args),
         SimCmd::NetControl { socket } => crate::net_control::serve(env, &socket),
-        SimCmd::Guest { .. } => unreachable!("dispatched before env load"),
+        SimCmd::Guest { .. } | SimCmd::Hub { .. } => unreachable!("dispatched before env load"),
     }
 }
 
 fn lookup(env: &Env, reference: &str) -> Result<StoredVm> {
-    Store::new(&env.root).read(|db| store::vm_lookup(db, reference).cloned())
+    Store::new(&env.root).lookup_vm(reference)
 }
 
 fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
@@ -121,6 +121,15 @@ fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
         FaultCmd::Crash { vm } => {
             let v = lookup(env, &vm)?;
             guest::kill(v.sim.pid, &v.id, true);
+            Ok(())
+        }
+        FaultCmd::Hold { vm } => {
+            let v = lookup(env, &vm)?;
+            let Some(_held) = Store::new(&env.root).lock_vm(&v.id)? else {
+                return fail(format!("vm {vm}: VM not found"));
+            };
+            output::emit("held\n")?;
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
             Ok(())
         }
         FaultCmd::SetState { vm, state } => {

@@ -205,14 +205,17 @@ pub fn insert_pending(
 }
 
 fn finalize(store: &Store, id: &str, vm_id: Option<&str>) -> Result<()> {
+    if let Some(v) = vm_id {
+        store.update_vm(v, |vm| {
+            vm.snapshot_ids.insert(id.to_string(), Empty {});
+            Ok(())
+        })?;
+    }
     store.update(|db| {
         let Some(s) = db.snapshots.get_mut(id) else {
             return fail(format!("snapshot {id:?} disappeared from index"));
         };
         s.pending = false;
-        if let Some(v) = vm_id.and_then(|v| db.vms.get_mut(v)) {
-            v.snapshot_ids.insert(id.to_string(), Empty {});
-        }
         Ok(())
     })
 }
@@ -224,7 +227,7 @@ fn save(env: &Env, name: String, description: String, args: &[String]) -> Result
     let fx = faults::on_verb(env, "snapshot save")?;
     let store = Store::new(&env.root);
     let vm = store
-        .read(|db| store::vm_lookup(db, reference).cloned())
+        .lookup_vm(reference)
         .map_err(|e| e.wrap(format!("find VM {reference}")))?;
     if !name.is_empty() && store.read(|db| Ok(lookup(db, &name).is_ok()))? {
         return fail(format!("snapshot name {name:?} already exists"));
@@ -283,17 +286,11 @@ fn inspect(env: &Env, args: &[String]) -> Result<()> {
 
 fn list(env: &Env, format: &str, vm: Option<&str>) -> Result<()> {
     let store = Store::new(&env.root);
+    let owned: Option<Vec<String>> = match vm {
+        Some(r) => Some(store.lookup_vm(r)?.snapshot_ids.keys().cloned().collect()),
+        None => None,
+    };
     let mut snaps: Vec<StoredSnapshot> = store.read(|db| {
-        let owned: Option<Vec<String>> = match vm {
-            Some(r) => Some(
-                store::vm_lookup(db, r)?
-                    .snapshot_ids
-                    .keys()
-                    .cloned()
-                    .collect(),
-            ),
-            None => None,
-        };
         Ok(db
             .snapshots
             .values()

@@ -15,7 +15,7 @@ use crate::lock::{self, Lock};
 use crate::model::{Disk, Nic, SnapshotConfig, StoredVm, VmConfig, CH, FC};
 use crate::names;
 use crate::output::{self, log};
-use crate::store::{self, Store};
+use crate::store::Store;
 use crate::timefmt::now_ns;
 use crate::vmnet;
 use crate::{exact_args, min_args};
@@ -56,7 +56,11 @@ pub fn dispatch(env: &Env, cmd: VmCmd) -> Result<()> {
 
 /// `stopped (stale)` when the stored state says running but the guest is gone (S behaviour).
 pub fn reconciled_state(vm: &StoredVm) -> String {
-    if vm.state == "running" && !guest::is_alive(vm.sim.pid, &vm.id) {
+    reconciled_state_with(vm, guest::is_alive)
+}
+
+pub fn reconciled_state_with(vm: &StoredVm, alive: impl FnOnce(i32, &str) -> bool) -> String {
+    if vm.state == "running" && !alive(vm.sim.pid, &vm.id) {
         "stopped (stale)".into()
     } else {
         vm.state.clone()
@@ -170,19 +174,12 @@ pub fn create_lock_path(env: &Env, id: &str) -> std::path::PathBuf {
 /// Inserts the `creating` placeholder while holding the per-VM create lock, which tells
 /// `reconcile-stale-create` that an owner is alive.
 fn reserve(env: &Env, store: &Store, vm: &mut StoredVm, verb: &str) -> Result<Lock> {
-    fs::create_dir_all(env.vm_state_dir(&vm.id))?;
+    if !store.claim_id(&vm.id)? {
+        return fail(format!("{verb}: VM ID {} already in use", vm.id));
+    }
     let owner = lock::exclusive(&create_lock_path(env, &vm.id))?;
-    let res = store.update(|db| {
-        if let Some(dup) = db.vms.values().find(|v| v.config.name == vm.config.name) {
-            return fail(format!(
-                "reserve VM record: vm name {:?} already exists (id: {})",
-                vm.config.name, dup.id
-            ));
-        }
-        vm.transition("creating", "create", now_ns());
-        db.vms.insert(vm.id.clone(), vm.clone());
-        Ok(())
-    });
+    vm.transition("creating", "create", now_ns());
+    let res = store.insert_new_vm(vm);
     if let Err(e) = res {
         let _ = fs::remove_dir_all(env.vm_state_dir(&vm.id));
         return Err(e.wrap(verb));
@@ -191,10 +188,7 @@ fn reserve(env: &Env, store: &Store, vm: &mut StoredVm, verb: &str) -> Result<Lo
 }
 
 fn rollback(env: &Env, store: &Store, vm: &StoredVm) {
-    let _ = store.update(|db| {
-        db.vms.remove(&vm.id);
-        Ok(())
-    });
+    let _ = store.remove_vm(&vm.id);
     vmnet::detach(env, vm);
     let _ = fs::remove_dir_all(&vm.sim.run_dir);
     let _ = fs::remove_dir_all(&vm.sim.log_dir);
@@ -202,10 +196,7 @@ fn rollback(env: &Env, store: &Store, vm: &StoredVm) {
 }
 
 fn save_vm(store: &Store, vm: &StoredVm) -> Result<()> {
-    store.update(|db| {
-        db.vms.insert(vm.id.clone(), vm.clone());
-        Ok(())
-    })
+    store.put_vm(vm)
 }
 
 /// Network, cgroup, guest: the part of create shared by run and clone. On failure the record
@@ -516,9 +507,7 @@ fn inspect(env: &Env, args: &[String]) -> Result<()> {
     let fx = faults::on_verb(env, "vm inspect")?;
     fx.sleep();
     let store = Store::new(&env.root);
-    let vm = store
-        .read(|db| store::vm_lookup(db, &args[0]).cloned())
-        .map_err(|e| e.wrap("inspect"))?;
+    let vm = store.lookup_vm(&args[0]).map_err(|e| e.wrap("inspect"))?;
     print_vm_or_garbage(&fx, &vm.to_out(&reconciled_state(&vm)))
 }
 
@@ -529,9 +518,7 @@ fn list(env: &Env, format: &str, args: &[String]) -> Result<()> {
     let fx = faults::on_verb(env, "vm list")?;
     fx.sleep();
     let store = Store::new(&env.root);
-    let mut vms: Vec<StoredVm> = store
-        .read(|db| Ok(db.vms.values().cloned().collect()))
-        .map_err(|e| e.wrap("list"))?;
+    let mut vms: Vec<StoredVm> = store.vms().map_err(|e| e.wrap("list"))?;
     if fx.garbage {
         return output::emit(GARBAGE);
     }
@@ -561,16 +548,14 @@ fn list(env: &Env, format: &str, args: &[String]) -> Result<()> {
 
 /// All refs resolve before anything happens, as cocoon's RouteRefs does.
 fn resolve_all(store: &Store, refs: &[String]) -> Result<Vec<String>> {
-    store.read(|db| {
-        let mut ids = Vec::new();
-        for r in refs {
-            let id = store::vm_id(db, r)?;
-            if !ids.contains(&id) {
-                ids.push(id);
-            }
+    let mut ids = Vec::new();
+    for r in refs {
+        let id = store.vm_id(r)?;
+        if !ids.contains(&id) {
+            ids.push(id);
         }
-        Ok(ids)
-    })
+    }
+    Ok(ids)
 }
 
 fn succeeded(output: Option<&str>, ids: &[String]) -> Result<()> {
@@ -582,16 +567,20 @@ fn succeeded(output: Option<&str>, ids: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Kills the guest, removes dirs, record and host plumbing. The lease stays.
+/// Kills the guest, removes dirs, record and host plumbing, holding the VM's lock until the
+/// record is gone. The lease stays.
 pub fn destroy(env: &Env, store: &Store, vm: &StoredVm) -> Result<()> {
+    let held = store.lock_vm(&vm.id)?;
+    // What the lock's holder left behind is what goes (its PID, its plumbing).
+    let vm = &store.vm(&vm.id)?.unwrap_or_else(|| vm.clone());
     guest::kill(vm.sim.pid, &vm.id, true);
     let _ = fs::remove_dir_all(&vm.sim.run_dir);
     let _ = fs::remove_dir_all(&vm.sim.log_dir);
+    if let Some(held) = &held {
+        store.remove_vm_held(held, &vm.id)?;
+    }
     let _ = fs::remove_dir_all(env.vm_state_dir(&vm.id));
-    store.update(|db| {
-        db.vms.remove(&vm.id);
-        Ok(())
-    })?;
+    drop(held);
     vmnet::detach(env, vm);
     Ok(())
 }
@@ -605,7 +594,7 @@ fn rm(env: &Env, args: &[String], force: bool, output: Option<&str>) -> Result<(
     let mut deleted = Vec::new();
     let mut last_err = None;
     for id in ids {
-        let Some(vm) = store.read(|db| Ok(db.vms.get(&id).cloned()))? else {
+        let Some(vm) = store.vm(&id)? else {
             last_err = Some(Error::Msg("VM not found".into()));
             continue;
         };
@@ -625,10 +614,15 @@ fn rm(env: &Env, args: &[String], force: bool, output: Option<&str>) -> Result<(
     succeeded(output, &deleted)
 }
 
-/// Relaunches the guest of a non-running VM. A running one is left alone.
+/// Relaunches the guest of a non-running VM, under the VM's lock. A running one is left
+/// alone.
 pub fn start_one(env: &Env, store: &Store, id: &str) -> Result<bool> {
-    let Some(mut vm) = store.read(|db| Ok(db.vms.get(id).cloned()))? else {
-        return fail("VM not found");
+    let not_found = || fail("VM not found");
+    let Some(held) = store.lock_vm(id)? else {
+        return not_found();
+    };
+    let Some(mut vm) = store.vm(id)? else {
+        return not_found();
     };
     if vm.state == "running" && guest::is_alive(vm.sim.pid, &vm.id) {
         return Ok(false);
@@ -644,7 +638,7 @@ pub fn start_one(env: &Env, store: &Store, id: &str) -> Result<bool> {
     let reason = if vm.first_booted { "restart" } else { "boot" };
     vm.first_booted = true;
     vm.transition("running", reason, now_ns());
-    save_vm(store, &vm)?;
+    store.put_vm_held(&held, &vm)?;
     Ok(true)
 }
 
@@ -679,22 +673,15 @@ fn stop(env: &Env, args: &[String], output: Option<&str>) -> Result<()> {
     let ids = resolve_all(&store, args)?;
     let mut done = Vec::new();
     for id in ids {
-        let Some(mut vm) = store.read(|db| Ok(db.vms.get(&id).cloned()))? else {
+        let Some(held) = store.lock_vm(&id)? else {
+            continue;
+        };
+        let Some(mut vm) = store.vm(&id)? else {
             continue;
         };
         guest::kill(vm.sim.pid, &vm.id, false);
         vm.transition("stopped", "stop-user", now_ns());
-        store.update(|db| {
-            if let Some(v) = db.vms.get_mut(&id) {
-                v.state = vm.state.clone();
-                v.updated_ns = vm.updated_ns;
-                v.stopped_ns = vm.stopped_ns;
-                v.transition_generation = vm.transition_generation;
-                v.last_transition_reason = vm.last_transition_reason.clone();
-                v.last_transition_at = vm.last_transition_at;
-            }
-            Ok(())
-        })?;
+        store.put_vm_held(&held, &vm)?;
         log("cmd.stop", format!("stopped: {id}"));
         done.push(id);
     }

@@ -18,18 +18,18 @@ use crate::vm::{self, create_lock_path};
 use crate::{exact_args, min_args};
 
 fn lookup(env: &Env, reference: &str) -> Result<StoredVm> {
-    Store::new(&env.root).read(|db| store::vm_lookup(db, reference).cloned())
+    Store::new(&env.root).lookup_vm(reference)
 }
 
 /// Persists a change to the VM's guest-facing settings and tells the guest.
 pub fn update_vm(env: &Env, id: &str, f: impl FnOnce(&mut StoredVm)) -> Result<StoredVm> {
-    let vm = Store::new(&env.root).update(|db| {
-        let Some(vm) = db.vms.get_mut(id) else {
-            return fail(format!("vm {id}: VM not found"));
-        };
+    let vm = Store::new(&env.root).update_vm(id, |vm| {
         f(vm);
         Ok(vm.clone())
     })?;
+    let Some(vm) = vm else {
+        return fail(format!("vm {id}: VM not found"));
+    };
     if env.vm_state_dir(id).is_dir() {
         guest::write_control(env, &vm)?;
     }
@@ -372,17 +372,11 @@ pub fn reconcile_stale_create(env: &Env, args: &[String], output: Option<&str>) 
     let fx = faults::on_verb(env, "vm reconcile-stale-create")?;
     fx.sleep();
     let store = Store::new(&env.root);
-    let found = store.read(|db| {
-        Ok(
-            match store::resolve(&db.vms, |v| v.config.name.as_str(), &args[0]) {
-                Ok(id) => Some(db.vms[id].clone()),
-                Err(store::Resolve::NotFound) => None,
-                Err(store::Resolve::Ambiguous) => {
-                    return fail(store::Resolve::ambiguous_text(&args[0]))
-                }
-            },
-        )
-    })?;
+    let found = match store.resolve_vm(&args[0])? {
+        Ok(id) => store.vm(&id)?,
+        Err(store::Resolve::NotFound) => None,
+        Err(store::Resolve::Ambiguous) => return fail(store::Resolve::ambiguous_text(&args[0])),
+    };
     let (id, outcome) = match found {
         None => (String::new(), "not-found"),
         Some(vm) if vm.state != "creating" => (vm.id, "not-creating"),

@@ -1,6 +1,8 @@
 //! Gives a VM its host-side resources (address, netns + veth or a loopback address, cgroup
-//! scope) and takes them back. Holds the host-wide net lock so parallel roots sharing the
-//! bridge never race a teardown against a setup.
+//! scope) and takes them back. The host-wide net lock covers only what parallel roots share:
+//! claiming an address together with making sure the bridge exists, and releasing one
+//! together with dropping the unused bridge. A VM's own netns and veth are plumbed outside
+//! it, so VMs come up in parallel; its claim, made first, keeps the bridge alive meanwhile.
 
 use crate::cgroup;
 use crate::config::{Env, NetMode};
@@ -46,7 +48,10 @@ fn set_address(vm: &mut StoredVm, addr: &ipam::Addr) {
 }
 
 fn attach_loopback(env: &Env, vm: &mut StoredVm) -> Result<()> {
-    let addr = ipam::allocate(env, ipam::LOOP_NET, &vm.id)?;
+    let addr = {
+        let _l = lock::exclusive(&ipam::net_lock(env))?;
+        ipam::allocate(env, ipam::LOOP_NET, &vm.id)?
+    };
     set_address(vm, &addr);
     vm.sim.net_mode = "loopback".into();
     vm.sim.netns.clear();
@@ -58,17 +63,26 @@ fn attach_loopback(env: &Env, vm: &mut StoredVm) -> Result<()> {
 }
 
 fn attach_netns(env: &Env, vm: &mut StoredVm) -> Result<()> {
-    let addr = ipam::allocate(env, ipam::NETNS_NET, &vm.id)?;
+    let addr = {
+        let _l = lock::exclusive(&ipam::net_lock(env))?;
+        let addr = ipam::allocate(env, ipam::NETNS_NET, &vm.id)?;
+        if let Err(e) = netns::ensure_bridge(&addr.gateway) {
+            ipam::release(env, &addr.ip, &vm.id);
+            return Err(e);
+        }
+        addr
+    };
     let ns = netns::netns_name(&vm.id);
     let veth = vm.network_configs[0].tap.clone();
     let mac = vm.network_configs[0].mac.clone();
     // A guest that starts with its network down must never answer, not even briefly.
     let held = crate::fixup::pending(vm) || vm.sim.sac.as_ref().is_some_and(|s| s.need_set);
-    let res = netns::ensure_bridge(&addr.gateway)
-        .and_then(|_| netns::plumb(&ns, &veth, &mac, (!held).then_some((&addr.ip, addr.prefix))));
+    let res = netns::plumb(&ns, &veth, &mac, (!held).then_some((&addr.ip, addr.prefix)));
     if let Err(e) = res {
         netns::teardown(&ns, &veth);
-        ipam::release(env, &addr.ip, &vm.id);
+        if let Ok(_l) = lock::exclusive(&ipam::net_lock(env)) {
+            ipam::release(env, &addr.ip, &vm.id);
+        }
         return Err(e);
     }
     set_address(vm, &addr);
@@ -84,7 +98,6 @@ pub fn attach(env: &Env, vm: &mut StoredVm) -> Result<()> {
     if vm.network_configs.is_empty() {
         return Ok(());
     }
-    let _l = lock::exclusive(&ipam::net_lock(env))?;
     if want_netns(env) {
         match attach_netns(env, vm) {
             Ok(()) => return Ok(()),
@@ -113,14 +126,21 @@ pub fn recover(env: &Env, vm: &mut StoredVm) -> Result<()> {
     {
         return Ok(());
     }
-    let _l = lock::exclusive(&ipam::net_lock(env))?;
-    let gw = format!("{}.{}.0.1", ipam::NETNS_NET[0], ipam::NETNS_NET[1]);
-    netns::ensure_bridge(&gw)?;
+    {
+        let _l = lock::exclusive(&ipam::net_lock(env))?;
+        let gw = format!("{}.{}.0.1", ipam::NETNS_NET[0], ipam::NETNS_NET[1]);
+        netns::ensure_bridge(&gw)?;
+    }
     let mac = vm.network_configs[0].mac.clone();
     netns::plumb(&vm.sim.netns, &vm.sim.veth, &mac, Some((&vm.sim.ip, 16)))
 }
 
 pub fn attach_cgroup(env: &Env, vm: &mut StoredVm) {
+    // A hub guest is a thread: cgroup v2 keeps a process's threads in one domain cgroup, so
+    // a per-VM scope would stay empty and report nothing.
+    if env.shared_guest(vm) {
+        return;
+    }
     // Recreated when missing: a sweep may have removed the scope of a stopped VM.
     if vm.sim.cgroup.is_empty() || !std::path::Path::new(&vm.sim.cgroup).is_dir() {
         vm.sim.cgroup = cgroup::create_scope(env, &vm.id)
@@ -132,10 +152,10 @@ pub fn attach_cgroup(env: &Env, vm: &mut StoredVm) {
 /// Everything but the lease: cocoon-net keeps a deleted VM's lease until it expires.
 pub fn detach(env: &Env, vm: &StoredVm) {
     cgroup::remove_scope(&vm.sim.cgroup);
+    netns::teardown(&vm.sim.netns, &vm.sim.veth);
     let Ok(_l) = lock::exclusive(&ipam::net_lock(env)) else {
         return;
     };
-    netns::teardown(&vm.sim.netns, &vm.sim.veth);
     ipam::release(env, &vm.sim.ip, &vm.id);
     maybe_drop_bridge(env);
 }
