@@ -210,7 +210,7 @@ async fn bench_many_pods() -> Result<()> {
         .unwrap_or(200);
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     let img = "ghcr.io/cocoonstack/ubuntu:24.04";
-    let journal = tb.run_dir().join("journal").join("events.jsonl");
+    let journal = tb.run_dir().join("journal").join("events.journal");
     let metrics_port = e2e::ports::free_port()?;
     let opts = DaemonOptions {
         env: e2e::sim::CocoonSim::at_scale_env(),
