@@ -300,6 +300,11 @@ mod tests {
     /// `idle-0` (bridge mode: its TAP in the host's namespace, no traffic, no scope), one whose
     /// PID is not known yet and one unmanaged.
     fn fixture(dir: &Path) -> Sampler {
+        fixture_with(dir, Vec::new())
+    }
+
+    /// [`fixture`] with `more` VMs beside its own.
+    fn fixture_with(dir: &Path, more: Vec<VmView>) -> Sampler {
         let proc = dir.join("proc");
         let scopes = dir.join("cgroup/cocoon.slice");
         // busy = user + nice + system + irq + softirq + steal = 1535 ticks = 15.35 s
@@ -361,7 +366,10 @@ mod tests {
                 unmanaged: true,
                 ..vm("other", "adopted-0", "ADOPT000", 4444, &[])
             },
-        ] {
+        ]
+        .into_iter()
+        .chain(more)
+        {
             views.vms.insert(format!("{}/{}", v.namespace, v.pod), v);
         }
         Sampler::with_sources(
@@ -450,6 +458,40 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
 container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod="web-0"} 3 1764619200123
 "#;
         assert_eq!(got, want, "\n{got}");
+    }
+
+    /// VMMs in one network namespace (the host's, in bridge mode) share its device table:
+    /// it is read through the first of them, once per sample, and serves the others.
+    #[test]
+    fn vmms_in_one_namespace_share_its_device_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = vm("demo", "web-1", "WEB00001", 4545, &["tapWEB00001-0"]);
+        let sampler = fixture_with(dir.path(), vec![v]);
+        let proc = dir.path().join("proc");
+        put(&proc, "4545/stat", &pid_stat(4545, 2_048));
+        put(
+            &proc,
+            "4242/net/dev",
+            &format!(
+                "{NET_HEADER}{}{}",
+                net_line("tapWEB00000-0", 5_000, 7_000),
+                net_line("tapWEB00001-0", 300, 400)
+            ),
+        );
+        for pid in ["4242", "4545"] {
+            std::fs::create_dir_all(proc.join(pid).join("ns")).unwrap();
+            std::os::unix::fs::symlink("net:[4026531840]", proc.join(pid).join("ns/net")).unwrap();
+        }
+        let s = sampler.sample();
+        let got = summary(&s, "node-a", "2026-12-01T19:00:00Z", "2026-12-01T20:00:00Z");
+        let web1 = got["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["podRef"]["name"] == "web-1")
+            .unwrap();
+        assert_eq!(web1["network"]["rxBytes"], 400);
+        assert_eq!(web1["network"]["txBytes"], 300);
     }
 
     #[test]

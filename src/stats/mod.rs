@@ -4,6 +4,7 @@
 
 pub mod procfs;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,31 +123,44 @@ impl Sampler {
         // Pod order, so every surface lists the VMs the same way from one scrape to the next.
         vms.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
         // A TAP lives in the hypervisor's network namespace (CNI) or in the host's (bridge
-        // mode): the VMM's view is tried first, the host's, read once per sample, after it.
-        let host_net = std::sync::OnceLock::new();
-        let vms = vms
-            .into_iter()
-            .filter(|v| v.pid > 0 && !v.unmanaged)
-            .map(|vm| {
-                let cpu = src
-                    .scopes
-                    .as_ref()
-                    .map(|s| {
-                        procfs::cpu_stat(&read(
-                            s.join(format!("vm-{}.scope", vm.vm_id)).join("cpu.stat"),
-                        ))
-                    })
-                    .unwrap_or_default();
-                let pid_dir = src.proc.join(vm.pid.to_string());
-                let rss = procfs::rss_bytes(&read(pid_dir.join("stat")), src.page_size);
-                let cow_bytes = vm.cow.as_deref().map_or(0, allocated_bytes);
-                let net = vm.taps.first().map_or_else(Default::default, |tap| {
-                    let dev = procfs::net_dev(&read(pid_dir.join("net/dev")))
-                        .get(tap)
-                        .copied()
+        // mode): the VMM's view is tried first, the host's after it. Each namespace's table is
+        // read once per sample: VMMs sharing the host's namespace all see its every TAP, and
+        // reading that per VM grows with the square of the VM count.
+        let mut tables: BTreeMap<PathBuf, NetTable> = BTreeMap::new();
+        let mut host_net: Option<NetTable> = None;
+        let mut samples = Vec::with_capacity(vms.len());
+        for vm in vms.into_iter().filter(|v| v.pid > 0 && !v.unmanaged) {
+            let cpu = src
+                .scopes
+                .as_ref()
+                .map(|s| {
+                    procfs::cpu_stat(&read(
+                        s.join(format!("vm-{}.scope", vm.vm_id)).join("cpu.stat"),
+                    ))
+                })
+                .unwrap_or_default();
+            let pid_dir = src.proc.join(vm.pid.to_string());
+            let rss = procfs::rss_bytes(&read(pid_dir.join("stat")), src.page_size);
+            let cow_bytes = vm.cow.as_deref().map_or(0, allocated_bytes);
+            let net = match vm.taps.first() {
+                None => Default::default(),
+                Some(tap) => {
+                    let own = match std::fs::read_link(pid_dir.join("ns/net")) {
+                        Ok(ns) => tables
+                            .entry(ns)
+                            .or_insert_with(|| procfs::net_dev(&read(pid_dir.join("net/dev"))))
+                            .get(tap)
+                            .copied(),
+                        Err(_) => procfs::net_dev(&read(pid_dir.join("net/dev")))
+                            .get(tap)
+                            .copied(),
+                    };
+                    let dev = own
                         .or_else(|| {
                             host_net
-                                .get_or_init(|| procfs::net_dev(&read(src.proc.join("net/dev"))))
+                                .get_or_insert_with(|| {
+                                    procfs::net_dev(&read(src.proc.join("net/dev")))
+                                })
                                 .get(tap)
                                 .copied()
                         })
@@ -155,19 +169,23 @@ impl Sampler {
                         rx: dev.tx,
                         tx: dev.rx,
                     }
-                });
-                VmSample {
-                    vm,
-                    cpu,
-                    rss,
-                    cow_bytes,
-                    net,
                 }
-            })
-            .collect();
+            };
+            samples.push(VmSample {
+                vm,
+                cpu,
+                rss,
+                cow_bytes,
+                net,
+            });
+        }
+        let vms = samples;
         Sample { node, vms }
     }
 }
+
+/// One network namespace's devices, by name.
+type NetTable = BTreeMap<String, procfs::NetBytes>;
 
 fn allocated_bytes(path: &str) -> u64 {
     use std::os::unix::fs::MetadataExt;
