@@ -34,7 +34,10 @@ fn journal_text(journal: &Path) -> Result<String> {
     let dir = journal.parent().context("journal dir")?;
     let mut all = String::new();
     for f in std::fs::read_dir(dir)?.flatten() {
-        all += &String::from_utf8_lossy(&std::fs::read(f.path())?);
+        // The records as written: the file holds them compressed.
+        let raw = std::fs::read(f.path())?;
+        let lines = vk_cocoon::journal::frame::lines_of_file(&raw).unwrap_or_else(|(l, _)| l);
+        all += &String::from_utf8_lossy(&lines);
     }
     Ok(all)
 }
