@@ -111,8 +111,18 @@ impl Decompressor {
         })
     }
 
-    /// Decompresses one frame's payload, appending its lines to `out`.
+    /// Decompresses one frame's payload, appending its lines to `out`; on an error `out` is
+    /// left as it was, so what it holds is whole frames only.
     pub fn frame(&mut self, tag: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
+        let start = out.len();
+        let r = self.frame_into(tag, payload, out);
+        if r.is_err() {
+            out.truncate(start);
+        }
+        r
+    }
+
+    fn frame_into(&mut self, tag: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
         match tag {
             SEGMENT => {
                 self.dec.reinit().map_err(FrameError::Io)?;
