@@ -208,6 +208,31 @@ pub fn read_frame(r: &mut impl Read, payload: &mut Vec<u8>) -> Result<Option<u8>
     Ok(Some(head[0]))
 }
 
+/// The frames of a framed file, one after the other, decompressed.
+pub struct FrameReader<R> {
+    rd: R,
+    dec: Decompressor,
+    payload: Vec<u8>,
+}
+
+impl<R: Read> FrameReader<R> {
+    pub fn new(rd: R) -> io::Result<FrameReader<R>> {
+        Ok(FrameReader {
+            rd,
+            dec: Decompressor::new()?,
+            payload: Vec::new(),
+        })
+    }
+
+    /// Appends the next frame's lines to `out`; `Ok(false)` at a clean end.
+    pub fn next_frame(&mut self, out: &mut Vec<u8>) -> Result<bool, FrameError> {
+        match read_frame(&mut self.rd, &mut self.payload)? {
+            None => Ok(false),
+            Some(tag) => self.dec.frame(tag, &self.payload, out).map(|()| true),
+        }
+    }
+}
+
 /// The first `limit` bytes of a framed file's first line, for the header's fixed prefix,
 /// without decompressing the state snapshot behind it.
 pub fn first_bytes(r: &mut impl Read, limit: usize) -> Option<Vec<u8>> {
@@ -252,18 +277,12 @@ pub fn lines_of_file(bytes: &[u8]) -> Result<Vec<u8>, (Vec<u8>, FrameError)> {
     if !bytes.first().is_some_and(|&b| is_framed(b)) {
         return Ok(bytes.to_vec());
     }
-    let mut r = bytes;
-    let mut dec = Decompressor::new().map_err(|e| (Vec::new(), FrameError::Io(e)))?;
-    let mut payload = Vec::new();
+    let mut frames = FrameReader::new(bytes).map_err(|e| (Vec::new(), FrameError::Io(e)))?;
     let mut out = Vec::new();
     loop {
-        match read_frame(&mut r, &mut payload) {
-            Ok(None) => return Ok(out),
-            Ok(Some(tag)) => {
-                if let Err(e) = dec.frame(tag, &payload, &mut out) {
-                    return Err((out, e));
-                }
-            }
+        match frames.next_frame(&mut out) {
+            Ok(true) => {}
+            Ok(false) => return Ok(out),
             Err(e) => return Err((out, e)),
         }
     }

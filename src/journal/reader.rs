@@ -11,7 +11,7 @@ use std::sync::Arc;
 use reconcilers::{Action, Envelope};
 
 use super::digest::Digest;
-use super::frame::{self, Decompressor, FrameError};
+use super::frame::{self, FrameError, FrameReader};
 use super::problem::{JournalError, Problem};
 use super::record::{self, Header, Record, Start, FORMAT_VERSION, LINES_VERSION};
 
@@ -45,9 +45,7 @@ pub enum Entry {
 enum Source {
     Lines(BufReader<File>),
     Frames {
-        rd: BufReader<File>,
-        dec: Box<Decompressor>,
-        payload: Vec<u8>,
+        frames: Box<FrameReader<BufReader<File>>>,
         /// The current frame's lines, and how far they have been read.
         lines: Vec<u8>,
         pos: usize,
@@ -60,9 +58,7 @@ impl Source {
         let framed = rd.fill_buf()?.first().is_some_and(|&b| frame::is_framed(b));
         Ok(if framed {
             Source::Frames {
-                rd,
-                dec: Box::new(Decompressor::new()?),
-                payload: Vec::new(),
+                frames: Box::new(FrameReader::new(rd)?),
                 lines: Vec::new(),
                 pos: 0,
             }
@@ -86,20 +82,12 @@ impl Source {
                 Ok(n) => Ok(n > 0),
                 Err(e) => Err(Problem::Io(e.to_string())),
             },
-            Source::Frames {
-                rd,
-                dec,
-                payload,
-                lines,
-                pos,
-            } => {
+            Source::Frames { frames, lines, pos } => {
                 while *pos == lines.len() {
                     lines.clear();
                     *pos = 0;
-                    match frame::read_frame(rd, payload) {
-                        Ok(None) => return Ok(false),
-                        Ok(Some(tag)) => dec.frame(tag, payload, lines).map_err(frame_problem)?,
-                        Err(e) => return Err(frame_problem(e)),
+                    if !frames.next_frame(lines).map_err(frame_problem)? {
+                        return Ok(false);
                     }
                 }
                 // A frame holds whole lines only (`Decompressor::frame` checks), so a newline

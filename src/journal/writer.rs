@@ -567,29 +567,19 @@ fn framed_tail(
         return unreadable("no frame starts a stream".into());
     };
     f.seek(SeekFrom::Start(from))?;
-    let mut rd = io::BufReader::with_capacity(1 << 20, &mut *f).take(end - from);
-    let mut dec = frame::Decompressor::new()?;
+    let rd = io::BufReader::with_capacity(1 << 20, &mut *f).take(end - from);
+    let mut frames = frame::FrameReader::new(rd)?;
     // The lines of the last frame that decompressed; a damaged frame after it leaves the file
     // not continuable, but the chain can still run on from the last record that was read.
     let (mut lines, mut next) = (Vec::new(), Vec::new());
-    let mut damaged = false;
-    loop {
-        match frame::read_frame(&mut rd, &mut payload) {
-            Ok(None) => break,
-            Ok(Some(tag)) => {
-                next.clear();
-                if dec.frame(tag, &payload, &mut next).is_err() {
-                    damaged = true;
-                    break;
-                }
-                std::mem::swap(&mut lines, &mut next);
-            }
-            Err(_) => {
-                damaged = true;
-                break;
-            }
+    let damaged = loop {
+        next.clear();
+        match frames.next_frame(&mut next) {
+            Ok(true) => std::mem::swap(&mut lines, &mut next),
+            Ok(false) => break false,
+            Err(_) => break true,
         }
-    }
+    };
     if damaged {
         tracing::info!(file = %path.display(), "a frame at the end of the previous journal file does not decompress; starting a new file");
     }
