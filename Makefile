@@ -122,7 +122,6 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets --all-features -- -D warnings
 	bash docs/check-rule-ids.sh
-	python3 docs/check-doc-refs.py
 
 -include e2e/testbed.mk
 

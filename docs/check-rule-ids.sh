@@ -4,7 +4,8 @@
 # Looks at comments (Rust `//…`, `#` comments of scripts, Makefiles, YAML, units and the
 # scenario files' header lines) and at whole Markdown files, everywhere except docs/ itself.
 # An ID is defined when docs/rules.md writes it in bold (`**C8.1**`, `**CLI-6.5**`).
-# Prints `file:line: ID` for every undefined citation and exits 1 if there is one.
+# Prints `file:line: ID` for every undefined citation and exits 1 if there is one; then
+# docs/check-doc-refs.py checks that every file and test the documents name exists.
 set -euo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -72,3 +73,6 @@ if ((missing)); then
   exit 1
 fi
 echo "check-rule-ids: every cited rule ID is defined in $rules"
+# The documents' citations of files and tests must hold too: a rule tested by a file that was
+# renamed is a rule no longer known to be tested.
+python3 docs/check-doc-refs.py
