@@ -2,19 +2,14 @@
 //! Concurrency lives here (bounded per kind); the core already guarantees one VM operation
 //! per pod, so nothing here needs to know about pods.
 
-pub mod cocoon;
-pub mod cocoon_json;
-pub mod cocoon_timeouts;
 pub mod dhcp_release;
 pub mod event_lane;
 pub mod icmp;
 #[cfg(test)]
 mod kube_lanes_tests;
 pub mod kube_writes;
-pub mod macos;
 pub mod node;
 pub mod probes;
-pub mod process_groups;
 pub mod registry;
 pub mod sac;
 mod sac_call;
@@ -36,7 +31,7 @@ use crate::metrics::Metrics;
 use crate::sources::EventTx;
 
 pub struct Executor {
-    pub cocoon: cocoon::CocoonCli,
+    pub cocoon: crate::cocoon::CocoonCli,
     pub client: Client,
     pub tx: EventTx,
     pub probes: probes::Probes,
@@ -56,7 +51,7 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(
-        cocoon: cocoon::CocoonCli,
+        cocoon: crate::cocoon::CocoonCli,
         client: Client,
         tx: EventTx,
         probes: probes::Probes,

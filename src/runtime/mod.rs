@@ -4,7 +4,6 @@
 mod evidence;
 mod settings;
 mod shutdown;
-pub mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,13 +14,14 @@ use reconcilers::cocoon::CocoonCmd;
 use reconcilers::event::CocoonOk;
 use reconcilers::{reduce, Action, Envelope, Event, State};
 
-use crate::effects::cocoon::CocoonCli;
+use crate::cocoon::CocoonCli;
 use crate::effects::node::{self, NodeSettings};
 use crate::effects::probes::{Pinger, Probes};
 use crate::effects::Executor;
 use crate::journal::JournalSettings;
 use crate::metrics::{self, Metrics};
 use crate::sources::{cocoon_stream, dhcp_leases, pods};
+use crate::views;
 
 pub use evidence::Evidence;
 pub use shutdown::Shutdown;
@@ -311,7 +311,7 @@ async fn register(
     tx: crate::sources::EventTx,
     lease: metrics::LeaseRenewals,
 ) {
-    let mut backoff = std::time::Duration::from_millis(200);
+    let mut backoff = node::RENEW_RETRY;
     loop {
         match node::register(&client, &s).await {
             Ok(uid) => {
@@ -321,9 +321,9 @@ async fn register(
                 return;
             }
             Err(e) => {
+                let backoff = backoff.failed();
                 tracing::warn!(error = %e, ?backoff, "node registration failed; retrying");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(7));
             }
         }
     }
