@@ -91,7 +91,6 @@ pub async fn run(settings: Settings) -> Result<()> {
         &settings.root_dir,
     ));
     metrics
-        .registry
         .register(Box::new(crate::stats_collector::StatsCollector::new(
             sampler.clone(),
         )))
