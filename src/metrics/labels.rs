@@ -1,7 +1,9 @@
-//! The label values of the daemon's metrics, one enum per label: a value is one of these or
-//! does not compile, and the series that exist at 0 from the start (`Metrics::zeroed`) are
-//! derived from each enum's `ALL`, so a new value gets its series with no list to update.
-//! The strings are a contract with dashboards and alerts: never rename one.
+//! The label values of the daemon's metrics, one enum per label. What the shell counts itself
+//! takes one of these, never a string; the series that exist at 0 from the start
+//! (`Metrics::zeroed`) are derived from each enum's `ALL`, so a new value gets its series with
+//! no second list to update. The core's `Counter` carries its labels as strings, which
+//! `Metrics::count` passes through unchanged. The strings are a contract with dashboards and
+//! alerts.
 
 macro_rules! label {
     ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
