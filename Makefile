@@ -122,6 +122,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets --all-features -- -D warnings
 	bash docs/check-rule-ids.sh
+	python3 docs/check-module-cycles.py
 
 -include e2e/testbed.mk
 

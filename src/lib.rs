@@ -1,5 +1,7 @@
 //! vk-cocoon, the shell around the pure core in `reconcilers`.
 
+pub mod backoff;
+pub mod cocoon;
 pub mod config;
 pub mod effects;
 pub mod journal;
@@ -14,3 +16,4 @@ pub mod sources;
 pub mod stats;
 pub mod stats_collector;
 pub mod version;
+pub mod views;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use e2e::testbed::{Testbed, TestbedOptions};
-use vk_cocoon::effects::cocoon::CocoonCli;
+use vk_cocoon::cocoon::CocoonCli;
 use vk_cocoon::registry::cocoon_pipe::{pull_into_cocoon, push_from_cocoon};
 use vk_cocoon::registry::{PushKnobs, Registry};
 

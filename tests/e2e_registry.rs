@@ -7,7 +7,7 @@
 use anyhow::{ensure, Context, Result};
 use e2e::testbed::{Testbed, TestbedOptions};
 use serde_json::Value;
-use vk_cocoon::effects::cocoon::CocoonCli;
+use vk_cocoon::cocoon::CocoonCli;
 use vk_cocoon::registry::cocoon_pipe::{pull_into_cocoon, push_from_cocoon};
 use vk_cocoon::registry::{ArtifactKind, Deleted, Format, PushKnobs, Registry, RegistryError};
 

@@ -15,7 +15,7 @@ use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use vk_cocoon::effects::cocoon::CocoonCli;
+use vk_cocoon::cocoon::CocoonCli;
 use vk_cocoon::registry::cocoon_pipe::push_from_cocoon;
 use vk_cocoon::registry::{PushKnobs, Registry};
 

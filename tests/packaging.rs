@@ -1,9 +1,15 @@
 //! The shipped packaging stays consistent with the code: alert rules parse and pass their unit
 //! tests (promtool, which `make deps` installs), the Grafana dashboard parses, and both name
-//! only metrics this build exports; the unit runs the real subcommand.
+//! only metric families the daemon's registry holds; the unit runs the real subcommand.
 
 use std::collections::BTreeSet;
 use std::process::Command;
+use std::sync::Arc;
+
+use vk_cocoon::metrics::Metrics;
+use vk_cocoon::stats::Sampler;
+use vk_cocoon::stats_collector::StatsCollector;
+use vk_cocoon::views::Views;
 
 fn metric_names(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -19,11 +25,24 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     out
 }
 
+/// The families the daemon registers, read from its registry as `run` builds it: its own
+/// metrics, the journal's (as with a journal configured), the queue depth and the VM stats.
 fn exported() -> BTreeSet<String> {
-    let code = ["src/metrics.rs", "src/stats_collector.rs"]
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .join("\n");
-    metric_names(&code)
+    let metrics = Metrics::new();
+    metrics.enable_journal();
+    let (tx, _rx) = vk_cocoon::sources::event_queue();
+    metrics.watch_event_queue(&tx);
+    let sampler = Sampler::new(Views::default(), "cocoon.slice", "/nonexistent");
+    metrics
+        .register(Box::new(StatsCollector::new(Arc::new(sampler))))
+        .expect("the VM stats register");
+    let families = metrics.families();
+    // What a scrape shows is a subset of the list: the list is the registry's.
+    for f in metrics.registry.gather() {
+        assert!(families.contains(f.name()), "{}", f.name());
+    }
+    assert!(families.len() > 40, "{families:?}");
+    families
 }
 
 /// A histogram's series carry its name with a suffix.

@@ -8,12 +8,13 @@
 
 mod node_ip;
 mod parse;
+mod read;
 mod table;
 mod vars;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use reconcilers::config::{OrphanPolicy, RestoreMode};
@@ -301,33 +302,14 @@ impl Config {
         let node_name = e.or("VK_NODE_NAME", "cocoon-pool".into(), parse::dns_subdomain);
         let node_pool = e.or("VK_NODE_POOL", "default".into(), parse::label_value);
         let snapshot_cpu_class = e.parsed("VK_SNAPSHOT_CPU_CLASS", parse::label_value);
-        let (node_ip, node_ip_source) = match e.parsed("VK_NODE_IP", parse::ip) {
-            Some(ip) => (ip, IpSource::Env),
-            None => match node_ip::first_non_loopback_ipv4() {
-                Some(ip) => (IpAddr::V4(ip), IpSource::Detected),
-                None => (IpAddr::V4(Ipv4Addr::LOCALHOST), IpSource::Fallback),
-            },
-        };
-        if node_ip_source == IpSource::Fallback && !e.set.contains("VK_NODE_IP") {
-            e.warnings.push(
-                "no non-loopback IPv4 address found; the node advertises 127.0.0.1 \
-                 (set VK_NODE_IP to the address peers should dial)"
-                    .into(),
-            );
-        }
+        let (node_ip, node_ip_source) = e.node_ip();
         let provider_id = e.get("VK_PROVIDER_ID");
         let kubelet_port = e.or("VK_KUBELET_PORT", 10250, parse::port);
         let tls_cert = e.path("VK_TLS_CERT", "/etc/cocoon/vk/tls/vk-kubelet.crt");
         let tls_key = e.path("VK_TLS_KEY", "/etc/cocoon/vk/tls/vk-kubelet.key");
         let client_ca_file = e.get("VK_CLIENT_CA_FILE").map(PathBuf::from);
         let kubelet_anonymous = e.or("VK_KUBELET_ANONYMOUS", false, parse::boolean);
-        if kubelet_anonymous {
-            e.warnings.push(
-                "VK_KUBELET_ANONYMOUS=true: the kubelet API serves requests without credentials, \
-                 unchecked; anyone who reaches its port reads pod logs and stats"
-                    .into(),
-            );
-        }
+        e.warn_if_anonymous(kubelet_anonymous);
         let kubelet_websocket = e.or("VK_KUBELET_WEBSOCKET", true, parse::boolean);
         let metrics_addr = e.or(
             "VK_METRICS_ADDR",
@@ -341,27 +323,10 @@ impl Config {
         );
         let log_level = e.or("VK_LOG_LEVEL", LogLevel::Info, LogLevel::parse);
         let oci_registry = e.get("OCI_REGISTRY");
-        if oci_registry.is_none() {
-            e.warnings.push(
-                "OCI_REGISTRY is not set: deleted pods' VMs are removed without their delete-time \
-                 snapshot, and clone bases, hibernates and wakes that need the registry fail"
-                    .into(),
-            );
-        }
+        e.warn_if_no_registry(oci_registry.is_none());
         let google_application_credentials =
             e.get("GOOGLE_APPLICATION_CREDENTIALS").map(PathBuf::from);
-        let orphan_policy = match e.get("VK_ORPHAN_POLICY") {
-            None => OrphanPolicy::Destroy,
-            Some(v) => {
-                let p = OrphanPolicy::parse(v.trim());
-                if !matches!(v.trim(), "destroy" | "alert" | "keep") {
-                    e.warnings.push(format!(
-                        "VK_ORPHAN_POLICY={v:?} is not destroy, alert or keep; behaving as alert (B8)"
-                    ));
-                }
-                p
-            }
-        };
+        let orphan_policy = e.orphan_policy();
         let dhcp_leases_path = e.path("VK_LEASES_PATH", "/var/lib/cocoon/net/leases.json");
         let cocoon_net_control_socket = e.path_or_off(
             "VK_COCOON_NET_CONTROL_SOCKET",
@@ -369,23 +334,8 @@ impl Config {
         );
         let cocoon_bin = e.path("VK_COCOON_BIN", "/usr/local/bin/cocoon");
         let cocoon_macos_bin = e.path("VK_COCOON_MACOS_BIN", "/usr/local/bin/cocoon-macos");
-        let macos_vnc_password = match e.get("COCOON_MACOS_VNC_PASSWORD") {
-            Some(p) if p.len() > 8 => {
-                e.errors.push(ConfigError {
-                    var: "COCOON_MACOS_VNC_PASSWORD",
-                    value: None,
-                    message: format!("is {} bytes; VNC passwords are at most 8 bytes", p.len()),
-                });
-                None
-            }
-            p => p.map(Secret),
-        };
-        let restore_mode = e.or("VK_RESTORE_MODE", RestoreMode::Ondemand, |s| match s {
-            "copy" => Ok(RestoreMode::Copy),
-            "ondemand" => Ok(RestoreMode::Ondemand),
-            "mmap" => Ok(RestoreMode::Mmap),
-            _ => Err("must be one of copy, ondemand, mmap".into()),
-        });
+        let macos_vnc_password = e.vnc_password();
+        let restore_mode = e.restore_mode();
         let staging_dir = e.path("VK_STAGING_DIR", "/var/lib/cocoon/vk-staging");
         let clone_from_dir_root = e.parsed("VK_CLONE_FROM_DIR_ROOT", parse::absolute_dir);
         let cocoon_snapshot_dir = e.path(
@@ -400,48 +350,8 @@ impl Config {
         let node_storage = e.parsed("VK_NODE_STORAGE", parse::quantity);
         let node_hugepages = e.parsed("VK_NODE_HUGEPAGES", parse::quantity);
         let node_pods = e.or("VK_NODE_PODS", 256, |s| parse::int_in(s, 0, 1_000_000));
-        let snapshot = SnapshotTransfer {
-            zstd_level: e.or("SNAPSHOT_ZSTD_LEVEL", 0, |s| parse::int_in(s, 0, 22)),
-            chunk_size_mib: e.or("SNAPSHOT_CHUNK_SIZE_MIB", 0, |s| {
-                parse::int_in(s, 0, 1 << 20)
-            }),
-            concurrency: e.or("SNAPSHOT_TRANSFER_CONCURRENCY", 8, |s| {
-                parse::int_in(s, 1, 1024)
-            }),
-            memory_budget_mib: e.or("SNAPSHOT_MEMORY_BUDGET_MIB", 9216, |s| {
-                parse::int_in(s, 1, 1 << 30)
-            }),
-            pull_budget_mib: e.or("SNAPSHOT_PULL_BUDGET_MIB", 2048, |s| {
-                parse::int_in(s, 1, 1 << 30)
-            }),
-        };
-        let journal_path = e.path_or_off(
-            "VK_JOURNAL_PATH",
-            "/var/lib/vk-cocoon/journal/events.journal",
-        );
-        let max_bytes = e.or("VK_JOURNAL_MAX_BYTES", 64 * MIB as u64, |s| {
-            let q = parse::quantity(s)?;
-            if q.units() < MIB {
-                return Err(
-                    "must be at least 1Mi: a file also holds a snapshot of the state".into(),
-                );
-            }
-            u64::try_from(q.units()).map_err(|_| "is too large".to_string())
-        });
-        let max_age_ms = e.or("VK_JOURNAL_MAX_AGE", DAY_MS, |s| {
-            let ms = parse::duration_ms(s)?;
-            if ms < 60_000 {
-                return Err("must be at least 1m".into());
-            }
-            Ok(ms)
-        });
-        let files = e.or("VK_JOURNAL_FILES", 8, |s| parse::int_in(s, 1, 1000));
-        let journal = journal_path.map(|path| JournalSettings {
-            path,
-            max_bytes,
-            max_age_ms,
-            files,
-        });
+        let snapshot = e.snapshot_transfer();
+        let journal = e.journal();
 
         if !env.errors.is_empty() {
             return Err(ConfigErrors(env.errors));

@@ -12,6 +12,8 @@ use std::time::Duration;
 use prometheus::IntCounterVec;
 use tokio::sync::Semaphore;
 
+use crate::metrics::DropReason;
+
 /// Events waiting or in flight. Events come from failures and lifecycle changes, a handful per
 /// pod in a bad minute; this holds a burst from every pod of a busy node.
 pub const CAPACITY: usize = 64;
@@ -57,7 +59,9 @@ impl EventLane {
         F: Future<Output = Result<(), String>> + Send + 'static,
     {
         let Ok(room) = self.room.clone().try_acquire_owned() else {
-            self.dropped.with_label_values(&["lane_full"]).inc();
+            self.dropped
+                .with_label_values(&[DropReason::LaneFull.as_str()])
+                .inc();
             tracing::warn!(event = %what, "Kubernetes Event dropped: the Events lane is full (the apiserver is slow to take them)");
             return false;
         };
@@ -72,11 +76,15 @@ impl EventLane {
             match sent {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    dropped.with_label_values(&["rejected"]).inc();
+                    dropped
+                        .with_label_values(&[DropReason::Rejected.as_str()])
+                        .inc();
                     tracing::warn!(event = %what, error = %e, "could not record a Kubernetes Event");
                 }
                 Err(_) => {
-                    dropped.with_label_values(&["timeout"]).inc();
+                    dropped
+                        .with_label_values(&[DropReason::Timeout.as_str()])
+                        .inc();
                     tracing::warn!(event = %what, ?deadline, "Kubernetes Event dropped: not recorded in time");
                 }
             }

@@ -15,7 +15,7 @@ use reconcilers::{Action, Event};
 use super::event_lane::CAPACITY;
 use super::probes::{Pinger, Probes};
 use super::Executor;
-use crate::effects::cocoon::CocoonCli;
+use crate::cocoon::CocoonCli;
 use crate::metrics::Metrics;
 
 const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default","uid":"u"},"status":{"phase":"Running"}}"#;

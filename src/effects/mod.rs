@@ -2,19 +2,14 @@
 //! Concurrency lives here (bounded per kind); the core already guarantees one VM operation
 //! per pod, so nothing here needs to know about pods.
 
-pub mod cocoon;
-pub mod cocoon_json;
-pub mod cocoon_timeouts;
 pub mod dhcp_release;
 pub mod event_lane;
 pub mod icmp;
 #[cfg(test)]
 mod kube_lanes_tests;
 pub mod kube_writes;
-pub mod macos;
 pub mod node;
 pub mod probes;
-pub mod process_groups;
 pub mod registry;
 pub mod sac;
 mod sac_call;
@@ -32,11 +27,11 @@ use reconcilers::action::{EventType, Level};
 use reconcilers::{Action, Event};
 use tokio::sync::Semaphore;
 
-use crate::metrics::Metrics;
+use crate::metrics::{ActionSlot, ApiWrite, Metrics};
 use crate::sources::EventTx;
 
 pub struct Executor {
-    pub cocoon: cocoon::CocoonCli,
+    pub cocoon: crate::cocoon::CocoonCli,
     pub client: Client,
     pub tx: EventTx,
     pub probes: probes::Probes,
@@ -56,7 +51,7 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(
-        cocoon: cocoon::CocoonCli,
+        cocoon: crate::cocoon::CocoonCli,
         client: Client,
         tx: EventTx,
         probes: probes::Probes,
@@ -101,7 +96,7 @@ impl Executor {
                     self.tx.clone(),
                     self.cocoon_slots.clone(),
                 );
-                let waited = self.waited("cocoon");
+                let waited = self.waited(ActionSlot::Cocoon);
                 tokio::spawn(async move {
                     let _permit = slots.acquire_owned().await;
                     waited.stop_and_record();
@@ -115,7 +110,7 @@ impl Executor {
                 uid,
                 status,
                 annotations,
-            } => self.kube(op, "pod", move |c| async move {
+            } => self.kube(op, ApiWrite::Pod, move |c| async move {
                 kube_writes::patch_pod(&c, &key, &uid, status.as_ref(), &annotations).await
             }),
             Action::DeletePod {
@@ -123,7 +118,7 @@ impl Executor {
                 key,
                 uid,
                 grace_seconds,
-            } => self.kube(op, "delete", move |c| async move {
+            } => self.kube(op, ApiWrite::Delete, move |c| async move {
                 kube_writes::delete_pod(&c, &key, &uid, grace_seconds).await
             }),
             Action::ReleaseDhcpLease { op, mac } => {
@@ -145,7 +140,7 @@ impl Executor {
                 source,
             } => {
                 let (client, node) = (self.client.clone(), self.node_name.clone());
-                self.metrics.api_writes.with_label_values(&["event"]).inc();
+                self.metrics.api_write(ApiWrite::Event);
                 let what = format!("{reason} on {key}");
                 let kind = match kind {
                     EventType::Normal => "Normal",
@@ -205,7 +200,7 @@ impl Executor {
             },
             Action::CallRegistry { op, call, .. } => {
                 let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
-                let waited = self.waited("registry");
+                let waited = self.waited(ActionSlot::Registry);
                 tokio::spawn(async move {
                     waited.stop_and_record();
                     let result = match transfers {
@@ -220,14 +215,11 @@ impl Executor {
     }
 
     /// M6: started when an action is handed over, recorded when its call starts.
-    fn waited(&self, kind: &str) -> prometheus::HistogramTimer {
-        self.metrics
-            .action_wait
-            .with_label_values(&[kind])
-            .start_timer()
+    fn waited(&self, slot: ActionSlot) -> prometheus::HistogramTimer {
+        self.metrics.action_waiting(slot)
     }
 
-    fn kube<F, Fut>(&self, op: reconcilers::OpId, kind: &'static str, f: F)
+    fn kube<F, Fut>(&self, op: reconcilers::OpId, kind: ApiWrite, f: F)
     where
         F: FnOnce(Client) -> Fut + Send + 'static,
         Fut: std::future::Future<
@@ -239,8 +231,8 @@ impl Executor {
             self.tx.clone(),
             self.kube_slots.clone(),
         );
-        self.metrics.api_writes.with_label_values(&[kind]).inc();
-        let waited = self.waited("kube");
+        self.metrics.api_write(kind);
+        let waited = self.waited(ActionSlot::Kube);
         tokio::spawn(async move {
             let _permit = slots.acquire_owned().await;
             waited.stop_and_record();
@@ -248,7 +240,7 @@ impl Executor {
                 Ok(r) => r,
                 Err(_) => Err(reconcilers::event::KubeError {
                     kind: reconcilers::event::KubeErrorKind::Other,
-                    message: format!("{kind} write timed out after 5s"),
+                    message: format!("{} write timed out after 5s", kind.as_str()),
                 }),
             };
             let _ = tx.send(Event::KubeDone { op, result }).await;

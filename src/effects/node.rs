@@ -11,6 +11,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
+use crate::backoff::Backoff;
+
 #[derive(Clone, Debug)]
 pub struct NodeSettings {
     pub name: String,
@@ -27,6 +29,10 @@ pub struct NodeSettings {
 }
 
 const NODE_LEASE_RENEW: Duration = Duration::from_secs(10);
+/// Retries of the node's registration and of its Lease renewal: quick at first, and capped at
+/// 7 s so a failing renewal is tried several times within the Lease's 40 s.
+pub const RENEW_RETRY: Backoff =
+    Backoff::doubling(Duration::from_millis(200), Duration::from_secs(7));
 const NODE_LEASE_SECONDS: i32 = 40;
 const STATUS_EVERY: Duration = Duration::from_secs(60);
 const CLASS_LABEL: &str = "cocoonstack.io/snapshot-cpu-class";
@@ -206,18 +212,18 @@ async fn node_lease_loop(
     renewals: crate::metrics::LeaseRenewals,
 ) {
     let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = RENEW_RETRY;
     loop {
         match renew_node_lease(&api, &s, &uid).await {
             Ok(()) => {
                 renewals.renewed();
-                backoff = Duration::from_millis(200);
+                backoff.reset();
                 tokio::time::sleep(NODE_LEASE_RENEW).await;
             }
             Err(e) => {
+                let backoff = backoff.failed();
                 tracing::warn!(error = %e, ?backoff, "node lease renewal failed");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(7));
             }
         }
     }

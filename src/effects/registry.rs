@@ -14,8 +14,8 @@ use reconcilers::event::{
     ArtifactKind, RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot,
 };
 
+use crate::cocoon::CocoonCli;
 use crate::config::SnapshotTransfer;
-use crate::effects::cocoon::CocoonCli;
 use crate::registry::{self, cocoon_pipe, PushKnobs, Registry};
 
 pub struct Transfers {

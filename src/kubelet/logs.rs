@@ -13,8 +13,8 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::effects::cocoon::CocoonCli;
-use crate::effects::process_groups::Tracked;
+use crate::cocoon::process_groups::Tracked;
+use crate::cocoon::CocoonCli;
 
 use super::log_time::{LineFilter, Nanos as LogNanos};
 

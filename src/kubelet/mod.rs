@@ -20,9 +20,9 @@ use actix_web::dev::AppConfig;
 use actix_web::rt::net::TcpStream;
 use actix_web::{web, App};
 
-use crate::effects::cocoon::CocoonCli;
-use crate::runtime::views::Views;
+use crate::cocoon::CocoonCli;
 use crate::stats::Sampler;
+use crate::views::Views;
 
 pub struct Ctx {
     pub views: Views,

@@ -260,8 +260,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::runtime::views::{Views, VmView};
     use crate::stats::{Sampler, Sources};
+    use crate::views::{Views, VmView};
 
     const NET_HEADER: &str = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n";
 
@@ -546,7 +546,7 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
         let dir = tempfile::tempdir().unwrap();
         let ctx = Ctx {
             views: Views::default(),
-            cocoon: crate::effects::cocoon::CocoonCli::new("cocoon"),
+            cocoon: crate::cocoon::CocoonCli::new("cocoon"),
             sampler: Arc::new(fixture(dir.path())),
             node: "node-a".into(),
             started: "2026-12-01T19:00:00Z".into(),

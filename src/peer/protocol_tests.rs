@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::effects::cocoon::CocoonCli;
+use crate::cocoon::CocoonCli;
 
 const ID: &str = "M4XW2HQ7K3ZT5N6R7P8S9JV2UA";
 const MIB: u64 = 1 << 20;

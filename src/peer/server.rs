@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::plan::{plan_dir, MAX_SLICE};
 use super::{plain_name, CRC_TRAILER, PLAN_PATH, SLICE_PATH};
-use crate::effects::cocoon::CocoonCli;
+use crate::cocoon::CocoonCli;
 use crate::registry::valid_snapshot_name;
 
 /// More concurrent slice streams than this are refused with 503, so that a burst of waking

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::pull::{valid_snapshot_name, PullOutcome};
 use super::{PushKnobs, PushOutcome, Registry, RegistryError};
-use crate::effects::cocoon::{kill_group, CocoonCli};
+use crate::cocoon::{kill_group, CocoonCli};
 
 /// cocoon's stderr is log lines plus the final error; this much is kept for the message.
 const STDERR_KEEP: usize = 64 << 10;

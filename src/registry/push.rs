@@ -92,6 +92,55 @@ fn now_rfc3339() -> String {
         .to_string()
 }
 
+/// The export's first entry, `snapshot.json`: the config blob's starting point.
+async fn read_envelope<R: AsyncRead + Unpin>(
+    tar: &mut TarReader<R>,
+) -> Result<ConfigBlob, RegistryError> {
+    let first = tar
+        .next_entry()
+        .await
+        .map_err(|e| local("reading the export", e))?
+        .ok_or_else(|| RegistryError::Local("the export is an empty archive".into()))?;
+    if first.name != "snapshot.json" {
+        return Err(RegistryError::Local(format!(
+            "the export starts with {:?}, not snapshot.json",
+            first.name
+        )));
+    }
+    let envelope = tar
+        .read_body_to_vec(ENVELOPE_MAX)
+        .await
+        .map_err(|e| local("reading snapshot.json", e))?;
+    ConfigBlob::from_envelope(&envelope).map_err(RegistryError::Local)
+}
+
+/// The snapshot's manifest: its artifact type names the format; `created` and the base image
+/// go in its annotations.
+fn snapshot_manifest(
+    format: Format,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+    base_image: Option<&str>,
+) -> Manifest {
+    let mut annotations = BTreeMap::new();
+    annotations.insert(media::ANN_CREATED.to_string(), now_rfc3339());
+    if let Some(b) = base_image.filter(|b| !b.is_empty()) {
+        annotations.insert(media::ANN_BASE_IMAGE.to_string(), b.to_string());
+    }
+    Manifest {
+        schema_version: 2,
+        media_type: media::OCI_MANIFEST.into(),
+        artifact_type: match format {
+            Format::V1 => media::SNAPSHOT_V1.into(),
+            Format::V2 => media::SNAPSHOT_V2.into(),
+        },
+        config: Some(config),
+        layers,
+        manifests: Vec::new(),
+        annotations,
+    }
+}
+
 pub(crate) struct Counters {
     pub uploaded: usize,
     pub present: usize,
@@ -125,103 +174,28 @@ impl Registry {
         };
         let r = self.reference(name, &Target::Tag(tag.clone()))?;
         let mut tar = TarReader::new(export);
-        let first = tar
-            .next_entry()
-            .await
-            .map_err(|e| local("reading the export", e))?
-            .ok_or_else(|| RegistryError::Local("the export is an empty archive".into()))?;
-        if first.name != "snapshot.json" {
-            return Err(RegistryError::Local(format!(
-                "the export starts with {:?}, not snapshot.json",
-                first.name
-            )));
-        }
-        let envelope = tar
-            .read_body_to_vec(ENVELOPE_MAX)
-            .await
-            .map_err(|e| local("reading snapshot.json", e))?;
-        let mut config = ConfigBlob::from_envelope(&envelope).map_err(RegistryError::Local)?;
-        let mut layers: Vec<Descriptor> = Vec::new();
-        let mut files: BTreeMap<String, FileMeta> = BTreeMap::new();
+        let mut config = read_envelope(&mut tar).await?;
         let mut counters = Counters {
             uploaded: 0,
             present: 0,
             bytes: 0,
         };
-        let mut encoded_any = false;
-        while let Some(h) = tar
-            .next_entry()
-            .await
-            .map_err(|e| local("reading the export", e))?
-        {
-            classify::check_file_name(&h.name)
-                .map_err(|e| RegistryError::Local(format!("the export holds {e}")))?;
-            if files.contains_key(&h.name) {
-                return Err(RegistryError::Local(format!(
-                    "the export holds {:?} twice",
-                    h.name
-                )));
-            }
-            let mut meta = file_meta(&h)?;
-            let layer_type = media::layer_type(&h.name);
-            match encoder.as_ref().filter(|p| p.qualifies(h.size)) {
-                Some(plan) => {
-                    let (descs, chunks) = plan
-                        .push_file(self, &r, &mut tar, &h, layer_type, &mut counters)
-                        .await?;
-                    meta.size = h.size as i64;
-                    meta.chunks = chunks;
-                    layers.extend(descs);
-                    encoded_any = true;
-                }
-                None => {
-                    let digest = self.push_body(&r, &mut tar, h.size, &mut counters).await?;
-                    if encoder.is_some() {
-                        meta.size = h.size as i64;
-                    }
-                    layers.push(layer(layer_type, digest, h.size, &h.name));
-                }
-            }
-            files.insert(h.name.clone(), meta);
-        }
-        tar.drain()
-            .await
-            .map_err(|e| local("reading the export to its end", e))?;
-        let format = if encoded_any { Format::V2 } else { Format::V1 };
-        if format == Format::V1 {
-            // A v1 push stays byte-identical to the legacy writer even when knobs are set.
-            for m in files.values_mut() {
-                m.size = 0;
-            }
-        }
+        let (layers, files, format) = self
+            .push_files(&r, &mut tar, encoder.as_ref(), &mut counters)
+            .await?;
         config.schema_version = format.config_version().into();
         config.files = files;
         let config_bytes = config.to_bytes();
         let config_digest = self
             .push_bytes(&r, Bytes::from(config_bytes.clone()), &mut counters)
             .await?;
-        let mut annotations = BTreeMap::new();
-        annotations.insert(media::ANN_CREATED.to_string(), now_rfc3339());
-        if let Some(b) = base_image.filter(|b| !b.is_empty()) {
-            annotations.insert(media::ANN_BASE_IMAGE.to_string(), b.to_string());
-        }
-        let manifest = Manifest {
-            schema_version: 2,
-            media_type: media::OCI_MANIFEST.into(),
-            artifact_type: match format {
-                Format::V1 => media::SNAPSHOT_V1.into(),
-                Format::V2 => media::SNAPSHOT_V2.into(),
-            },
-            config: Some(Descriptor {
-                media_type: media::SNAPSHOT_CONFIG.into(),
-                digest: config_digest,
-                size: config_bytes.len() as i64,
-                ..Default::default()
-            }),
-            layers,
-            manifests: Vec::new(),
-            annotations,
+        let config_desc = Descriptor {
+            media_type: media::SNAPSHOT_CONFIG.into(),
+            digest: config_digest,
+            size: config_bytes.len() as i64,
+            ..Default::default()
         };
+        let manifest = snapshot_manifest(format, config_desc, layers, base_image);
         let pushed_digest = self.put_manifest(&r, manifest.to_bytes()).await?;
         let mut outcome = PushOutcome {
             digest: pushed_digest.clone(),
@@ -250,6 +224,67 @@ impl Registry {
             }
         }
         Ok(outcome)
+    }
+
+    /// Every file of the export after `snapshot.json`, each as one blob (v1) or as the chunks
+    /// of its encoding (v2): the manifest's layers, the config's file table and the format
+    /// that turned out.
+    async fn push_files<R: AsyncRead + Unpin>(
+        &self,
+        r: &Reference,
+        tar: &mut TarReader<R>,
+        encoder: Option<&encode::Plan>,
+        counters: &mut Counters,
+    ) -> Result<(Vec<Descriptor>, BTreeMap<String, FileMeta>, Format), RegistryError> {
+        let mut layers: Vec<Descriptor> = Vec::new();
+        let mut files: BTreeMap<String, FileMeta> = BTreeMap::new();
+        let mut encoded_any = false;
+        while let Some(h) = tar
+            .next_entry()
+            .await
+            .map_err(|e| local("reading the export", e))?
+        {
+            classify::check_file_name(&h.name)
+                .map_err(|e| RegistryError::Local(format!("the export holds {e}")))?;
+            if files.contains_key(&h.name) {
+                return Err(RegistryError::Local(format!(
+                    "the export holds {:?} twice",
+                    h.name
+                )));
+            }
+            let mut meta = file_meta(&h)?;
+            let layer_type = media::layer_type(&h.name);
+            match encoder.filter(|p| p.qualifies(h.size)) {
+                Some(plan) => {
+                    let (descs, chunks) = plan
+                        .push_file(self, r, tar, &h, layer_type, counters)
+                        .await?;
+                    meta.size = h.size as i64;
+                    meta.chunks = chunks;
+                    layers.extend(descs);
+                    encoded_any = true;
+                }
+                None => {
+                    let digest = self.push_body(r, tar, h.size, counters).await?;
+                    if encoder.is_some() {
+                        meta.size = h.size as i64;
+                    }
+                    layers.push(layer(layer_type, digest, h.size, &h.name));
+                }
+            }
+            files.insert(h.name.clone(), meta);
+        }
+        tar.drain()
+            .await
+            .map_err(|e| local("reading the export to its end", e))?;
+        let format = if encoded_any { Format::V2 } else { Format::V1 };
+        if format == Format::V1 {
+            // A v1 push stays byte-identical to the legacy writer even when knobs are set.
+            for m in files.values_mut() {
+                m.size = 0;
+            }
+        }
+        Ok((layers, files, format))
     }
 
     /// Re-reads the manifest just pushed, adds `cocoonstack.snapshot.from-node` (everything

@@ -8,6 +8,7 @@ use std::time::Duration;
 use reconcilers::{Action, Config, Envelope, State};
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::journal::{Journal, JournalSettings};
 use crate::metrics::JournalMetrics;
 
@@ -15,6 +16,7 @@ use crate::metrics::JournalMetrics;
 /// attempt (and one log line) per 30 s for as long as the fault lasts.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+const RETRY: Backoff = Backoff::doubling(RETRY_FIRST, RETRY_MAX);
 
 pub struct Evidence {
     settings: JournalSettings,
@@ -22,7 +24,7 @@ pub struct Evidence {
     journal: Option<Journal>,
     /// Set while the journal is down: when to try again.
     retry_at: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
     /// This process has written a header (its `open`, or a `resume`).
     attached_once: bool,
     /// Steps not journaled since the journal went down.
@@ -45,7 +47,7 @@ impl Evidence {
             config: config.clone(),
             journal: None,
             retry_at: None,
-            backoff: RETRY_FIRST,
+            backoff: RETRY,
             attached_once: false,
             lost: 0,
             metrics,
@@ -118,7 +120,7 @@ impl Evidence {
                 self.journal = Some(j);
                 self.attached_once = true;
                 self.retry_at = None;
-                self.backoff = RETRY_FIRST;
+                self.backoff.reset();
                 self.lost = 0;
                 self.metrics.up.set(1);
             }
@@ -128,7 +130,7 @@ impl Evidence {
                 tracing::error!(
                     journal = %s.path.display(),
                     error = format!("{e:#}"),
-                    retry_in = ?self.backoff,
+                    retry_in = ?self.backoff.next_wait(),
                     "cannot open the journal; running without it and trying again"
                 );
                 self.schedule_retry(now);
@@ -140,7 +142,7 @@ impl Evidence {
         self.journal = None;
         self.metrics.write_errors.inc();
         self.metrics.up.set(0);
-        self.backoff = RETRY_FIRST;
+        self.backoff.reset();
         tracing::error!(
             journal = %self.settings.path.display(),
             error = format!("{e:#}"),
@@ -150,8 +152,7 @@ impl Evidence {
     }
 
     fn schedule_retry(&mut self, now: Instant) {
-        self.retry_at = Some(now + self.backoff);
-        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+        self.retry_at = Some(now + self.backoff.failed());
     }
 }
 

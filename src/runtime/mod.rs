@@ -1,10 +1,10 @@
 //! The daemon: sources feed one loop that owns the core's State; every event is reduced,
 //! journaled with its actions, and only then are the actions executed.
 
+mod event_loop;
 mod evidence;
 mod settings;
 mod shutdown;
-pub mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,15 +13,16 @@ use anyhow::{Context, Result};
 use kube::Client;
 use reconcilers::cocoon::CocoonCmd;
 use reconcilers::event::CocoonOk;
-use reconcilers::{reduce, Action, Envelope, Event, State};
+use reconcilers::Event;
 
-use crate::effects::cocoon::CocoonCli;
+use crate::cocoon::CocoonCli;
 use crate::effects::node::{self, NodeSettings};
 use crate::effects::probes::{Pinger, Probes};
 use crate::effects::Executor;
 use crate::journal::JournalSettings;
 use crate::metrics::{self, Metrics};
-use crate::sources::{cocoon_stream, dhcp_leases, pods};
+use crate::sources::{dhcp_leases, pods};
+use crate::views;
 
 pub use evidence::Evidence;
 pub use shutdown::Shutdown;
@@ -67,44 +68,17 @@ pub async fn run(settings: Settings) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API (set KUBECONFIG or run in-cluster)")?;
-    // Staged copies are cloned with `--from-dir`, which must resolve to itself (T4): the
-    // directory is used by its real path.
-    std::fs::create_dir_all(&settings.staging_dir).with_context(|| {
-        format!(
-            "creating the staging directory {} (VK_STAGING_DIR)",
-            settings.staging_dir.display()
-        )
-    })?;
-    let staging_dir = std::fs::canonicalize(&settings.staging_dir).with_context(|| {
-        format!(
-            "resolving VK_STAGING_DIR {}",
-            settings.staging_dir.display()
-        )
-    })?;
+    let staging_dir = staging_dir(&settings)?;
     // N19: never another node's name.
     node::refuse_foreign(&client, &settings.node.name).await?;
-    // B10: what a killed process left half-staged is never a source, so it goes before anything
-    // can look at it.
-    match crate::peer::sweep_staging(&staging_dir) {
-        Ok((0, _)) => {}
-        Ok((n, bytes)) => tracing::info!(
-            dir = %settings.staging_dir.display(),
-            "removed {n} stale staging entries ({} MiB)",
-            bytes / (1 << 20)
-        ),
-        Err(e) => tracing::warn!(
-            dir = %settings.staging_dir.display(),
-            error = %e,
-            "could not sweep the staging directory (VK_STAGING_DIR)"
-        ),
-    }
+    sweep_staging(&settings, &staging_dir);
     // K7: a peer API that cannot listen is fatal, like every listener.
     crate::peer::spawn(
         settings.peer_addr,
         settings.snapshot_dir.clone(),
         settings.cocoon.clone(),
     )?;
-    let (tx, mut rx) = crate::sources::event_queue();
+    let (tx, rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {
@@ -117,13 +91,78 @@ pub async fn run(settings: Settings) -> Result<()> {
         &settings.root_dir,
     ));
     metrics
-        .registry
         .register(Box::new(crate::stats_collector::StatsCollector::new(
             sampler.clone(),
         )))
         .context("registering the VM stats collector")?;
-    // K1: a certificate that cannot be loaded is fatal, before anything registers; so is a
-    // client CA that cannot (K9).
+    serve_kubelet(&settings, &client, views.clone(), sampler)?;
+    if let Some(addr) = settings.metrics_addr {
+        metrics::spawn_server(addr, metrics.clone())?;
+    }
+    let pinger = Pinger::open();
+    metrics
+        .probe_degraded
+        .set(if pinger.degraded() { 1.0 } else { 0.0 });
+    let probes = Probes::new(pinger, tx.clone(), metrics.clone());
+    let exec = Executor::new(
+        settings.cocoon.clone(),
+        client.clone(),
+        tx.clone(),
+        probes,
+        metrics.clone(),
+        settings.node.name.clone(),
+        settings.dhcp_release_socket.clone(),
+    )
+    .with_transfers(transfers(&settings, &client, &staging_dir)?)
+    .with_root_dir(settings.root_dir.clone().into());
+    let tasks = start_sources(&settings, &client, &tx);
+    let daemon = event_loop::Loop::new(settings, client, tx, metrics, exec, tasks, views);
+    daemon.run(rx, &mut shutdown).await
+}
+
+/// `VK_STAGING_DIR`, created if missing. Staged copies are cloned with `--from-dir`, which
+/// must resolve to itself (T4): the directory is used by its real path.
+fn staging_dir(settings: &Settings) -> Result<PathBuf> {
+    std::fs::create_dir_all(&settings.staging_dir).with_context(|| {
+        format!(
+            "creating the staging directory {} (VK_STAGING_DIR)",
+            settings.staging_dir.display()
+        )
+    })?;
+    std::fs::canonicalize(&settings.staging_dir).with_context(|| {
+        format!(
+            "resolving VK_STAGING_DIR {}",
+            settings.staging_dir.display()
+        )
+    })
+}
+
+/// B10: what a killed process left half-staged is never a source, so it goes before anything
+/// can look at it.
+fn sweep_staging(settings: &Settings, staging_dir: &std::path::Path) {
+    match crate::peer::sweep_staging(staging_dir) {
+        Ok((0, _)) => {}
+        Ok((n, bytes)) => tracing::info!(
+            dir = %settings.staging_dir.display(),
+            "removed {n} stale staging entries ({} MiB)",
+            bytes / (1 << 20)
+        ),
+        Err(e) => tracing::warn!(
+            dir = %settings.staging_dir.display(),
+            error = %e,
+            "could not sweep the staging directory (VK_STAGING_DIR)"
+        ),
+    }
+}
+
+/// The kubelet API on `VK_NODE_IP`. K1: a certificate that cannot be loaded is fatal, before
+/// anything registers; so is a client CA that cannot (K9).
+fn serve_kubelet(
+    settings: &Settings,
+    client: &Client,
+    views: views::Views,
+    sampler: std::sync::Arc<crate::stats::Sampler>,
+) -> Result<()> {
     let tls = crate::kubelet::tls::server_config(
         &settings.tls_cert,
         &settings.tls_key,
@@ -144,7 +183,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         tls,
         guard,
         crate::kubelet::Ctx {
-            views: views.clone(),
+            views,
             cocoon: settings.cocoon.clone(),
             sampler,
             node: settings.node.name.clone(),
@@ -152,47 +191,44 @@ pub async fn run(settings: Settings) -> Result<()> {
             log_streams: crate::kubelet::log_streams(),
             streams: crate::kubelet::streams(),
         },
-    )?;
-    if let Some(addr) = settings.metrics_addr {
-        metrics::spawn_server(addr, metrics.clone())?;
-    }
-    let pinger = Pinger::open();
-    metrics
-        .probe_degraded
-        .set(if pinger.degraded() { 1.0 } else { 0.0 });
-    let probes = Probes::new(pinger, tx.clone(), metrics.clone());
-    let transfers = match &settings.registry {
-        Some(base) => Some(std::sync::Arc::new(
-            crate::effects::registry::Transfers::new(
-                base,
-                &staging_dir,
-                &settings.snapshot,
-                settings.cocoon.clone(),
-                settings.node.name.clone(),
-                crate::effects::registry::Peers {
-                    client: client.clone(),
-                    port: settings.peer_addr.port(),
-                    staging: staging_dir.clone(),
-                    limiter: crate::peer::Limiter::per_node(),
-                },
-            )
-            .with_context(|| format!("OCI_REGISTRY={base:?}"))?,
-        )),
-        None => None,
-    };
-    let mut exec = Executor::new(
-        settings.cocoon.clone(),
-        client.clone(),
-        tx.clone(),
-        probes,
-        metrics.clone(),
-        settings.node.name.clone(),
-        settings.dhcp_release_socket.clone(),
     )
-    .with_transfers(transfers)
-    .with_root_dir(settings.root_dir.clone().into());
+}
 
-    let mut tasks = vec![
+/// Registry transfers (`OCI_REGISTRY`), with peer restores; `None` while it is unset.
+fn transfers(
+    settings: &Settings,
+    client: &Client,
+    staging_dir: &std::path::Path,
+) -> Result<Option<std::sync::Arc<crate::effects::registry::Transfers>>> {
+    let Some(base) = &settings.registry else {
+        return Ok(None);
+    };
+    let transfers = crate::effects::registry::Transfers::new(
+        base,
+        staging_dir,
+        &settings.snapshot,
+        settings.cocoon.clone(),
+        settings.node.name.clone(),
+        crate::effects::registry::Peers {
+            client: client.clone(),
+            port: settings.peer_addr.port(),
+            staging: staging_dir.to_path_buf(),
+            limiter: crate::peer::Limiter::per_node(),
+        },
+    )
+    .with_context(|| format!("OCI_REGISTRY={base:?}"))?;
+    Ok(Some(std::sync::Arc::new(transfers)))
+}
+
+/// The sources that run from the start: the pod watch, the DHCP leases and (B1) the VM
+/// inventory, listed concurrently with the pods.
+fn start_sources(
+    settings: &Settings,
+    client: &Client,
+    tx: &crate::sources::EventTx,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let (cli, list_tx) = (settings.cocoon.clone(), tx.clone());
+    vec![
         tokio::spawn(pods::run(
             client.clone(),
             settings.node.name.clone(),
@@ -202,107 +238,15 @@ pub async fn run(settings: Settings) -> Result<()> {
             settings.dhcp_leases_path.clone(),
             tx.clone(),
         )),
-    ];
-    // B1: the VM inventory, listed concurrently with the pods.
-    {
-        let (cli, tx) = (settings.cocoon.clone(), tx.clone());
-        tasks.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             let event = match cli.call(&CocoonCmd::VmList).await {
                 Ok(CocoonOk::Vms { vms }) => Event::VmListed { vms },
                 Ok(_) => unreachable!("vm list decodes to Vms"),
                 Err(error) => Event::VmListFailed { error },
             };
-            let _ = tx.send(event).await;
-        }));
-    }
-
-    let mut state = State::new(settings.core.clone());
-    // F3: a journal that cannot be opened is logged and retried, never fatal.
-    let mut evidence = settings.journal.clone().map(|j| {
-        Evidence::start(
-            j,
-            &settings.core,
-            &state,
-            metrics.journal.clone(),
-            tokio::time::Instant::now(),
-        )
-    });
-    let mut publisher = views::Publisher::new(views.clone());
-    let mut seq = 0u64;
-    let result = loop {
-        let retry_at = evidence.as_ref().and_then(Evidence::retry_at);
-        let publish_at = publisher.due().map(tokio::time::Instant::from_std);
-        let event = tokio::select! {
-            ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
-            signal = shutdown.requested() => {
-                tracing::info!(signal, "shutting down; VMs keep running");
-                break Ok(());
-            }
-            // A down journal is tried again on time even when no event comes.
-            () = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)),
-                if retry_at.is_some() => {
-                if let Some(e) = evidence.as_mut() {
-                    e.retry(&state, seq, tokio::time::Instant::now());
-                }
-                continue;
-            }
-            () = tokio::time::sleep_until(publish_at.unwrap_or_else(tokio::time::Instant::now)),
-                if publish_at.is_some() => {
-                publisher.publish(&state);
-                continue;
-            }
-        };
-        seq += 1;
-        let envelope = Envelope {
-            seq,
-            at: now_ms(),
-            event,
-        };
-        let reducing = std::time::Instant::now();
-        let actions = reduce(&mut state, envelope.clone());
-        let took = reducing.elapsed();
-        metrics.reduce_duration.observe(took.as_secs_f64());
-        if let Some(e) = evidence.as_mut() {
-            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-            e.record(&envelope, &actions, us, &state, tokio::time::Instant::now());
-        }
-        let mut fatal = None;
-        for action in actions {
-            match action {
-                Action::Abort { message } => fatal = Some(message),
-                Action::RegisterNode => {
-                    tasks.push(tokio::spawn(register(
-                        client.clone(),
-                        settings.node.clone(),
-                        tx.clone(),
-                        metrics.lease.clone(),
-                    )));
-                    tasks.push(tokio::spawn(cocoon_stream::run(
-                        settings.cocoon.clone(),
-                        tx.clone(),
-                    )));
-                }
-                other => exec.execute(other),
-            }
-        }
-        metrics.vm_table_size.set(state.vm_ids.len() as f64);
-        publisher.maybe_publish(&state);
-        if let Some(message) = fatal {
-            break Err(anyhow::anyhow!(message));
-        }
-    };
-    // N18: stop everything we started; VMs keep running. A cocoon call still running is
-    // killed with everything it started; what a finished call left (a VM) is not ours.
-    exec.probes.stop_all();
-    let killed = settings.cocoon.groups.kill_all();
-    if killed > 0 {
-        tracing::info!("killed {killed} cocoon process group(s) still running");
-    }
-    for t in tasks {
-        t.abort();
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    result
+            let _ = list_tx.send(event).await;
+        }),
+    ]
 }
 
 async fn register(
@@ -311,7 +255,7 @@ async fn register(
     tx: crate::sources::EventTx,
     lease: metrics::LeaseRenewals,
 ) {
-    let mut backoff = std::time::Duration::from_millis(200);
+    let mut backoff = node::RENEW_RETRY;
     loop {
         match node::register(&client, &s).await {
             Ok(uid) => {
@@ -321,9 +265,9 @@ async fn register(
                 return;
             }
             Err(e) => {
+                let backoff = backoff.failed();
                 tracing::warn!(error = %e, ?backoff, "node registration failed; retrying");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(7));
             }
         }
     }

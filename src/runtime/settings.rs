@@ -4,8 +4,8 @@
 use anyhow::{Context, Result};
 
 use super::Settings;
+use crate::cocoon::CocoonCli;
 use crate::config::Config;
-use crate::effects::cocoon::CocoonCli;
 use crate::effects::node::NodeSettings;
 use crate::node_resources::{self, Overrides};
 

@@ -8,21 +8,22 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use reconcilers::Event;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 use tokio::process::Command;
 
+use super::bounded_lines::{BoundedLines, Line};
 use super::EventTx;
-use crate::effects::cocoon::CocoonCli;
-use crate::effects::cocoon_json;
+use crate::backoff::Backoff;
+use crate::cocoon::json as cocoon_json;
+use crate::cocoon::CocoonCli;
 
-const BACKOFF_FIRST: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+const START_RETRY: Backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
 const CLEAN_RECONNECT: Duration = Duration::from_secs(2);
-/// Longest line accepted (cocoon N caps lines at 1 MiB too).
+/// Longest line accepted (cocoon N caps lines at 1 MiB too); a longer one is never held whole.
 const MAX_LINE: usize = 1 << 20;
 
 pub async fn run(cli: CocoonCli, tx: EventTx) {
-    let mut backoff = BACKOFF_FIRST;
+    let mut backoff = START_RETRY;
     loop {
         let mut cmd = Command::new(&cli.bin);
         cmd.args(["vm", "status", "--event", "--format", "json"])
@@ -37,6 +38,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
+                let backoff = backoff.failed();
                 tracing::warn!(error = %e, bin = %cli.bin, ?backoff, "cannot start the cocoon event stream");
                 let _ = tx
                     .send(Event::VmStreamClosed {
@@ -45,29 +47,26 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
                     })
                     .await;
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
         };
         // Killed when dropped, including on task abort: the stream never ends on its own.
         let _guard = child.id().map(|pid| cli.groups.track(pid));
-        backoff = BACKOFF_FIRST;
+        backoff.reset();
         if tx.send(Event::VmStreamConnected).await.is_err() {
             return;
         }
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut lines = BoundedLines::new(stdout, MAX_LINE);
         let mut error = None;
         loop {
             match lines.next_line().await {
-                Ok(Some(line)) if line.trim().is_empty() => continue,
-                Ok(Some(line)) if line.len() > MAX_LINE => {
-                    error = Some(format!(
-                        "event line of {} bytes exceeds the 1 MiB cap",
-                        line.len()
-                    ));
+                Ok(Line::Text(line)) if line.trim().is_empty() => continue,
+                Ok(Line::TooLong(len)) => {
+                    error = Some(format!("event line of {len} bytes exceeds the 1 MiB cap"));
                     break;
                 }
-                Ok(Some(line)) => match cocoon_json::stream_line(&line) {
+                Ok(Line::Text(line)) => match cocoon_json::stream_line(&line) {
                     Ok((kind, vm)) if vm.id.is_empty() && vm.name.is_empty() => {
                         tracing::debug!(?kind, "event without id or name skipped");
                     }
@@ -81,7 +80,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
                         break;
                     }
                 },
-                Ok(None) => break,
+                Ok(Line::End) => break,
                 Err(e) => {
                     error = Some(e.to_string());
                     break;
@@ -114,8 +113,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
         if clean {
             tokio::time::sleep(CLEAN_RECONNECT).await;
         } else {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            tokio::time::sleep(backoff.failed()).await;
         }
     }
 }

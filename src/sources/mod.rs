@@ -1,5 +1,6 @@
 //! Sources turn the world into events for the loop. They translate; they never decide.
 
+mod bounded_lines;
 pub mod cocoon_stream;
 pub mod dhcp_leases;
 pub mod pod_view;

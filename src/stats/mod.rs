@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::runtime::views::{Views, VmView};
+use crate::views::{Views, VmView};
 
 const FRESH_FOR: Duration = Duration::from_secs(2);
 

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
-use crate::effects::cocoon::CocoonCli;
+use crate::cocoon::CocoonCli;
 
 /// What the command produced, in the order the caller should see it; `Status` is last.
 #[derive(Debug, PartialEq)]

@@ -22,7 +22,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
 use super::Ctx;
-use crate::runtime::views::VmView;
+use crate::views::VmView;
 use remotecommand::Streams;
 
 const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";

@@ -9,10 +9,14 @@ use reconcilers::event::CocoonOk;
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::process::Command;
 
-use super::cocoon_json;
-pub use super::cocoon_timeouts::Timeouts;
-pub use super::process_groups::kill_group;
-use super::process_groups::ProcessGroups;
+pub mod json;
+pub mod macos;
+pub mod process_groups;
+pub mod timeouts;
+
+pub use process_groups::kill_group;
+use process_groups::ProcessGroups;
+pub use timeouts::Timeouts;
 
 #[derive(Clone, Debug)]
 pub struct CocoonCli {
@@ -50,18 +54,18 @@ impl CocoonCli {
         }
         if cmd.binary() == Binary::CocoonMacos {
             let password = self.macos_vnc_password.as_deref();
-            let argv = super::macos::argv(cmd, password);
+            let argv = macos::argv(cmd, password);
             return self
                 .macos_call(cmd, &argv)
                 .await
-                .map_err(|e| super::macos::redact(e, password));
+                .map_err(|e| macos::redact(e, password));
         }
         let argv = cmd.argv();
         let text = self.run(&argv).await?;
         match cmd.output() {
             Output::Nothing => Ok(CocoonOk::Done),
             Output::Vm => {
-                let vm = cocoon_json::vm(&text)?;
+                let vm = json::vm(&text)?;
                 if vm.id.is_empty() {
                     return Err(CocoonError::new(
                         CocoonErrorKind::BadOutput,
@@ -71,12 +75,12 @@ impl CocoonCli {
                 Ok(CocoonOk::Vm { vm })
             }
             Output::Vms => Ok(CocoonOk::Vms {
-                vms: cocoon_json::vms(&text)?,
+                vms: json::vms(&text)?,
             }),
             Output::Snapshot => Ok(CocoonOk::Snapshot {
-                snapshot: cocoon_json::snapshot(&text)?,
+                snapshot: json::snapshot(&text)?,
             }),
-            Output::StaleCreate => cocoon_json::stale_create(&text),
+            Output::StaleCreate => json::stale_create(&text),
             Output::MacosVm | Output::MacosVms => Err(CocoonError::new(
                 CocoonErrorKind::BadOutput,
                 "a cocoon-macos output from cocoon",
@@ -88,10 +92,10 @@ impl CocoonCli {
         let text = self.run_bin(&self.macos_bin, argv).await?;
         match cmd.output() {
             Output::MacosVm => Ok(CocoonOk::Vm {
-                vm: super::macos::vm(&text)?,
+                vm: macos::vm(&text)?,
             }),
             Output::MacosVms => Ok(CocoonOk::Vms {
-                vms: super::macos::vms(&text)?,
+                vms: macos::vms(&text)?,
             }),
             Output::Nothing => Ok(CocoonOk::Done),
             Output::Vm | Output::Vms | Output::Snapshot | Output::StaleCreate => {

@@ -96,7 +96,7 @@ mod tests {
 
     use reconcilers::cocoon::CocoonCmd;
 
-    use crate::effects::cocoon::CocoonCli;
+    use crate::cocoon::CocoonCli;
 
     /// Alive and not a zombie (a killed orphan waits for init to reap it).
     fn alive(pid: i32) -> bool {
