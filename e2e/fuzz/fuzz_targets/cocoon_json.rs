@@ -1,4 +1,4 @@
-//! cocoon's stdout (`src/effects/cocoon_json.rs`: a VM record, a VM list, a snapshot record,
+//! cocoon's stdout (`src/cocoon/json.rs`: a VM record, a VM list, a snapshot record,
 //! a stale-create outcome) and one line of its event stream (`stream_line`, which
 //! `src/sources/cocoon_stream.rs` feeds every line). The input is tried as each.
 //!
@@ -10,10 +10,10 @@
 use libfuzzer_sys::fuzz_target;
 use reconcilers::event::{CocoonOk, Event};
 use reconcilers::vm::{CocoonErrorKind, VmRecord};
-use vk_cocoon::effects::cocoon_json;
+use vk_cocoon::cocoon::json as cocoon_json;
 
 fuzz_target!(|data: &[u8]| {
-    // The shell reads cocoon's stdout lossily (`effects::cocoon::CocoonCli::run`).
+    // The shell reads cocoon's stdout lossily (`cocoon::CocoonCli::run`).
     let text = String::from_utf8_lossy(data);
     let text = text.as_ref();
 
