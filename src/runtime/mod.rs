@@ -43,6 +43,8 @@ pub struct Settings {
     pub client_ca_file: Option<PathBuf>,
     /// `VK_KUBELET_ANONYMOUS`.
     pub kubelet_anonymous: bool,
+    /// K4: an exec session in which nothing moves either way this long ends.
+    pub exec_idle: std::time::Duration,
     pub dhcp_release_socket: Option<PathBuf>,
     /// `OCI_REGISTRY`.
     pub registry: Option<String>,
@@ -151,6 +153,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             started: k8s_openapi::jiff::Timestamp::now().to_string(),
             log_streams: crate::kubelet::log_streams(),
             streams: crate::kubelet::streams(),
+            exec_idle: settings.exec_idle,
         },
     )?;
     if let Some(addr) = settings.metrics_addr {
