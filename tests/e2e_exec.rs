@@ -164,7 +164,12 @@ async fn scenario(websocket: bool) -> Result<()> {
     ensure!(&first == b"first\n", "kubectl exec -i echoed {first:?}");
     let ended = tokio::time::timeout(LIMIT, quiet.wait_with_output())
         .await
-        .context("a quiet kubectl exec -i did not end on the 2 s idle limit")??;
+        .with_context(|| {
+            format!(
+                "a quiet kubectl exec -i did not end on the 2 s idle limit; daemon log:\n{}",
+                d.proc.log_tail(40)
+            )
+        })??;
     drop(quiet_in);
     let said = String::from_utf8_lossy(&ended.stderr);
     ensure!(

@@ -79,6 +79,7 @@ async fn flush_stdin(tx: &Option<mpsc::Sender<Bytes>>, pending: &mut Option<Byte
 }
 
 fn idle_status(idle: Duration) -> serde_json::Value {
+    tracing::info!(?idle, "exec session idle: ending it");
     failure(format!(
         "vk-cocoon: the stream saw no traffic for {:?} and was closed (VK_EXEC_IDLE_TIMEOUT)",
         idle
