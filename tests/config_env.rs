@@ -34,6 +34,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_CLIENT_CA_FILE", "/tls/clients-ca.crt"),
     ("VK_KUBELET_ANONYMOUS", "false"),
     ("VK_KUBELET_WEBSOCKET", "false"),
+    ("VK_EXEC_IDLE_TIMEOUT", "2m"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
     ("VK_LOG_LEVEL", "DEBUG"),
@@ -105,6 +106,7 @@ fn every_variable_is_read() {
     );
     assert_eq!(c.orphan_policy, OrphanPolicy::Keep);
     assert!(!c.kubelet_websocket);
+    assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(120));
     assert_eq!(c.dhcp_leases_path, PathBuf::from("/run/leases.json"));
     assert_eq!(
         c.cocoon_net_control_socket,
@@ -164,6 +166,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.client_ca_file, None);
     assert!(!c.kubelet_anonymous);
     assert!(c.kubelet_websocket);
+    assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(30));
     assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
     assert_eq!(c.peer_addr.to_string(), "0.0.0.0:12501");
     assert_eq!(c.log_level, LogLevel::Info);
@@ -274,6 +277,7 @@ const BAD: &[(&str, &str)] = &[
     ("VK_PEER_ADDR", ":port"),
     ("VK_LOG_LEVEL", "verbose"),
     ("VK_KUBELET_ANONYMOUS", "sometimes"),
+    ("VK_EXEC_IDLE_TIMEOUT", "30"),
     ("COCOON_MACOS_VNC_PASSWORD", "longer-than-8"),
     ("VK_RESTORE_MODE", "lazy"),
     ("VK_RESTORE_MODE", "COPY"),

@@ -124,6 +124,8 @@ pub struct Config {
     /// K4: the Node declares `ExtendWebSocketsToKubelet`, so the apiserver passes exec and
     /// port-forward WebSockets through instead of turning them into SPDY.
     pub kubelet_websocket: bool,
+    /// K4: how long an exec session may see nothing move either way.
+    pub exec_idle_timeout: std::time::Duration,
     pub metrics_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     pub log_level: LogLevel,
@@ -311,6 +313,11 @@ impl Config {
         let kubelet_anonymous = e.or("VK_KUBELET_ANONYMOUS", false, parse::boolean);
         e.warn_if_anonymous(kubelet_anonymous);
         let kubelet_websocket = e.or("VK_KUBELET_WEBSOCKET", true, parse::boolean);
+        let exec_idle_timeout = e.or(
+            "VK_EXEC_IDLE_TIMEOUT",
+            std::time::Duration::from_secs(30),
+            |s| parse::duration_ms(s).map(|ms| std::time::Duration::from_millis(ms as u64)),
+        );
         let metrics_addr = e.or(
             "VK_METRICS_ADDR",
             parse::listen_addr(":9091").expect("default"),
@@ -370,6 +377,7 @@ impl Config {
             client_ca_file,
             kubelet_anonymous,
             kubelet_websocket,
+            exec_idle_timeout,
             metrics_addr,
             peer_addr,
             log_level,

@@ -44,6 +44,7 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             .unwrap_or_else(|| "(unset: client certificates are not accepted)".into()),
         "VK_KUBELET_ANONYMOUS" => c.kubelet_anonymous.to_string(),
         "VK_KUBELET_WEBSOCKET" => c.kubelet_websocket.to_string(),
+        "VK_EXEC_IDLE_TIMEOUT" => format!("{}s", c.exec_idle_timeout.as_secs()),
         "VK_METRICS_ADDR" => c.metrics_addr.to_string(),
         "VK_PEER_ADDR" => c.peer_addr.to_string(),
         "VK_LOG_LEVEL" => c.log_level.as_filter().to_string(),

@@ -73,6 +73,11 @@ pub const VARS: &[Var] = &[
         "true",
         "true: the Node declares ExtendWebSocketsToKubelet, so exec and port-forward reach the kubelet API as WebSockets; false: the apiserver speaks SPDY to it",
     ),
+    var(
+        "VK_EXEC_IDLE_TIMEOUT",
+        "30s",
+        "an exec session in which nothing moves either way (client pings count) this long ends (s, m, h or d)",
+    ),
     var("VK_METRICS_ADDR", ":9091", "listen address of /metrics"),
     var(
         "VK_PEER_ADDR",

@@ -86,18 +86,26 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The status and text a refusal is answered with; `None` for [`Verdict::Allow`].
+    pub fn refusal(&self) -> Option<(StatusCode, &str)> {
+        match self {
+            Verdict::Allow => None,
+            Verdict::Unauthenticated(t) => Some((StatusCode::UNAUTHORIZED, t.as_str())),
+            Verdict::Forbidden(t) => Some((StatusCode::FORBIDDEN, t.as_str())),
+            Verdict::Failed(t) => Some((StatusCode::INTERNAL_SERVER_ERROR, t.as_str())),
+        }
+    }
+
     fn response(&self) -> HttpResponse {
-        let (code, text) = match self {
-            Verdict::Allow => (StatusCode::OK, ""),
-            Verdict::Unauthenticated(t) => (StatusCode::UNAUTHORIZED, t.as_str()),
-            Verdict::Forbidden(t) => (StatusCode::FORBIDDEN, t.as_str()),
-            Verdict::Failed(t) => (StatusCode::INTERNAL_SERVER_ERROR, t.as_str()),
-        };
+        let (code, text) = self.refusal().unwrap_or((StatusCode::OK, ""));
         HttpResponse::build(code)
-            .content_type("text/plain; charset=utf-8")
+            .content_type(PLAIN)
             .body(text.to_string())
     }
 }
+
+/// The content type of a refusal's text.
+pub const PLAIN: &str = "text/plain; charset=utf-8";
 
 /// A map whose entries expire, and which never holds more than `CACHE_ENTRIES`.
 struct Cache<K, V> {

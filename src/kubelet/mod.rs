@@ -3,18 +3,26 @@
 //! apiserver reaches it with `kubectl logs`, `exec` and `port-forward`.
 
 pub mod auth;
+mod first_head;
 pub mod log_query;
 mod log_time;
 mod logs;
 mod routes;
 mod stream;
 pub mod tls;
-mod upgrade_head;
+mod upgrade;
 
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
-use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactoryExt};
+use actix_codec::Framed;
+use actix_http::{h1, Request};
+use actix_service::{
+    fn_factory, fn_service, map_config, IntoServiceFactory, Service, ServiceFactory,
+    ServiceFactoryExt,
+};
 use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
 use actix_web::dev::AppConfig;
 use actix_web::rt::net::TcpStream;
@@ -35,6 +43,8 @@ pub struct Ctx {
     pub log_streams: Arc<tokio::sync::Semaphore>,
     /// K4: exec and port-forward sessions running at once; one more is answered 503.
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// K4: an exec session in which nothing moves either way this long ends.
+    pub exec_idle: Duration,
 }
 
 /// Each log stream holds a `cocoon` process and a connection; past this many, callers wait
@@ -53,14 +63,138 @@ pub fn streams() -> Arc<tokio::sync::Semaphore> {
     Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS))
 }
 
-type Conn = upgrade_head::Retagged<TlsStream<TcpStream>>;
+type Tls = TlsStream<TcpStream>;
+type Conn = first_head::Replay<Tls>;
+
+/// How long a client has to send a whole request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn client_certificate(tls: &Tls) -> Option<auth::PeerCert> {
+    let (_, session) = tls.get_ref();
+    let cert = session.peer_certificates().and_then(|c| c.first())?;
+    Some(auth::PeerCert(cert.to_vec()))
+}
 
 /// Keeps the verified client certificate of a TLS connection for the guard.
 fn remember_client_certificate(conn: &Conn, ext: &mut actix_web::dev::Extensions) {
-    let (_, session) = conn.get_ref().get_ref();
-    if let Some(cert) = session.peer_certificates().and_then(|c| c.first()) {
-        ext.insert(auth::PeerCert(cert.to_vec()));
+    if let Some(cert) = client_certificate(conn.get_ref()) {
+        ext.insert(cert);
     }
+}
+
+/// The routes of every request that does not take its connection over; each passes the
+/// guard first (K9), unknown paths included.
+fn app(
+    ctx: web::Data<Ctx>,
+    guard: web::Data<auth::Guard>,
+) -> App<
+    impl actix_web::dev::ServiceFactory<
+        actix_web::dev::ServiceRequest,
+        Config = (),
+        Response = actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    App::new()
+        .app_data(ctx)
+        .app_data(guard)
+        .wrap(actix_web::middleware::from_fn(auth::middleware))
+        .route("/pods", web::get().to(routes::pods))
+        .route("/runningpods/", web::get().to(routes::running_pods))
+        .route("/runningpods", web::get().to(routes::running_pods))
+        .route(
+            "/containerLogs/{ns}/{pod}/{container}",
+            web::get().to(routes::container_logs),
+        )
+        .route(
+            "/exec/{ns}/{pod}/{container}",
+            web::route().to(stream::not_upgraded),
+        )
+        .route(
+            "/attach/{ns}/{pod}/{container}",
+            web::route().to(stream::attach),
+        )
+        .route(
+            "/portForward/{ns}/{pod}",
+            web::route().to(stream::not_upgraded),
+        )
+        .route("/stats/summary", web::get().to(routes::stats_summary))
+        .route("/stats/summary/", web::get().to(routes::stats_summary))
+        .route("/metrics/resource", web::get().to(routes::metrics_resource))
+        .route(
+            "/metrics/resource/",
+            web::get().to(routes::metrics_resource),
+        )
+        .default_service(web::to(routes::not_found))
+}
+
+/// One worker's connection service: TLS, then the first request head read (a SPDY upgrade
+/// goes to [`upgrade::serve`] from there), then actix-http, whose upgrade extension point
+/// takes WebSocket upgrades to the same place.
+fn connections(
+    tls: rustls::ServerConfig,
+    ctx: web::Data<Ctx>,
+    guard: web::Data<auth::Guard>,
+) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = (), InitError = ()> {
+    let upgrades = {
+        let (ctx, guard) = (ctx.clone(), guard.clone());
+        fn_service(move |(req, framed): (Request, Framed<Conn, h1::Codec>)| {
+            let (ctx, guard) = (ctx.clone(), guard.clone());
+            async move {
+                let cert = req.conn_data::<auth::PeerCert>().cloned();
+                upgrade::serve(&ctx, &guard, cert, req, framed).await;
+                Ok::<_, actix_http::Error>(())
+            }
+        })
+    };
+    let (app_ctx, app_guard) = (ctx.clone(), guard.clone());
+    let http = actix_http::HttpService::build()
+        .client_request_timeout(HEAD_TIMEOUT)
+        .on_connect_ext(remember_client_certificate)
+        .upgrade(upgrades)
+        .finish(map_config(app(app_ctx, app_guard).into_factory(), |_| {
+            AppConfig::default()
+        }));
+    let served = fn_factory(move || {
+        let http = http.new_service(());
+        let (ctx, guard) = (ctx.clone(), guard.clone());
+        async move {
+            let http = Rc::new(http.await.map_err(|_| ())?);
+            let config = actix_http::ServiceConfig::default();
+            Ok::<_, ()>(fn_service(move |io: Tls| {
+                let (http, config) = (http.clone(), config.clone());
+                let (ctx, guard) = (ctx.clone(), guard.clone());
+                async move {
+                    let peer = io.get_ref().0.peer_addr().ok();
+                    let cert = client_certificate(&io);
+                    let first = tokio::time::timeout(HEAD_TIMEOUT, first_head::read(io, &config));
+                    match first.await {
+                        Ok(first_head::First::Spdy(req, framed)) => {
+                            upgrade::serve(&ctx, &guard, cert, req, framed).await;
+                        }
+                        Ok(first_head::First::Plain(conn)) => {
+                            let served = http.call((conn, actix_http::Protocol::Http1, peer));
+                            if let Err(e) = served.await {
+                                tracing::debug!(error = %e, "kubelet API connection");
+                            }
+                        }
+                        Err(_) => {
+                            tracing::debug!("kubelet API client sent no request head in time")
+                        }
+                    }
+                    Ok::<_, ()>(())
+                }
+            }))
+        }
+    });
+    let mut acceptor = Acceptor::new(tls);
+    acceptor.set_handshake_timeout(HANDSHAKE_TIMEOUT);
+    acceptor
+        .map_init_err(|_| ())
+        .map_err(|e| tracing::debug!(error = ?e, "kubelet API TLS handshake"))
+        .and_then(served)
 }
 
 /// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
@@ -75,69 +209,16 @@ pub fn spawn(
     })?;
     let data = web::Data::new(ctx);
     let guard = web::Data::new(guard);
+    let mut tls = tls;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let spawned = std::thread::Builder::new()
         .name("kubelet-api".into())
         .spawn(move || {
-            // actix-web's HttpServer, assembled by hand so every connection passes through
-            // `upgrade_head` between TLS and HTTP (K4 over SPDY needs it).
-            let app = move || {
-                App::new()
-                    .app_data(data.clone())
-                    .app_data(guard.clone())
-                    .wrap(actix_web::middleware::from_fn(auth::middleware))
-                    .route("/pods", web::get().to(routes::pods))
-                    .route("/runningpods/", web::get().to(routes::running_pods))
-                    .route("/runningpods", web::get().to(routes::running_pods))
-                    .route(
-                        "/containerLogs/{ns}/{pod}/{container}",
-                        web::get().to(routes::container_logs),
-                    )
-                    .route(
-                        "/exec/{ns}/{pod}/{container}",
-                        web::route().to(stream::exec),
-                    )
-                    .route(
-                        "/attach/{ns}/{pod}/{container}",
-                        web::route().to(stream::attach),
-                    )
-                    .route(
-                        "/portForward/{ns}/{pod}",
-                        web::route().to(stream::port_forward),
-                    )
-                    .route("/stats/summary", web::get().to(routes::stats_summary))
-                    .route("/stats/summary/", web::get().to(routes::stats_summary))
-                    .route("/metrics/resource", web::get().to(routes::metrics_resource))
-                    .route(
-                        "/metrics/resource/",
-                        web::get().to(routes::metrics_resource),
-                    )
-                    .default_service(web::to(routes::not_found))
-            };
-            let mut tls = tls;
-            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
             let server = actix_server::Server::build()
                 .workers(2)
                 .disable_signals()
                 .listen("kubelet-api", listener, move || {
-                    let http = actix_http::HttpService::build()
-                        .client_request_timeout(std::time::Duration::from_secs(30))
-                        .on_connect_ext(remember_client_certificate)
-                        .finish(map_config(app().into_factory(), |_| AppConfig::default()))
-                        .map_err(|e| tracing::debug!(error = %e, "kubelet API connection"));
-                    let mut acceptor = Acceptor::new(tls.clone());
-                    acceptor.set_handshake_timeout(std::time::Duration::from_secs(10));
-                    acceptor
-                        .map_init_err(|_| ())
-                        .map_err(|e| tracing::debug!(error = ?e, "kubelet API TLS handshake"))
-                        .and_then(fn_service(|io: TlsStream<TcpStream>| async move {
-                            let peer = io.get_ref().0.peer_addr().ok();
-                            Ok::<_, ()>((
-                                upgrade_head::Retagged::new(io),
-                                actix_http::Protocol::Http1,
-                                peer,
-                            ))
-                        }))
-                        .and_then(http)
+                    connections(tls.clone(), data.clone(), guard.clone())
                 });
             let run = async move {
                 match server {

@@ -162,6 +162,21 @@ pub async fn stats_summary(ctx: web::Data<Ctx>) -> HttpResponse {
     HttpResponse::Ok().json(summary(&s, &ctx.node, &ctx.started, &rfc3339_now()))
 }
 
+/// A label value as the Prometheus text format quotes it: a backslash, a double quote or a
+/// line feed in a name cannot end the value or the line early.
+fn label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for ch in v.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// The K6 text for one sample, every series stamped `ts_ms` (milliseconds since the epoch,
 /// which metrics-server takes as the time of the figure).
 pub(crate) fn resource_metrics(s: &Sample, ts_ms: u128) -> String {
@@ -190,10 +205,17 @@ pub(crate) fn resource_metrics(s: &Sample, ts_ms: u128) -> String {
     let c = |v: &VmSample| {
         format!(
             "{{container=\"agent\",namespace=\"{}\",pod=\"{}\"}}",
-            v.vm.namespace, v.vm.pod
+            label_value(&v.vm.namespace),
+            label_value(&v.vm.pod)
         )
     };
-    let p = |v: &VmSample| format!("{{namespace=\"{}\",pod=\"{}\"}}", v.vm.namespace, v.vm.pod);
+    let p = |v: &VmSample| {
+        format!(
+            "{{namespace=\"{}\",pod=\"{}\"}}",
+            label_value(&v.vm.namespace),
+            label_value(&v.vm.pod)
+        )
+    };
     family(
         "container_cpu_usage_seconds_total",
         "counter",
@@ -460,6 +482,34 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
         assert_eq!(got, want, "\n{got}");
     }
 
+    #[test]
+    fn label_values_are_escaped_so_a_hostile_name_stays_one_series() {
+        let s = Sample {
+            node: Default::default(),
+            vms: vec![VmSample {
+                vm: vm("ns\\x", "evil\"} 1 2\nfake_metric{a=\"", "ID", 1, &[]),
+                cpu: crate::stats::procfs::CpuStat {
+                    usage_seconds: 1.5,
+                    ..Default::default()
+                },
+                rss: 7,
+                cow_bytes: 0,
+                net: Default::default(),
+            }],
+        };
+        let text = resource_metrics(&s, 42);
+        let want = r#"pod_memory_working_set_bytes{namespace="ns\\x",pod="evil\"} 1 2\nfake_metric{a=\""} 7 42"#;
+        assert!(text.lines().any(|l| l == want), "{text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("fake_metric")),
+            "{text}"
+        );
+        // Every sample line is a name, one label set, a value and the stamp.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.ends_with(" 42"), "{line}");
+        }
+    }
+
     /// VMMs in one network namespace (the host's, in bridge mode) share its device table:
     /// it is read through the first of them, once per sample, and serves the others.
     #[test]
@@ -552,6 +602,7 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
             started: "2026-12-01T19:00:00Z".into(),
             log_streams: super::super::log_streams(),
             streams: super::super::streams(),
+            exec_idle: std::time::Duration::from_secs(30),
         };
         let app = test::init_service(
             App::new()

@@ -1,5 +1,6 @@
 //! The waking side of §7: copy a snapshot's files from the peer that hibernated it into a
-//! fresh staging directory, every slice length- and CRC-checked, holes kept as holes.
+//! fresh staging directory, every slice length- and CRC-checked (the CRC-32C follows each
+//! slice's bytes in its body), holes kept as holes.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HOST, TE};
+use hyper::header::HOST;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -21,7 +22,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::plan::{Plan, PlanFile, Slice};
 use super::staging::StagingDir;
-use super::{plain_name, CRC_TRAILER, PLAN_PATH, SLICE_PATH};
+use super::{plain_name, CRC_LEN, PLAN_PATH, SLICE_PATH};
 use crate::registry::valid_snapshot_name;
 
 /// Streams in flight for one restore: enough to fill a node's NIC.
@@ -99,7 +100,7 @@ pub enum PeerError {
     Stalled(String),
     /// The body ended before its length, or the connection broke mid-body.
     Truncated(String),
-    /// The CRC trailer is missing or does not match the bytes received.
+    /// The checksum after the data is missing or does not match the bytes received.
     Checksum(String),
     /// The staging directory could not be written.
     Local(String),
@@ -424,43 +425,38 @@ impl SliceJob {
             .get(&format!("{SLICE_PATH}?{query}"), &what)
             .await?;
         let mut out = SparseWriter::new(self.file, offset);
-        let (mut received, mut crc, mut trailer) = (0u64, 0u32, None);
+        let whole = length + CRC_LEN as u64;
+        let (mut received, mut crc, mut sent_crc) = (0u64, 0u32, Vec::with_capacity(CRC_LEN));
         while let Some(frame) = ex.frame(self.peer.timeouts.stall, &what).await? {
-            let data = match frame.into_data() {
-                Ok(d) => d,
-                Err(frame) => {
-                    if let Ok(t) = frame.into_trailers() {
-                        trailer = t.get(CRC_TRAILER).cloned();
-                    }
-                    continue;
-                }
+            let Ok(mut data) = frame.into_data() else {
+                continue;
             };
-            received += data.len() as u64;
-            if received > length {
+            if received + data.len() as u64 > whole {
                 return Err(PeerError::Protocol(format!(
-                    "{what}: the peer sent more than {length} bytes"
+                    "{what}: the peer sent more than {length} bytes and their checksum"
                 )));
             }
+            // The range's bytes first, then the checksum's.
+            let in_range = (length.saturating_sub(received) as usize).min(data.len());
+            let tail = data.split_off(in_range);
+            received += (data.len() + tail.len()) as u64;
+            sent_crc.extend_from_slice(&tail);
             crc = crc32c::crc32c_append(crc, &data);
             out.push(&data).await?;
         }
-        if received != length {
+        if received < length {
             return Err(PeerError::Truncated(format!(
                 "{what}: {received} of {length} bytes"
             )));
         }
         out.finish().await?;
-        let Some(sent) = trailer else {
-            return Err(PeerError::Checksum(format!(
-                "{what}: no {CRC_TRAILER} trailer"
-            )));
-        };
-        let sent_crc = sent
-            .to_str()
-            .ok()
-            .and_then(|s| u32::from_str_radix(s, 16).ok())
-            .ok_or_else(|| {
-                PeerError::Checksum(format!("{what}: unreadable {CRC_TRAILER} {sent:?}"))
+        let sent_crc = <[u8; CRC_LEN]>::try_from(sent_crc.as_slice())
+            .map(u32::from_be_bytes)
+            .map_err(|_| {
+                PeerError::Checksum(format!(
+                    "{what}: {} of the checksum's {CRC_LEN} bytes after the data",
+                    sent_crc.len()
+                ))
             })?;
         if sent_crc != crc {
             return Err(PeerError::Checksum(format!(
@@ -575,8 +571,6 @@ impl Peer {
         }));
         let req = Request::get(path_and_query)
             .header(HOST, &self.authority)
-            // hyper (and RFC 9110) send trailers only to a client that asks for them.
-            .header(TE, "trailers")
             .body(Empty::<Bytes>::new())
             .map_err(|e| PeerError::Invalid(format!("{what}: {e}")))?;
         let res = tokio::time::timeout(t.response_header, sender.send_request(req))

@@ -22,7 +22,8 @@ pub use staging::sweep_staging;
 
 const PLAN_PATH: &str = "/v1/snapshot-plan";
 const SLICE_PATH: &str = "/v1/snapshot-slice";
-const CRC_TRAILER: &str = "x-slice-crc32c";
+/// A slice body ends in the CRC-32C of the range's bytes, big-endian.
+const CRC_LEN: usize = 4;
 
 /// A single path component that cannot leave the directory it is joined to. Both ends apply
 /// it: the server to what a request names, the client to what a plan names.

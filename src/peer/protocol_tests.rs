@@ -2,7 +2,6 @@
 //! them that damages slice responses the ways a network or a dying peer can.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
@@ -10,14 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
-use futures::StreamExt;
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, BodyStream, Empty, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper::{Request, Response, Uri};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -110,7 +102,7 @@ impl Fixture {
             server = server.with_stream_limit(n);
         }
         self.addr = server.local_addr().unwrap();
-        server.spawn();
+        server.spawn().unwrap();
         self
     }
 
@@ -267,13 +259,13 @@ async fn a_flipped_byte_fails_the_checksum() {
 }
 
 #[tokio::test]
-async fn a_missing_checksum_trailer_fails() {
+async fn a_missing_checksum_fails() {
     let fx = Fixture::started().await;
-    let proxy = tamper_proxy(fx.addr, Tamper::DropTrailer).await;
+    let proxy = tamper_proxy(fx.addr, Tamper::DropChecksum).await;
     let err = restore(fx.request(proxy)).await.unwrap_err();
     assert_eq!(err.kind(), "checksum", "{err}");
     assert!(
-        err.to_string().contains("no x-slice-crc32c trailer"),
+        err.to_string().contains("0 of the checksum's 4 bytes"),
         "{err}"
     );
     assert!(!fx.leaf().exists());
@@ -346,26 +338,38 @@ async fn a_saturated_peer_fails_the_restore_with_503() {
 
 // ---- the wire, request by request ----
 
-/// One request on its own connection; the whole response as text (bodies here are ASCII or
-/// short).
-async fn raw(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
+/// One request on its own connection; the whole response as the server sent it.
+async fn raw_bytes(addr: SocketAddr, method: &str, target: &str) -> (u16, Vec<u8>) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let req = format!(
-        "{method} {target} HTTP/1.1\r\nHost: peer\r\nTE: trailers\r\nConnection: close\r\n\r\n"
-    );
+    let req = format!("{method} {target} HTTP/1.1\r\nHost: peer\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
         .await
         .expect("the server closes the connection")
         .unwrap();
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
+    let status = String::from_utf8_lossy(&out)
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (status, text)
+    (status, out)
+}
+
+/// [`raw_bytes`] as text (bodies here are ASCII or short).
+async fn raw(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
+    let (status, out) = raw_bytes(addr, method, target).await;
+    (status, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The head (lowercased) and the body of a whole response.
+fn split_response(out: &[u8]) -> (String, &[u8]) {
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a whole head");
+    let head = String::from_utf8_lossy(&out[..end]).to_ascii_lowercase();
+    (head, &out[end + 4..])
 }
 
 fn slice_target(id: &str, file: &str, offset: &str, length: &str) -> String {
@@ -379,43 +383,38 @@ fn slice_target(id: &str, file: &str, offset: &str, length: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_slice_ends_in_a_crc32c_trailer() {
+async fn a_slice_ends_in_its_crc32c() {
     let fx = Fixture::started().await;
-    let (status, text) = raw(fx.addr, "GET", &slice_target(ID, "vector.bin", "0", "9")).await;
-    assert_eq!(status, 200, "{text}");
-    let lower = text.to_ascii_lowercase();
-    assert!(
-        lower.contains("content-type: application/octet-stream\r\n"),
-        "{text}"
-    );
-    assert!(lower.contains("trailer: x-slice-crc32c\r\n"), "{text}");
-    // CRC-32C("123456789") is the Castagnoli check value.
-    assert!(
-        text.ends_with("9\r\n123456789\r\n0\r\nx-slice-crc32c: e3069283\r\n\r\n"),
-        "{text}"
-    );
-    let (status, text) = raw(fx.addr, "GET", &slice_target(ID, "vector.bin", "3", "2")).await;
+    let (status, out) = raw_bytes(fx.addr, "GET", &slice_target(ID, "vector.bin", "0", "9")).await;
     assert_eq!(status, 200);
-    let want = format!(
-        "2\r\n45\r\n0\r\nx-slice-crc32c: {:x}\r\n\r\n",
-        crc32c::crc32c(b"45")
+    let (head, body) = split_response(&out);
+    assert!(
+        head.contains("content-type: application/octet-stream"),
+        "{head}"
     );
-    assert!(text.ends_with(&want), "{text}");
+    assert!(head.contains("content-length: 13"), "{head}");
+    // CRC-32C("123456789") is the Castagnoli check value.
+    assert_eq!(body, b"123456789\xe3\x06\x92\x83");
+    let (status, out) = raw_bytes(fx.addr, "GET", &slice_target(ID, "vector.bin", "3", "2")).await;
+    assert_eq!(status, 200);
+    let (head, body) = split_response(&out);
+    assert!(head.contains("content-length: 6"), "{head}");
+    let mut want = b"45".to_vec();
+    want.extend_from_slice(&crc32c::crc32c(b"45").to_be_bytes());
+    assert_eq!(body, want);
 }
 
 #[tokio::test]
-async fn a_short_read_truncates_the_body_without_a_trailer() {
+async fn a_short_read_cuts_the_body_short_of_its_length() {
     let fx = Fixture::started().await;
     // overlay.qcow2 has 1 MiB + 3 bytes: the stream starts, then runs out.
     let t = slice_target(ID, "overlay.qcow2", "0", &(2 * MIB).to_string());
-    let (status, text) = raw(fx.addr, "GET", &t).await;
-    assert_eq!(status, 200, "{}", &text[..text.len().min(200)]);
-    let body = text.split_once("\r\n\r\n").unwrap().1;
-    assert!(!body.to_ascii_lowercase().contains("x-slice-crc32c"));
-    assert!(
-        !body.starts_with("0\r\n") && !body.contains("\r\n0\r\n"),
-        "no last chunk"
-    );
+    let (status, out) = raw_bytes(fx.addr, "GET", &t).await;
+    assert_eq!(status, 200);
+    let (head, body) = split_response(&out);
+    let want = format!("content-length: {}", 2 * MIB + 4);
+    assert!(head.contains(&want), "{head}");
+    assert!(body.len() as u64 <= MIB + 3, "{} body bytes", body.len());
 }
 
 #[tokio::test]
@@ -514,11 +513,9 @@ async fn streams_over_the_limit_are_503() {
     // 64 MiB cannot sit in socket buffers: unread, this stream keeps its slot.
     let mut held = TcpStream::connect(fx.addr).await.unwrap();
     let target = slice_target(ID, "memory-ranges", "0", &(64 * MIB).to_string());
-    held.write_all(
-        format!("GET {target} HTTP/1.1\r\nHost: peer\r\nTE: trailers\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
+    held.write_all(format!("GET {target} HTTP/1.1\r\nHost: peer\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut head = [0u8; 12];
     held.read_exact(&mut head).await.unwrap();
     assert_eq!(&head, b"HTTP/1.1 200");
@@ -573,101 +570,111 @@ async fn a_taken_address_is_an_error_naming_vk_peer_addr() {
 
 // ---- the tampering proxy ----
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Tamper {
     /// Invert the first byte of every slice body.
     FlipByte,
-    /// Forward the data, drop the CRC trailer.
-    DropTrailer,
-    /// Forward the first data frame less its last byte, then end the body as if complete.
+    /// Forward the data, drop the checksum after it.
+    DropChecksum,
+    /// Forward at most 64 KiB of the body, short of the range's end, then end the body
+    /// as if complete.
     EndEarly,
-    /// Forward the first data frame, then break the connection.
+    /// Forward at most 64 KiB of the body, then break the connection.
     Break,
     /// Forward the head, then send nothing.
     Stall,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-fn stream_body<S>(s: S) -> BoxBody<Bytes, BoxError>
-where
-    S: futures::Stream<Item = Result<Frame<Bytes>, BoxError>> + Send + Sync + 'static,
-{
-    BodyExt::boxed(StreamBody::new(s))
+/// A request head from `from`, as sent.
+async fn read_head(from: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(end + 4);
+        }
+        let mut chunk = [0u8; 4096];
+        match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
-/// Forwards every request to `upstream`, damaging 200 slice answers as `tamper` says.
+/// Forwards every request to `upstream` and its answer back, byte for byte, damaging 200
+/// slice answers as `tamper` says. The server's answers are sized, which is what lets a
+/// body be cut or shortened here.
 async fn tamper_proxy(upstream: SocketAddr, tamper: Tamper) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |req: Request<Incoming>| async move {
-                        Ok::<_, Infallible>(forward(upstream, req.uri().clone(), tamper).await)
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+            let (client, _) = listener.accept().await.unwrap();
+            tokio::spawn(relay(client, upstream, tamper));
         }
     });
     addr
 }
 
-async fn forward(
-    upstream: SocketAddr,
-    uri: Uri,
-    tamper: Tamper,
-) -> Response<BoxBody<Bytes, BoxError>> {
-    let stream = TcpStream::connect(upstream).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = Request::get(uri.clone())
-        .header("host", "peer")
-        .header("te", "trailers")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    let res = sender.send_request(req).await.unwrap();
-    let damage = uri.path() == "/v1/snapshot-slice" && res.status() == 200;
-    let (parts, body) = res.into_parts();
-    let mut out = Response::builder().status(parts.status);
-    for (k, v) in &parts.headers {
-        if k != "content-length" && k != "transfer-encoding" {
-            out = out.header(k, v);
+async fn relay(mut client: TcpStream, upstream: SocketAddr, tamper: Tamper) {
+    let mut request = Vec::new();
+    let Some(end) = read_head(&mut client, &mut request).await else {
+        return;
+    };
+    let slice = request.starts_with(b"GET /v1/snapshot-slice?");
+    let mut up = TcpStream::connect(upstream).await.unwrap();
+    up.write_all(&request[..end]).await.unwrap();
+    let mut answer = Vec::new();
+    let Some(head_end) = read_head(&mut up, &mut answer).await else {
+        return;
+    };
+    let head = String::from_utf8_lossy(&answer[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("sized answers");
+    let mut body = answer.split_off(head_end);
+    while body.len() < length {
+        let mut chunk = vec![0u8; 64 << 10];
+        match up.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
         }
     }
-    let frames = BodyStream::new(body).map(|f| f.map_err(BoxError::from));
-    let body = match (damage, tamper) {
-        (false, _) => stream_body(frames),
-        (true, Tamper::Stall) => stream_body(futures::stream::pending()),
-        (true, Tamper::DropTrailer) => stream_body(
-            frames.filter(|f| futures::future::ready(!matches!(f, Ok(f) if f.is_trailers()))),
-        ),
-        (true, Tamper::FlipByte) => {
-            let mut first = true;
-            stream_body(frames.map(move |f| match f?.into_data() {
-                Ok(d) if first && !d.is_empty() => {
-                    first = false;
-                    let mut b = BytesMut::from(&d[..]);
-                    b[0] ^= 0xff;
-                    Ok(Frame::data(b.freeze()))
-                }
-                Ok(d) => Ok(Frame::data(d)),
-                Err(f) => Ok(f),
-            }))
-        }
-        (true, Tamper::EndEarly) => stream_body(frames.take(1).map(|f| match f?.into_data() {
-            Ok(d) => Ok(Frame::data(d.slice(..d.len().saturating_sub(1)))),
-            Err(f) => Ok(f),
-        })),
-        (true, Tamper::Break) => stream_body(frames.take(1).chain(futures::stream::once(async {
-            Err::<Frame<Bytes>, BoxError>("cut".into())
-        }))),
+    let damage = slice && head.starts_with("HTTP/1.1 200");
+    let resized = |head: &str, n: usize| {
+        head.replacen(
+            &format!("content-length: {length}"),
+            &format!("content-length: {n}"),
+            1,
+        )
     };
-    out.body(body).unwrap()
+    let (head, body, then_close) = match (damage, tamper) {
+        (false, _) => (head, body, true),
+        (true, Tamper::FlipByte) => {
+            body[0] ^= 0xff;
+            (head, body, true)
+        }
+        (true, Tamper::DropChecksum) => {
+            body.truncate(length - 4);
+            (resized(&head, length - 4), body, true)
+        }
+        (true, Tamper::EndEarly) => {
+            // One byte short of the range, whatever the checksum.
+            body.truncate(body.len().min(64 << 10) - 5);
+            (resized(&head, body.len()), body, true)
+        }
+        (true, Tamper::Break) => {
+            body.truncate(body.len().min(64 << 10));
+            (head, body, true)
+        }
+        (true, Tamper::Stall) => (head, Vec::new(), false),
+    };
+    let _ = client.write_all(head.as_bytes()).await;
+    let _ = client.write_all(&body).await;
+    if !then_close {
+        let _ = client.read(&mut [0u8; 1]).await;
+    }
 }

@@ -1,47 +1,42 @@
-//! The serving side of §7 on `VK_PEER_ADDR`. hyper rather than actix-web because each slice
-//! ends in an HTTP/1.1 chunked trailer carrying its CRC, which actix-web cannot send.
+//! The serving side of §7 on `VK_PEER_ADDR`, an actix-web server on a thread of its own
+//! like the kubelet API and `/metrics`.
 //!
-//! hyper sends trailers only to a request that says `TE: trailers` (RFC 9110 §10.1.4); the
-//! client in this module always does.
+//! A slice answer is sized: its body is the range's bytes followed by their CRC-32C
+//! ([`CRC_LEN`] bytes, big-endian), so a body cut anywhere is short of its `Content-Length`
+//! and a damaged one fails its checksum.
 
-use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::body::SizedStream;
+use actix_web::http::header::{ALLOW, CONTENT_TYPE};
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use anyhow::Context;
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderValue, ALLOW, CONTENT_TYPE, TRAILER};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use reconcilers::cocoon::CocoonCmd;
 use reconcilers::event::CocoonOk;
 use reconcilers::vm::CocoonErrorKind;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
 
 use super::plan::{plan_dir, MAX_SLICE};
-use super::{plain_name, CRC_TRAILER, PLAN_PATH, SLICE_PATH};
+use super::{plain_name, CRC_LEN, PLAN_PATH, SLICE_PATH};
 use crate::cocoon::CocoonCli;
 use crate::registry::valid_snapshot_name;
 
 /// More concurrent slice streams than this are refused with 503, so that a burst of waking
 /// nodes cannot take all of this node's disk bandwidth and descriptors.
 pub const MAX_STREAMS: usize = 128;
-/// Read size per body frame: large enough that syscalls do not dominate, small enough that
+/// Read size per body chunk: large enough that syscalls do not dominate, small enough that
 /// 128 streams stay within a bounded amount of memory.
 const READ_CHUNK: usize = 1 << 20;
 /// A connection that has not sent its request head by then is dropped.
 const HEADER_READ: Duration = Duration::from_secs(10);
-
-type Body = BoxBody<Bytes, io::Error>;
 
 /// Name → id of a local cocoon snapshot. `Ok(None)` when cocoon does not know the name.
 pub trait SnapshotIds: Send + Sync + 'static {
@@ -65,20 +60,16 @@ impl SnapshotIds for CocoonCli {
 }
 
 /// Binds `addr` (`VK_PEER_ADDR`) and serves snapshots stored under `snapshot_root`
-/// (`VK_COCOON_SNAPSHOT_DIR`), names resolved by `cocoon snapshot inspect`. Must be called
-/// inside the Tokio runtime. A bind failure is returned, naming the address.
-pub fn spawn(
-    addr: SocketAddr,
-    snapshot_root: PathBuf,
-    cocoon: CocoonCli,
-) -> anyhow::Result<JoinHandle<()>> {
-    Ok(Server::bind(addr, snapshot_root, Arc::new(cocoon))?.spawn())
+/// (`VK_COCOON_SNAPSHOT_DIR`), names resolved by `cocoon snapshot inspect`. A bind failure is
+/// returned, naming the address.
+pub fn spawn(addr: SocketAddr, snapshot_root: PathBuf, cocoon: CocoonCli) -> anyhow::Result<()> {
+    Server::bind(addr, snapshot_root, Arc::new(cocoon))?.spawn()
 }
 
 /// A bound, not yet serving, peer endpoint.
 pub struct Server {
     listener: std::net::TcpListener,
-    state: Arc<State>,
+    state: State,
 }
 
 struct State {
@@ -95,23 +86,19 @@ impl Server {
     ) -> anyhow::Result<Server> {
         let listener = std::net::TcpListener::bind(addr)
             .with_context(|| format!("VK_PEER_ADDR: cannot listen on {addr}"))?;
-        listener
-            .set_nonblocking(true)
-            .with_context(|| format!("VK_PEER_ADDR: cannot listen on {addr}"))?;
         Ok(Server {
             listener,
-            state: Arc::new(State {
+            state: State {
                 root: snapshot_root,
                 ids,
                 streams: Arc::new(Semaphore::new(MAX_STREAMS)),
-            }),
+            },
         })
     }
 
     /// Replaces the `MAX_STREAMS` limit.
     pub fn with_stream_limit(mut self, streams: usize) -> Self {
-        let state = Arc::get_mut(&mut self.state).expect("not serving yet");
-        state.streams = Arc::new(Semaphore::new(streams));
+        self.state.streams = Arc::new(Semaphore::new(streams));
         self
     }
 
@@ -119,70 +106,72 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until the handle is aborted.
-    pub fn spawn(self) -> JoinHandle<()> {
-        let listener = tokio::net::TcpListener::from_std(self.listener)
-            .expect("a non-blocking listener registers inside the runtime");
-        let state = self.state;
-        tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match listener.accept().await {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Out of descriptors, usually: back off instead of spinning.
-                        tracing::warn!("peer endpoint: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(route(&state, req).await) }
-                    });
-                    let served = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_READ)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                    if let Err(e) = served {
-                        tracing::debug!(%peer, "peer connection ended: {e}");
-                    }
-                });
-            }
-        })
+    /// Serves for the life of the process, on a thread of its own (actix's server is not
+    /// `Send`, and a burst of slices must not compete with the loop's runtime).
+    pub fn spawn(self) -> anyhow::Result<()> {
+        let addr = self.local_addr()?;
+        let (listener, state) = (self.listener, web::Data::new(self.state));
+        std::thread::Builder::new()
+            .name("peer-api".into())
+            .spawn(move || {
+                if let Err(e) = actix_web::rt::System::new().block_on(serve(listener, state)) {
+                    tracing::error!(%addr, error = %e, "peer API listener failed");
+                }
+            })
+            .context("cannot start the peer API thread")?;
+        Ok(())
     }
 }
 
-async fn route(state: &State, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path();
-    if path != PLAN_PATH && path != SLICE_PATH {
-        return text(StatusCode::NOT_FOUND, "no such endpoint");
-    }
-    if req.method() != Method::GET {
+async fn serve(listener: std::net::TcpListener, state: web::Data<State>) -> io::Result<()> {
+    HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .service(endpoint(PLAN_PATH).route(web::get().to(plan)))
+            .service(endpoint(SLICE_PATH).route(web::get().to(slice)))
+            .default_service(web::to(|| async {
+                text(StatusCode::NOT_FOUND, "no such endpoint")
+            }))
+    })
+    .workers(2)
+    .disable_signals()
+    .client_request_timeout(HEADER_READ)
+    .listen(listener)?
+    .run()
+    .await
+}
+
+/// A path that answers GET only: any other method is 405 naming it.
+fn endpoint(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(|| async {
         let mut res = text(StatusCode::METHOD_NOT_ALLOWED, "only GET");
-        res.headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("GET"));
-        return res;
-    }
-    let query = Query::parse(req.uri().query());
-    let answer = if path == PLAN_PATH {
-        plan(state, &query).await
-    } else {
-        slice(state, &query).await
-    };
-    answer.unwrap_or_else(|(status, msg)| text(status, &msg))
+        res.headers_mut().insert(
+            ALLOW,
+            actix_web::http::header::HeaderValue::from_static("GET"),
+        );
+        res
+    }))
 }
 
-type Answer = Result<Response<Body>, (StatusCode, String)>;
+type Answer = Result<HttpResponse, (StatusCode, String)>;
+
+fn answer(a: Answer) -> HttpResponse {
+    a.unwrap_or_else(|(status, msg)| text(status, &msg))
+}
 
 fn bad(msg: impl Into<String>) -> (StatusCode, String) {
     (StatusCode::BAD_REQUEST, msg.into())
 }
 
-async fn plan(state: &State, q: &Query) -> Answer {
+async fn plan(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    answer(plan_of(&state, &Query::parse(req.query_string())).await)
+}
+
+async fn slice(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    answer(slice_of(&state, &Query::parse(req.query_string())).await)
+}
+
+async fn plan_of(state: &State, q: &Query) -> Answer {
     let name = q.get("name").ok_or_else(|| bad("name is required"))?;
     if !valid_snapshot_name(name) {
         return Err(bad(format!("{name:?} is not a snapshot name")));
@@ -217,13 +206,12 @@ async fn plan(state: &State, q: &Query) -> Answer {
         (status, format!("plan snapshot {name:?}: {e}"))
     })?;
     let json = serde_json::to_vec(&plan).expect("a plan always serialises");
-    Ok(Response::builder()
-        .header(CONTENT_TYPE, "application/json")
-        .body(full(json))
-        .expect("static response parts"))
+    Ok(HttpResponse::Ok()
+        .insert_header((CONTENT_TYPE, "application/json"))
+        .body(json))
 }
 
-async fn slice(state: &State, q: &Query) -> Answer {
+async fn slice_of(state: &State, q: &Query) -> Answer {
     let id = q.get("id").ok_or_else(|| bad("id is required"))?;
     let file = q.get("file").ok_or_else(|| bad("file is required"))?;
     let offset = q.number("offset")?;
@@ -260,17 +248,15 @@ async fn slice(state: &State, q: &Query) -> Answer {
         what: format!("{id}/{file}@{offset}+{length}"),
         _permit: permit,
     };
-    let frames = futures::stream::unfold(Some(reader), |r| async move {
+    let chunks = futures::stream::unfold(Some(reader), |r| async move {
         let mut r = r?;
-        let frame = r.next_frame().await;
-        let more = matches!(&frame, Ok(f) if f.is_data());
-        Some((frame, more.then_some(r)))
+        let chunk = r.next_chunk().await;
+        let more = matches!(&chunk, Ok(Chunk::Data(_)));
+        Some((chunk.map(Chunk::into_bytes), more.then_some(r)))
     });
-    Ok(Response::builder()
-        .header(CONTENT_TYPE, "application/octet-stream")
-        .header(TRAILER, CRC_TRAILER)
-        .body(StreamBody::new(frames).boxed())
-        .expect("static response parts"))
+    Ok(HttpResponse::Ok()
+        .insert_header((CONTENT_TYPE, "application/octet-stream"))
+        .body(SizedStream::new(length + CRC_LEN as u64, chunks)))
 }
 
 async fn open_regular(path: &Path) -> io::Result<tokio::fs::File> {
@@ -293,16 +279,26 @@ struct SliceReader {
     _permit: OwnedSemaphorePermit,
 }
 
+enum Chunk {
+    Data(Bytes),
+    Crc(u32),
+}
+
+impl Chunk {
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Chunk::Data(b) => b,
+            Chunk::Crc(crc) => Bytes::copy_from_slice(&crc.to_be_bytes()),
+        }
+    }
+}
+
 impl SliceReader {
-    /// The next data frame, or the CRC trailer once `length` bytes are out. An error makes
-    /// hyper drop the connection before the last chunk: the client sees a truncated body.
-    async fn next_frame(&mut self) -> io::Result<Frame<Bytes>> {
+    /// The next piece of the range, or its CRC once `length` bytes are out. An error makes
+    /// actix drop the connection: the client sees a body short of its length.
+    async fn next_chunk(&mut self) -> io::Result<Chunk> {
         if self.left == 0 {
-            let mut trailers = HeaderMap::new();
-            let crc = HeaderValue::from_str(&format!("{:x}", self.crc))
-                .expect("hex digits are a header value");
-            trailers.insert(CRC_TRAILER, crc);
-            return Ok(Frame::trailers(trailers));
+            return Ok(Chunk::Crc(self.crc));
         }
         let mut buf = BytesMut::with_capacity(self.left.min(READ_CHUNK as u64) as usize);
         let n = match self.file.read_buf(&mut buf).await {
@@ -315,34 +311,22 @@ impl SliceReader {
         .inspect_err(|e| tracing::warn!("peer slice {} cut short: {e}", self.what))?;
         self.left -= n as u64;
         self.crc = crc32c::crc32c_append(self.crc, &buf);
-        Ok(Frame::data(buf.freeze()))
+        Ok(Chunk::Data(buf.freeze()))
     }
 }
 
-fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed()
-}
-
-fn text(status: StatusCode, msg: &str) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(full(format!("{msg}\n")))
-        .expect("static response parts")
+fn text(status: StatusCode, msg: &str) -> HttpResponse {
+    HttpResponse::build(status)
+        .insert_header((CONTENT_TYPE, "text/plain; charset=utf-8"))
+        .body(format!("{msg}\n"))
 }
 
 /// The decoded query string; the first of repeated keys wins.
 struct Query(Vec<(String, String)>);
 
 impl Query {
-    fn parse(q: Option<&str>) -> Query {
-        Query(
-            form_urlencoded::parse(q.unwrap_or("").as_bytes())
-                .into_owned()
-                .collect(),
-        )
+    fn parse(q: &str) -> Query {
+        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
     }
 
     fn get(&self, key: &str) -> Option<&str> {

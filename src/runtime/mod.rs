@@ -44,6 +44,8 @@ pub struct Settings {
     pub client_ca_file: Option<PathBuf>,
     /// `VK_KUBELET_ANONYMOUS`.
     pub kubelet_anonymous: bool,
+    /// K4: an exec session in which nothing moves either way this long ends.
+    pub exec_idle: std::time::Duration,
     pub dhcp_release_socket: Option<PathBuf>,
     /// `OCI_REGISTRY`.
     pub registry: Option<String>,
@@ -190,6 +192,7 @@ fn serve_kubelet(
             started: k8s_openapi::jiff::Timestamp::now().to_string(),
             log_streams: crate::kubelet::log_streams(),
             streams: crate::kubelet::streams(),
+            exec_idle: settings.exec_idle,
         },
     )
 }

@@ -54,6 +54,7 @@ impl Settings {
             node_ip: c.node_ip,
             client_ca_file: c.client_ca_file.clone(),
             kubelet_anonymous: c.kubelet_anonymous,
+            exec_idle: c.exec_idle_timeout,
             root_dir: c.cocoon_root_dir.display().to_string(),
             dhcp_release_socket: c.cocoon_net_control_socket.clone(),
             registry: c.oci_registry.clone(),

@@ -1,5 +1,5 @@
-//! `/exec`, `/attach` and `/portForward` (K4): the upgrade handshake, then a session on its
-//! own task that lives as long as the client's connection.
+//! `/exec`, `/attach` and `/portForward` (K4): the answer to the upgrade request, then a
+//! session that runs on the upgraded connection for as long as the client keeps it.
 //!
 //! Which transport arrives depends on the apiserver: when the Node declares
 //! `ExtendWebSocketsToKubelet` it passes kubectl's WebSocket through (remotecommand `v5` for
@@ -16,14 +16,17 @@ mod wire;
 
 use std::net::IpAddr;
 
-use actix_web::http::header::{self, HeaderValue};
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_http::header::{self, HeaderValue};
+use actix_http::{RequestHead, Response, StatusCode};
+use actix_web::HttpResponse;
+use futures::future::LocalBoxFuture;
 use serde_json::json;
 
 use super::Ctx;
 use crate::views::VmView;
 use remotecommand::Streams;
+pub use wire::connection;
+use wire::{Inbound, Outbound};
 
 const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";
 /// Both speak the same streams and the status as JSON; `v5` adds closing stdin.
@@ -34,18 +37,67 @@ const PORT_FORWARD_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
 const PORT_FORWARD_CHANNELS: &str = "v4.channel.k8s.io";
 
 /// A refusal before the upgrade, as a Status kubectl prints.
-fn refuse(code: StatusCode, message: impl Into<String>) -> HttpResponse {
+pub fn status_body(code: StatusCode, message: impl Into<String>) -> Vec<u8> {
     let reason = match code {
         StatusCode::BAD_REQUEST => "BadRequest",
         StatusCode::NOT_FOUND => "NotFound",
         StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
         _ => "InternalError",
     };
-    HttpResponse::build(code).json(json!({
+    let status = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message.into(), "reason": reason, "code": code.as_u16(),
-    }))
+    });
+    serde_json::to_vec(&status).unwrap_or_default()
 }
+
+/// The session on the upgraded connection: what the client sends, and where to send to it.
+pub type Relay = Box<dyn FnOnce(Inbound, Outbound) -> LocalBoxFuture<'static, ()>>;
+
+/// What an upgrade request is answered.
+pub enum Answer {
+    /// Refused before the upgrade, with a Status the client prints.
+    Refuse(StatusCode, String),
+    /// `101 Switching Protocols` with this response, then the relay on the connection.
+    Switch(Response<()>, Relay),
+}
+
+impl Answer {
+    fn refuse(code: StatusCode, message: impl Into<String>) -> Answer {
+        Answer::Refuse(code, message.into())
+    }
+}
+
+/// The answer to an upgrade request, by path.
+pub fn answer(ctx: &Ctx, head: &RequestHead) -> Answer {
+    let path = head.uri.path();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["exec", ns, pod, _container] => exec(ctx, head, ns, pod),
+        ["attach", _, _, _] => Answer::refuse(StatusCode::BAD_REQUEST, attach_refusal()),
+        ["portForward", ns, pod] => port_forward(ctx, head, ns, pod),
+        _ => Answer::refuse(
+            StatusCode::NOT_FOUND,
+            format!("{path} does not upgrade: exec, attach and portForward do"),
+        ),
+    }
+}
+
+/// `/exec`, `/attach` and `/portForward` asked without an upgrade.
+pub async fn not_upgraded() -> HttpResponse {
+    HttpResponse::BadRequest()
+        .content_type("application/json")
+        .body(status_body(StatusCode::BAD_REQUEST, NO_UPGRADE))
+}
+
+/// `/attach` asked without an upgrade: refused the same way.
+pub async fn attach() -> HttpResponse {
+    HttpResponse::BadRequest()
+        .content_type("application/json")
+        .body(status_body(StatusCode::BAD_REQUEST, attach_refusal()))
+}
+
+const NO_UPGRADE: &str = "this endpoint needs an upgrade to SPDY/3.1 or WebSocket";
 
 enum Transport {
     /// A WebSocket with the subprotocol chosen and the `Sec-WebSocket-Accept` answer.
@@ -73,7 +125,7 @@ impl Transport {
     }
 }
 
-fn offered(req: &HttpRequest, name: &str) -> Vec<String> {
+fn offered(req: &RequestHead, name: &str) -> Vec<String> {
     req.headers()
         .get_all(name)
         .filter_map(|v| v.to_str().ok())
@@ -86,7 +138,7 @@ fn offered(req: &HttpRequest, name: &str) -> Vec<String> {
 /// The transport and protocol for this request, ours (`spdy` or `ws`, by transport) chosen in
 /// our order of preference.
 fn negotiate(
-    req: &HttpRequest,
+    req: &RequestHead,
     spdy_ours: &[&'static str],
     ws_ours: &[&'static str],
 ) -> Result<Transport, String> {
@@ -99,8 +151,7 @@ fn negotiate(
     let pick = |ours: &[&'static str], theirs: &[String]| {
         ours.iter().copied().find(|p| theirs.iter().any(|t| t == p))
     };
-    let spdy = req.headers().contains_key(super::upgrade_head::SPDY_MARK);
-    if upgrade == "websocket" && !spdy {
+    if upgrade == "websocket" {
         let accept = wire::ws_accept(req)?;
         let theirs = offered(req, "Sec-WebSocket-Protocol");
         let ours = ws_ours;
@@ -111,7 +162,7 @@ fn negotiate(
         })?;
         return Ok(Transport::WebSocket { protocol, accept });
     }
-    if spdy || upgrade.starts_with("spdy/3.1") {
+    if upgrade.starts_with("spdy/3.1") {
         let theirs = offered(req, PROTOCOL_HEADER);
         let ours = spdy_ours;
         let protocol = pick(ours, &theirs).ok_or_else(|| {
@@ -121,13 +172,12 @@ fn negotiate(
         })?;
         return Ok(Transport::Spdy { protocol });
     }
-    Err("this endpoint needs an upgrade to SPDY/3.1 or WebSocket".into())
+    Err(NO_UPGRADE.into())
 }
 
-/// The 101 answer with the session's outgoing bytes as its body.
-fn switch(transport: &Transport) -> (wire::Outbound, HttpResponse) {
-    let (out, body) = wire::body();
-    let mut resp = HttpResponse::SwitchingProtocols();
+/// The 101 answer for the transport chosen.
+fn switching(transport: &Transport) -> Response<()> {
+    let mut resp = Response::build(StatusCode::SWITCHING_PROTOCOLS);
     match transport {
         Transport::WebSocket { protocol, accept } => {
             resp.upgrade("websocket");
@@ -141,7 +191,7 @@ fn switch(transport: &Transport) -> (wire::Outbound, HttpResponse) {
             resp.insert_header((PROTOCOL_HEADER, *protocol));
         }
     }
-    (out, resp.streaming(body))
+    resp.finish().drop_body()
 }
 
 fn boolean(v: &str) -> bool {
@@ -214,33 +264,28 @@ fn permit(ctx: &Ctx) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
 }
 
 /// `/exec/{ns}/{pod}/{container}`.
-pub async fn exec(
-    ctx: web::Data<Ctx>,
-    path: web::Path<(String, String, String)>,
-    req: HttpRequest,
-    payload: web::Payload,
-) -> HttpResponse {
-    let (ns, pod, _container) = path.into_inner();
-    let q = match exec_query(req.query_string()) {
+fn exec(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
+    let q = match exec_query(head.uri.query().unwrap_or_default()) {
         Ok(q) => q,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+        Err(e) => return Answer::refuse(StatusCode::BAD_REQUEST, e),
     };
-    let vm = match vm_of(&ctx, &ns, &pod) {
+    let vm = match vm_of(ctx, ns, pod) {
         Ok(vm) => vm,
-        Err((code, msg)) => return refuse(code, msg),
+        Err((code, msg)) => return Answer::Refuse(code, msg),
     };
-    let transport = match negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND) {
+    let transport = match negotiate(head, &REMOTECOMMAND, &REMOTECOMMAND) {
         Ok(t) => t,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+        Err(e) => return Answer::refuse(StatusCode::BAD_REQUEST, e),
     };
-    let permit = match permit(&ctx) {
+    let permit = match permit(ctx) {
         Ok(p) => p,
-        Err((code, msg)) => return refuse(code, msg),
+        Err((code, msg)) => return Answer::Refuse(code, msg),
     };
     tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
         protocol = transport.protocol(), "exec");
     let cli = ctx.cocoon.clone();
     let streams = q.streams;
+    let idle = ctx.exec_idle;
     let worker: remotecommand::Worker<_> = Box::new(move |stdin, out| {
         let windows_ip = vm.windows.then(|| vm.ip.clone().unwrap_or_default());
         let argv = exec::argv(&vm.vm_id, stdin.is_some(), &q.command);
@@ -251,25 +296,28 @@ pub async fn exec(
             }
         }
     });
-    let (out, resp) = switch(&transport);
-    match transport {
+    let response = switching(&transport);
+    let relay: Relay = match transport {
         Transport::WebSocket { protocol, .. } => {
-            let inbound = wire::ws_messages(payload, out.clone());
             let close_signal = protocol == REMOTECOMMAND[0];
-            actix_web::rt::spawn(async move {
-                remotecommand::websocket(inbound, out, streams, close_signal, worker).await;
-                drop(permit);
-            });
+            Box::new(move |raw, out| {
+                Box::pin(async move {
+                    let inbound = wire::ws_messages(raw, out.clone());
+                    remotecommand::websocket(inbound, out, streams, close_signal, idle, worker)
+                        .await;
+                    drop(permit);
+                })
+            })
         }
-        Transport::Spdy { .. } => {
-            let session = spdy_session::Session::new(wire::raw(payload), out, |b| b);
-            actix_web::rt::spawn(async move {
-                remotecommand::spdy(session, streams, worker).await;
+        Transport::Spdy { .. } => Box::new(move |raw, out| {
+            Box::pin(async move {
+                let session = spdy_session::Session::new(raw, out, |b| b);
+                remotecommand::spdy(session, streams, idle, worker).await;
                 drop(permit);
-            });
-        }
-    }
-    resp
+            })
+        }),
+    };
+    Answer::Switch(response, relay)
 }
 
 /// Why `/attach` cannot be served: there is no process of the pod's to attach to.
@@ -280,80 +328,71 @@ pub fn attach_refusal() -> String {
         .into()
 }
 
-/// `/attach/{ns}/{pod}/{container}`.
-pub async fn attach() -> HttpResponse {
-    refuse(StatusCode::BAD_REQUEST, attach_refusal())
-}
-
 /// `/portForward/{ns}/{pod}`.
-pub async fn port_forward(
-    ctx: web::Data<Ctx>,
-    path: web::Path<(String, String)>,
-    req: HttpRequest,
-    payload: web::Payload,
-) -> HttpResponse {
-    let (ns, pod) = path.into_inner();
-    let vm = match vm_of(&ctx, &ns, &pod) {
+fn port_forward(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
+    let vm = match vm_of(ctx, ns, pod) {
         Ok(vm) => vm,
-        Err((code, msg)) => return refuse(code, msg),
+        Err((code, msg)) => return Answer::Refuse(code, msg),
     };
     // Only the pod's own address is ever dialled, whatever the client asks.
     let Some(ip) = vm.ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
-        return refuse(
+        return Answer::refuse(
             StatusCode::NOT_FOUND,
             format!("vk-cocoon: pod {ns}/{pod} has no IP yet"),
         );
     };
     let ws = [PORT_FORWARD_TUNNEL, PORT_FORWARD_CHANNELS];
-    let transport = match negotiate(&req, &[PORT_FORWARD], &ws) {
+    let transport = match negotiate(head, &[PORT_FORWARD], &ws) {
         Ok(t) => t,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+        Err(e) => return Answer::refuse(StatusCode::BAD_REQUEST, e),
     };
-    let permit = match permit(&ctx) {
-        Ok(p) => p,
-        Err((code, msg)) => return refuse(code, msg),
-    };
-    tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
-        protocol = transport.protocol(), "port-forward");
     let channel_ports = match (&transport, transport.protocol()) {
         (Transport::WebSocket { .. }, PORT_FORWARD_CHANNELS) => {
-            match port_forward::query_ports(req.query_string()) {
+            match port_forward::query_ports(head.uri.query().unwrap_or_default()) {
                 Ok(p) => Some(p),
-                Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+                Err(e) => return Answer::refuse(StatusCode::BAD_REQUEST, e),
             }
         }
         _ => None,
     };
-    let (out, resp) = switch(&transport);
-    match (transport, channel_ports) {
-        (Transport::WebSocket { .. }, Some(ports)) => {
-            let inbound = wire::ws_messages(payload, out.clone());
-            actix_web::rt::spawn(async move {
+    let permit = match permit(ctx) {
+        Ok(p) => p,
+        Err((code, msg)) => return Answer::Refuse(code, msg),
+    };
+    tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
+        protocol = transport.protocol(), "port-forward");
+    let response = switching(&transport);
+    let relay: Relay = match (transport, channel_ports) {
+        (Transport::WebSocket { .. }, Some(ports)) => Box::new(move |raw, out| {
+            Box::pin(async move {
+                let inbound = wire::ws_messages(raw, out.clone());
                 port_forward::websocket(inbound, out, ip, ports).await;
                 drop(permit);
-            });
-        }
-        (transport, _) => {
-            let session = match transport {
-                Transport::WebSocket { .. } => {
-                    let inbound = wire::ws_messages(payload, out.clone());
-                    spdy_session::Session::new(inbound, out, wire::ws_binary)
-                }
-                Transport::Spdy { .. } => {
-                    spdy_session::Session::new(wire::raw(payload), out, |b| b)
-                }
-            };
-            actix_web::rt::spawn(async move {
+            })
+        }),
+        (Transport::WebSocket { .. }, None) => Box::new(move |raw, out| {
+            Box::pin(async move {
+                let inbound = wire::ws_messages(raw, out.clone());
+                let session = spdy_session::Session::new(inbound, out, wire::ws_binary);
                 port_forward::spdy(session, ip).await;
                 drop(permit);
-            });
-        }
-    }
-    resp
+            })
+        }),
+        (Transport::Spdy { .. }, _) => Box::new(move |raw, out| {
+            Box::pin(async move {
+                let session = spdy_session::Session::new(raw, out, |b| b);
+                port_forward::spdy(session, ip).await;
+                drop(permit);
+            })
+        }),
+    };
+    Answer::Switch(response, relay)
 }
 
 #[cfg(test)]
 mod tests {
+    use actix_web::HttpRequest;
+
     use super::*;
 
     #[test]
@@ -403,7 +442,7 @@ mod tests {
             ),
         ]);
         assert!(matches!(
-            negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND),
+            negotiate(req.head(), &REMOTECOMMAND, &REMOTECOMMAND),
             Ok(Transport::Spdy {
                 protocol: "v5.channel.k8s.io"
             })
@@ -415,7 +454,7 @@ mod tests {
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
             ("Sec-WebSocket-Protocol", "v4.channel.k8s.io"),
         ]);
-        match negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND) {
+        match negotiate(req.head(), &REMOTECOMMAND, &REMOTECOMMAND) {
             Ok(Transport::WebSocket { protocol, accept }) => {
                 assert_eq!(protocol, "v4.channel.k8s.io");
                 assert_eq!(accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
@@ -427,7 +466,7 @@ mod tests {
             ("Connection", "Upgrade"),
             (PROTOCOL_HEADER, "channel.k8s.io"),
         ]);
-        assert!(negotiate(&req, &REMOTECOMMAND, &REMOTECOMMAND).is_err());
-        assert!(negotiate(&request(&[]), &REMOTECOMMAND, &REMOTECOMMAND).is_err());
+        assert!(negotiate(req.head(), &REMOTECOMMAND, &REMOTECOMMAND).is_err());
+        assert!(negotiate(request(&[]).head(), &REMOTECOMMAND, &REMOTECOMMAND).is_err());
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::exec::{failure, Out};
 use super::spdy_frame::Frame;
 use super::spdy_session::{Event, Session};
-use super::wire::{self, Inbound, Outbound, IDLE};
+use super::wire::{self, Inbound, Outbound, IDLE as CREATION};
 
 /// The streams the caller asked for in the query.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,8 +34,15 @@ pub const CH_STDERR: u8 = 2;
 pub const CH_ERROR: u8 = 3;
 pub const CH_CLOSE: u8 = 255;
 
-/// How often the idle limit is looked at.
+/// How often the idle limit is looked at, at the most.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+/// How often a session with `idle` as its limit looks at it: often enough that the limit
+/// bites within half of itself.
+fn idle_check(idle: Duration) -> tokio::time::Interval {
+    let every = (idle / 2).clamp(Duration::from_millis(10), IDLE_CHECK);
+    tokio::time::interval(every)
+}
 
 pub type Worker<F> = Box<dyn FnOnce(Option<mpsc::Receiver<Bytes>>, mpsc::Sender<Out>) -> F>;
 
@@ -71,10 +78,11 @@ async fn flush_stdin(tx: &Option<mpsc::Sender<Bytes>>, pending: &mut Option<Byte
     }
 }
 
-fn idle_status() -> serde_json::Value {
+fn idle_status(idle: Duration) -> serde_json::Value {
+    tracing::info!(?idle, "exec session idle: ending it");
     failure(format!(
-        "vk-cocoon: the stream saw no traffic for {}s and was closed",
-        IDLE.as_secs()
+        "vk-cocoon: the stream saw no traffic for {:?} and was closed (VK_EXEC_IDLE_TIMEOUT)",
+        idle
     ))
 }
 
@@ -87,8 +95,14 @@ struct Ids {
 }
 
 /// Serves one exec over SPDY: waits (at most the creation timeout) for the streams the query
-/// promised, then runs `worker` and relays.
-pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker: Worker<F>) {
+/// promised, then runs `worker` and relays until the command ends, the client goes, or
+/// nothing moves for `idle`.
+pub async fn spdy<F: Future<Output = ()>>(
+    mut s: Session,
+    want: Streams,
+    idle: Duration,
+    worker: Worker<F>,
+) {
     let mut ids = Ids::default();
     let (in_tx, in_rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
     let mut in_tx = Some(in_tx);
@@ -99,7 +113,7 @@ pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker:
             && (!want.stdout || ids.stdout.is_some())
             && (!want.stderr || ids.stderr.is_some())
     };
-    let deadline = tokio::time::sleep(IDLE);
+    let deadline = tokio::time::sleep(CREATION);
     tokio::pin!(deadline);
     while !complete(&ids) {
         let ev = tokio::select! {
@@ -138,7 +152,7 @@ pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker:
     let job = worker(want.stdin.then_some(in_rx), out_tx);
     tokio::pin!(job);
     let mut job_done = false;
-    let mut tick = tokio::time::interval(IDLE_CHECK);
+    let mut tick = idle_check(idle);
     let status = loop {
         tokio::select! {
             ev = s.next(), if pending.is_none() => match ev {
@@ -165,7 +179,7 @@ pub async fn spdy<F: Future<Output = ()>>(mut s: Session, want: Streams, worker:
             },
             () = flush_stdin(&in_tx, &mut pending), if pending.is_some() => {}
             _ = &mut job, if !job_done => job_done = true,
-            _ = tick.tick() => if s.idle_for() >= IDLE { break idle_status() },
+            _ = tick.tick() => if s.idle_for() >= idle { break idle_status(idle) },
         }
     };
     for id in [ids.stdout, ids.stderr, ids.stdin].into_iter().flatten() {
@@ -189,12 +203,14 @@ fn channel_message(ch: u8, data: &[u8]) -> Bytes {
     wire::ws_binary(m.freeze())
 }
 
-/// Serves one exec over a WebSocket channel protocol (`v5` when `close_signal`).
+/// Serves one exec over a WebSocket channel protocol (`v5` when `close_signal`), until the
+/// command ends, the client goes, or nothing moves for `idle`.
 pub async fn websocket<F: Future<Output = ()>>(
     mut inbound: Inbound,
     out: Outbound,
     want: Streams,
     close_signal: bool,
+    idle: Duration,
     worker: Worker<F>,
 ) {
     use futures::StreamExt;
@@ -206,7 +222,7 @@ pub async fn websocket<F: Future<Output = ()>>(
     tokio::pin!(job);
     let mut job_done = false;
     let mut last_seen = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(IDLE_CHECK);
+    let mut tick = idle_check(idle);
     let status = loop {
         tokio::select! {
             msg = inbound.next(), if pending.is_none() => match msg {
@@ -236,7 +252,7 @@ pub async fn websocket<F: Future<Output = ()>>(
             },
             () = flush_stdin(&in_tx, &mut pending), if pending.is_some() => {}
             _ = &mut job, if !job_done => job_done = true,
-            _ = tick.tick() => if last_seen.elapsed() >= IDLE { break idle_status() },
+            _ = tick.tick() => if last_seen.elapsed() >= idle { break idle_status(idle) },
         }
     };
     let body = serde_json::to_vec(&status).unwrap_or_default();
@@ -252,6 +268,57 @@ mod tests {
     use super::super::exec::success;
     use super::super::spdy_frame::Codec;
     use super::*;
+
+    const IDLE: Duration = Duration::from_secs(30);
+
+    /// A worker that holds stdin open and never ends, as `cat` does with a quiet caller.
+    fn quiet() -> Worker<impl Future<Output = ()>> {
+        Box::new(|stdin, out| async move {
+            let _keep = (stdin, out);
+            futures::future::pending::<()>().await
+        })
+    }
+
+    /// The client pings (an empty message each) every `every`, `pings` times, then falls
+    /// silent with the connection still open.
+    fn pinging(every: Duration, pings: usize) -> Inbound {
+        futures::stream::iter(0..pings)
+            .then(move |_| async move {
+                tokio::time::sleep(every).await;
+                Bytes::new()
+            })
+            .chain(futures::stream::pending())
+            .boxed_local()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pings_keep_a_quiet_session_past_the_idle_limit_and_silence_ends_it() {
+        let idle = Duration::from_secs(2);
+        let (out, mut rx) = mpsc::channel(64);
+        let want = Streams {
+            stdin: true,
+            stdout: true,
+            ..Streams::default()
+        };
+        let started = tokio::time::Instant::now();
+        // Ten pings a second apart: ten seconds with nothing but pings, then silence.
+        websocket(
+            pinging(Duration::from_secs(1), 10),
+            out,
+            want,
+            true,
+            idle,
+            quiet(),
+        )
+        .await;
+        let lasted = started.elapsed();
+        assert!(lasted >= Duration::from_secs(12), "{lasted:?}");
+        assert!(lasted <= Duration::from_secs(14), "{lasted:?}");
+        let status = rx.recv().await.unwrap();
+        let text = String::from_utf8_lossy(&status);
+        assert!(text.contains("saw no traffic for 2s"), "{text}");
+        assert_eq!(rx.recv().await.unwrap(), wire::ws_close());
+    }
 
     /// A worker that copies stdin to stdout, then reports success.
     fn echo() -> Worker<impl Future<Output = ()>> {
@@ -308,7 +375,7 @@ mod tests {
             stdout: true,
             ..Streams::default()
         };
-        spdy(session, want, echo()).await;
+        spdy(session, want, IDLE, echo()).await;
         let mut wire = Vec::new();
         while let Ok(b) = rx.try_recv() {
             wire.push(b);
@@ -363,8 +430,8 @@ mod tests {
             ..Streams::default()
         };
         let started = tokio::time::Instant::now();
-        spdy(session, want, echo()).await;
-        assert!(started.elapsed() >= IDLE);
+        spdy(session, want, IDLE, echo()).await;
+        assert!(started.elapsed() >= CREATION);
         let mut wire = Vec::new();
         while let Ok(b) = rx.try_recv() {
             wire.push(b);
@@ -388,7 +455,7 @@ mod tests {
             stdout: true,
             ..Streams::default()
         };
-        websocket(inbound, out, want, true, echo()).await;
+        websocket(inbound, out, want, true, IDLE, echo()).await;
         let status = serde_json::to_vec(&success()).unwrap();
         assert_eq!(rx.recv().await.unwrap(), channel_message(CH_STDOUT, b"abc"));
         assert_eq!(rx.recv().await.unwrap(), channel_message(CH_ERROR, &status));
@@ -417,7 +484,7 @@ mod tests {
             let _keep = (stdin, out);
             futures::future::pending::<()>().await
         });
-        let relay = websocket(inbound, out, want, true, stuck);
+        let relay = websocket(inbound, out, want, true, IDLE, stuck);
         let _ = tokio::time::timeout(Duration::from_millis(200), relay).await;
         assert_eq!(
             read.get(),

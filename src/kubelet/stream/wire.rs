@@ -1,16 +1,16 @@
-//! The connection after `101 Switching Protocols`. actix-http hands a request that asks for an
-//! upgrade its raw bytes as the payload, until the client closes, and sends a streaming body
-//! as raw bytes behind the 101; so both directions of the upgraded connection are ordinary
-//! streams here, over TLS like any other request.
+//! The connection after `101 Switching Protocols`: the upgrade service owns it (TLS and all),
+//! and both directions become ordinary streams here.
 
+use std::future::Future;
 use std::time::Duration;
 
-use actix_codec::{Decoder, Encoder};
+use actix_codec::{AsyncRead, AsyncWrite, Decoder, Encoder, FramedParts};
 use actix_http::ws::{self, CloseCode, CloseReason, Codec, Frame, Item, Message};
-use actix_web::web;
+use actix_http::RequestHead;
 use bytes::{Bytes, BytesMut};
 use futures::stream::LocalBoxStream;
 use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 /// Client to daemon: the raw bytes, or whole WebSocket data messages; ends when the client
@@ -26,27 +26,45 @@ const OUT_QUEUE: usize = 32;
 /// The largest WebSocket message accepted: kubectl writes stdin and port data in chunks of
 /// 32 KiB or less.
 const MAX_MESSAGE: usize = 1 << 20;
-/// Both timeouts of K4: a stream that sees no traffic this long in either direction ends.
+/// K4: the SPDY streams an exec promised must be open by then, a port-forward pair whole, and
+/// a port-forward session that sees no traffic this long in either direction ends.
 pub const IDLE: Duration = Duration::from_secs(30);
+/// Bytes read from the client at a time.
+const READ_CHUNK: usize = 32 * 1024;
 
-/// The response body: whatever is sent on the returned sender, until it is dropped.
-pub fn body() -> (
-    Outbound,
-    impl futures::Stream<Item = Result<Bytes, std::io::Error>> + 'static,
-) {
-    let (tx, rx) = mpsc::channel::<Bytes>(OUT_QUEUE);
-    let body = futures::stream::unfold(
-        rx,
-        |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) },
-    );
-    (tx, body)
-}
-
-pub fn raw(payload: web::Payload) -> Inbound {
-    payload
-        .take_while(|r| std::future::ready(r.is_ok()))
-        .filter_map(|r| std::future::ready(r.ok()))
-        .boxed_local()
+/// The upgraded connection as its two directions: what the client sends (the bytes already
+/// read past the request head first), a sender for what goes to it, and the future that writes
+/// those until every sender is dropped, then closes the connection.
+pub fn connection<T, C>(parts: FramedParts<T, C>) -> (Inbound, Outbound, impl Future<Output = ()>)
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let (rd, mut wr) = tokio::io::split(parts.io);
+    let early = parts.read_buf.freeze();
+    let inbound = futures::stream::once(std::future::ready(early))
+        .filter(|b| std::future::ready(!b.is_empty()))
+        .chain(futures::stream::unfold(rd, |mut rd| async move {
+            let mut buf = BytesMut::with_capacity(READ_CHUNK);
+            match rd.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => None,
+                Ok(_) => Some((buf.freeze(), rd)),
+            }
+        }))
+        .boxed_local();
+    let (tx, mut rx) = mpsc::channel::<Bytes>(OUT_QUEUE);
+    let pending = parts.write_buf.freeze();
+    let writer = async move {
+        if !pending.is_empty() && wr.write_all(&pending).await.is_err() {
+            return;
+        }
+        while let Some(b) = rx.recv().await {
+            if wr.write_all(&b).await.is_err() || wr.flush().await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+    };
+    (inbound, tx, writer)
 }
 
 /// One WebSocket frame for the client (a server never masks).
@@ -71,9 +89,9 @@ pub fn ws_close() -> Bytes {
 /// The data messages of a WebSocket connection, reassembled from fragments. Pings are
 /// answered here (kubectl pings every 5 s and gives up after a minute without a pong); a close
 /// from the client is answered and ends the stream. A ping yields an empty message.
-pub fn ws_messages(payload: web::Payload, out: Outbound) -> Inbound {
+pub fn ws_messages(raw: Inbound, out: Outbound) -> Inbound {
     struct St {
-        payload: web::Payload,
+        raw: Inbound,
         buf: BytesMut,
         codec: Codec,
         partial: Option<BytesMut>,
@@ -81,7 +99,7 @@ pub fn ws_messages(payload: web::Payload, out: Outbound) -> Inbound {
         done: bool,
     }
     let st = St {
-        payload,
+        raw,
         buf: BytesMut::new(),
         codec: Codec::new().max_size(MAX_MESSAGE),
         partial: None,
@@ -124,9 +142,9 @@ pub fn ws_messages(payload: web::Payload, out: Outbound) -> Inbound {
                         return None;
                     }
                 },
-                Ok(None) => match st.payload.next().await {
-                    Some(Ok(b)) => st.buf.extend_from_slice(&b),
-                    _ => return None,
+                Ok(None) => match st.raw.next().await {
+                    Some(b) => st.buf.extend_from_slice(&b),
+                    None => return None,
                 },
                 Err(e) => {
                     tracing::debug!(error = %e, "WebSocket protocol error from a kubelet API client");
@@ -144,9 +162,9 @@ pub fn ws_messages(payload: web::Payload, out: Outbound) -> Inbound {
 }
 
 /// The `Sec-WebSocket-Accept` answer to a valid WebSocket upgrade request, or why it is not one.
-pub fn ws_accept(req: &actix_web::HttpRequest) -> Result<String, String> {
-    ws::verify_handshake(req.head()).map_err(|e| format!("bad WebSocket upgrade: {e}"))?;
-    let key = req
+pub fn ws_accept(head: &RequestHead) -> Result<String, String> {
+    ws::verify_handshake(head).map_err(|e| format!("bad WebSocket upgrade: {e}"))?;
+    let key = head
         .headers()
         .get(actix_web::http::header::SEC_WEBSOCKET_KEY)
         .map(|k| k.as_bytes())
