@@ -126,7 +126,9 @@ fn bridge_mac_is_fixed() -> bool {
 
 pub fn ensure_bridge(gateway: &str) -> Result<()> {
     if !link_exists(BRIDGE) {
-        ip(&["link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"])?;
+        ip(&[
+            "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge",
+        ])?;
     } else if !bridge_mac_is_fixed() {
         // A bridge whose MAC was not set by hand, whoever made it, gets the fixed one.
         ip(&["link", "set", BRIDGE, "address", BRIDGE_MAC])?;

@@ -57,7 +57,9 @@ fn guest_answers_ping_tcp_ssh_and_http() {
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
     match ping_binary() {
-        None => skip_unless_ci("ping: iputils-ping not installed (apt-get install -y iputils-ping)"),
+        None => {
+            skip_unless_ci("ping: iputils-ping not installed (apt-get install -y iputils-ping)")
+        }
         Some(ping) => {
             let ok = std::process::Command::new(ping)
                 .args(["-c1", "-W1", &ip])
@@ -246,7 +248,10 @@ fn guest_runs_in_its_cgroup_scope_when_v2_is_writable() {
     let info = sim.info("cg");
     let scope = info["cgroup"].as_str().unwrap();
     if std::env::var("COCOON_SIM_GUESTS").as_deref() == Ok("shared") {
-        assert_eq!(scope, "", "a hub guest is a thread of the hub: no scope of its own");
+        assert_eq!(
+            scope, "",
+            "a hub guest is a thread of the hub: no scope of its own"
+        );
         return;
     }
     if scope.is_empty() {
