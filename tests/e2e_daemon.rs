@@ -1,13 +1,12 @@
 //! The daemon end to end: the real binary against a real kube-apiserver + etcd and
 //! the cocoon simulator with real guests. Every daemon run's journal is replayed with --verify.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{
+use e2e::daemon::{
     annotation, create_pod, is_ready, phase, pod_ip, pod_manifest, terminated_reason, until,
     wait_ready, watch_for, DaemonOptions,
 };
@@ -497,8 +496,8 @@ async fn icmp_probes_degrade_without_net_raw() -> Result<()> {
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
     else {
-        eprintln!(
-            "skipped: setpriv (util-linux) is not installed, so CAP_NET_RAW cannot be dropped"
+        e2e::skip::unless_ci(
+            "setpriv (util-linux, e2e/scripts/ci-setup.sh) is not installed, so CAP_NET_RAW cannot be dropped",
         );
         return Ok(());
     };

@@ -3,14 +3,13 @@
 //! certificate. It registers the node, renews the Lease, takes a pod from create to Ready
 //! (status and annotations in one `pods/status` patch) and deletes it, with nothing forbidden.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, pod_manifest, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, pod_manifest, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams};
