@@ -177,9 +177,10 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
             .map(|id| (id, p)))
     })
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // R2: the first status, the one with the pod IP, came once the probes had failed for the
+    // whole probe deadline; the port is still closed, so the pod is not Ready.
     ensure!(
-        !is_ready(&pods.get("probe-a").await?),
+        !is_ready(&probe.1) && !is_ready(&pods.get("probe-a").await?),
         "probe-a must not be Ready before port 9099 opens"
     );
     sim.run(&["sim", "fault", "open-port", &probe.0, "9099"])?;
