@@ -423,7 +423,12 @@ async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
     create_pod(&pods, &run_pod("after-kill")?).await?;
     let p = wait_ready(&pods, "after-kill", LIMIT).await?;
     let id = annotation(&p, "vm.cocoonstack.io/id").context("after-kill id")?;
-    tokio::time::sleep(Duration::from_secs(3)).await; // the fixed 2 s reconnect delay
+    // The next vanish is for the stream to see: its reconnect after the kill is done.
+    until("the daemon's event stream back", LIMIT, || async {
+        Ok(event_stream_running(d.proc.pid()).then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
     let seen = watch_for(pods.clone(), "after-kill", |p| {
         terminated_reason(p).as_deref() == Some("VMGone")
     });
@@ -486,6 +491,26 @@ impl Drop for PingGroupRangeClosed {
             }
         }
     }
+}
+
+/// Whether the daemon `pid` has its cocoon event stream (`vm status --event`, a child of its
+/// own) running.
+fn event_stream_running(pid: u32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        let dir = e.path();
+        let ppid = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|s| {
+                let (_, after) = s.rsplit_once(')')?;
+                after.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+        ppid == Some(pid)
+            && std::fs::read(dir.join("cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"--event"))
+    })
 }
 
 /// R9 end to end: a daemon without CAP_NET_RAW, on a host where unprivileged ICMP is closed,
