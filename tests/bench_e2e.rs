@@ -6,8 +6,7 @@
 //! of the scale goals beside what the run measured, replay --verify of a synthetic 1,000-pod
 //! journal and of the run's own included (`make bench-all` runs it at 1,000 pods, release).
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 mod support;
 
 use std::collections::BTreeMap;
@@ -16,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{
+use e2e::daemon::{
     annotation, percentile, phase, pod_manifest, terminated_reason, usage, watch_for, DaemonOptions,
 };
 use e2e::testbed::{Testbed, TestbedOptions};

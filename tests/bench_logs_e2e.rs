@@ -9,8 +9,7 @@
 //! client certificate, as the apiserver itself connects; a hundred `kubectl logs -f` would
 //! measure the apiserver and kubectl on this 2-core machine more than the daemon.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{
+use e2e::daemon::{
     annotation, create_pod, is_ready, percentile, until, usage, wait_ready, DaemonOptions,
 };
 use e2e::testbed::{Testbed, TestbedOptions};

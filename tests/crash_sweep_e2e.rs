@@ -22,8 +22,7 @@
 //! delays but not necessarily the same outcome. The journal and the daemon's log are kept
 //! under `target/tmp/crash-sweep-<seed>/`.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -31,7 +30,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use daemon::{annotation, is_ready, phase, pod_manifest, DaemonOptions};
+use e2e::daemon::{annotation, is_ready, phase, pod_manifest, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};

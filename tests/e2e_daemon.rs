@@ -1,13 +1,12 @@
 //! The daemon end to end: the real binary against a real kube-apiserver + etcd and
 //! the cocoon simulator with real guests. Every daemon run's journal is replayed with --verify.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{
+use e2e::daemon::{
     annotation, create_pod, is_ready, phase, pod_ip, pod_manifest, terminated_reason, until,
     wait_ready, watch_for, DaemonOptions,
 };
@@ -178,9 +177,10 @@ async fn pods_run_probe_delete_restart_vanish() -> Result<()> {
             .map(|id| (id, p)))
     })
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // R2: the first status, the one with the pod IP, came once the probes had failed for the
+    // whole probe deadline; the port is still closed, so the pod is not Ready.
     ensure!(
-        !is_ready(&pods.get("probe-a").await?),
+        !is_ready(&probe.1) && !is_ready(&pods.get("probe-a").await?),
         "probe-a must not be Ready before port 9099 opens"
     );
     sim.run(&["sim", "fault", "open-port", &probe.0, "9099"])?;
@@ -423,7 +423,12 @@ async fn orphans_crashes_stream_kill_and_apiserver_restart() -> Result<()> {
     create_pod(&pods, &run_pod("after-kill")?).await?;
     let p = wait_ready(&pods, "after-kill", LIMIT).await?;
     let id = annotation(&p, "vm.cocoonstack.io/id").context("after-kill id")?;
-    tokio::time::sleep(Duration::from_secs(3)).await; // the fixed 2 s reconnect delay
+    // The next vanish is for the stream to see: its reconnect after the kill is done.
+    until("the daemon's event stream back", LIMIT, || async {
+        Ok(event_stream_running(d.proc.pid()).then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(60))?;
     let seen = watch_for(pods.clone(), "after-kill", |p| {
         terminated_reason(p).as_deref() == Some("VMGone")
     });
@@ -488,6 +493,26 @@ impl Drop for PingGroupRangeClosed {
     }
 }
 
+/// Whether the daemon `pid` has its cocoon event stream (`vm status --event`, a child of its
+/// own) running.
+fn event_stream_running(pid: u32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        let dir = e.path();
+        let ppid = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|s| {
+                let (_, after) = s.rsplit_once(')')?;
+                after.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+        ppid == Some(pid)
+            && std::fs::read(dir.join("cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"--event"))
+    })
+}
+
 /// R9 end to end: a daemon without CAP_NET_RAW, on a host where unprivileged ICMP is closed,
 /// opens no ICMP socket; its ICMP probes pass on a resolved IP, so pods still go Ready, and
 /// /metrics says the probes are degraded.
@@ -497,8 +522,8 @@ async fn icmp_probes_degrade_without_net_raw() -> Result<()> {
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
     else {
-        eprintln!(
-            "skipped: setpriv (util-linux) is not installed, so CAP_NET_RAW cannot be dropped"
+        e2e::skip::unless_ci(
+            "setpriv (util-linux, e2e/scripts/ci-setup.sh) is not installed, so CAP_NET_RAW cannot be dropped",
         );
         return Ok(());
     };

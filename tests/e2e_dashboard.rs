@@ -10,14 +10,13 @@
 //! a label vector nobody initialised): it could never fire. So each metric an alert names must
 //! have a series of job `vk-cocoon`.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use daemon::{create_pod, wait_ready, DaemonOptions};
+use e2e::daemon::{create_pod, wait_ready, DaemonOptions};
 use e2e::prometheus::{Prometheus, ScrapeJob};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;

@@ -3,14 +3,13 @@
 //! invalid each get a Warning Event and a status write; the status writes all land within a
 //! few seconds, while the Events trickle in (or are dropped) behind them.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use base64::Engine;
-use daemon::{create_pod, pod_manifest, until, DaemonOptions};
+use e2e::daemon::{create_pod, pod_manifest, until, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DynamicObject, PostParams};

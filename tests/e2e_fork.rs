@@ -2,13 +2,12 @@
 //! the same main VM at once all come up from a single `snapshot save` of `fork-<main>`, with
 //! no failed bring-up on the way (no `CreateBringUpFailed`, no retry).
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, metric_series, pod_manifest, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, metric_series, pod_manifest, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams};

@@ -4,13 +4,12 @@
 //! by the pool label and the provider toleration, and when the pod's owner is deleted the
 //! garbage collector deletes the pod and the daemon removes its VM.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, run_pod, until, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, run_pod, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

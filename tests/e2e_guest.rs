@@ -6,15 +6,14 @@
 //! a clone whose fix-up always fails in the guest gives up after the 180 s budget with the
 //! hint and the errors on the pod. The journal is replayed with --verify.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use base64::Engine;
-use daemon::{annotation, create_pod, is_ready, pod_ip, pod_manifest, until, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, is_ready, pod_ip, pod_manifest, until, DaemonOptions};
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;

@@ -7,8 +7,7 @@
 //! with ENOSPC exactly as a full disk does, whatever the writer's privileges (tmpfs reserves
 //! nothing for root). Mounting needs root with CAP_SYS_ADMIN, which the testbed runs with.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -17,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use daemon::{create_pod, pod_manifest, until, wait_ready, DaemonOptions};
+use e2e::daemon::{create_pod, pod_manifest, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;

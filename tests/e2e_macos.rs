@@ -5,14 +5,15 @@
 //! pid), and its delete removes the guest. The VNC password reaches cocoon-macos but never the
 //! journal.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, is_ready, pod_manifest, until, wait_ready, DaemonOptions};
+use e2e::daemon::{
+    annotation, create_pod, is_ready, pod_manifest, until, wait_ready, DaemonOptions,
+};
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};

@@ -3,14 +3,13 @@
 //! certificate. It registers the node, renews the Lease, takes a pod from create to Ready
 //! (status and annotations in one `pods/status` patch) and deletes it, with nothing forbidden.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, pod_manifest, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, pod_manifest, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams};
@@ -312,14 +311,19 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
     })
     .await
     .with_context(|| d.proc.log_tail(40))?;
-    // Long enough for a registration, a status round and a Lease renewal to have happened.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The virtual node's Lease comes after its registration and first status round: once it
+    // exists, each of those has had its chance to write to the host's Node.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    daemon::until("host-1-cocoon's Lease", LIMIT, || async {
+        Ok(leases.get_opt(&name).await?.map(|_| ()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
     let host_now = nodes.get("host-1").await?;
     ensure!(
         as_its_kubelet_left_it(&host) == as_its_kubelet_left_it(&host_now),
         "the host's Node was written to: {host_now:?}"
     );
-    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
     ensure!(
         leases.get_opt("host-1").await?.is_none(),
         "a Lease was made for the host's Node"

@@ -4,13 +4,12 @@
 //! policy (D4); a pod hibernates into `<vm>:hibernate` and wakes under the same VM name with
 //! a file written in its guest intact (U3, U5, U6). The journal is replayed with --verify.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, phase, pod_manifest, until, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, phase, pod_manifest, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -449,7 +448,19 @@ async fn failures_roll_back_and_killed_daemons_finish() -> Result<()> {
     sim_run(&sim_cli, &["sim", "fault", "delay", "vm clone", "3000"])?;
     annotate(&pods, "killed", "vm.cocoonstack.io/hibernate", None).await?;
     lifecycle_is(&pods, "killed", "creating").await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The kill lands once the simulator holds the clone's `creating` record, inside its delay.
+    until("the wake's clone under way", LIMIT, || async {
+        for id in vm_named(&tb, &sim_cli, "vk-default-killed")? {
+            let v: serde_json::Value =
+                serde_json::from_str(&sim_run(&sim_cli, &["vm", "inspect", &id])?)?;
+            if v["state"] == "creating" {
+                return Ok(Some(()));
+            }
+        }
+        Ok(None)
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
     d.proc.signal(libc::SIGKILL);
     let journal3 = tb.run_dir().join("journal-3").join("events.journal");
     d = daemon::start(

@@ -3,14 +3,13 @@
 //! `/metrics/resource` (K6) as user `system:metrics-server`, whom the daemon checks (K9). The
 //! figures are the simulated VM's own: the guest process's RSS and its cgroup scope's CPU (M2).
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use daemon::{create_pod, metric_series, wait_ready, DaemonOptions};
+use e2e::daemon::{create_pod, metric_series, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

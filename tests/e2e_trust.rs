@@ -2,13 +2,12 @@
 //! a running pod's VM, or forks it, gets a clear failure; the other pod's VM, its local
 //! snapshot and its fork snapshot are untouched, also after the intruder is deleted.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, pod_manifest, until, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams};

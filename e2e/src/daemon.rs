@@ -1,15 +1,43 @@
-//! Starting the real `vk-cocoon` daemon against a testbed, wired to its simulator.
+//! Running the real `vk-cocoon` daemon against a testbed, wired to its simulator, and waiting
+//! on what it does: what the root package's e2e tests, benchmarks and `make demo` share.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 
 use crate::procs::Proc;
 use crate::testbed::Testbed;
 
-pub struct DaemonOptions {
-    /// The `vk-cocoon` binary (tests pass `env!("CARGO_BIN_EXE_vk-cocoon")`).
+/// The `vk-cocoon` binary cargo built next to the running test: `CARGO_BIN_EXE_vk-cocoon`
+/// when cargo sets it at run time, otherwise the target dir's `vk-cocoon` above the test's
+/// own `deps/` directory.
+pub fn vk_cocoon_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("CARGO_BIN_EXE_vk-cocoon") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe().context("the running executable")?;
+    let mut dir = exe.parent().context("the executable's directory")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("the target directory")?;
+    }
+    let bin = dir.join("vk-cocoon");
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it first (cargo builds it for the root package's tests; \
+             otherwise `cargo build -j2 --bin vk-cocoon`)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Everything a launch of `vk-cocoon run` is given; [`start`] fills it from [`DaemonOptions`].
+pub struct Launch {
+    /// The `vk-cocoon` binary ([`vk_cocoon_bin`] for a test of the root package).
     pub bin: PathBuf,
     pub node: String,
     pub orphan_policy: String,
@@ -31,7 +59,7 @@ pub struct DaemonOptions {
     pub launcher: Vec<String>,
 }
 
-impl DaemonOptions {
+impl Launch {
     pub fn new(bin: impl Into<PathBuf>, journal: PathBuf) -> Result<Self> {
         Ok(Self {
             bin: bin.into(),
@@ -50,7 +78,7 @@ impl DaemonOptions {
 }
 
 /// Spawns `vk-cocoon run` as part of the testbed's run (torn down with it).
-pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
+pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
     let sim = tb.host(o.host.as_deref())?;
     let mut cmd = match o.launcher.split_first() {
         Some((program, args)) => {
@@ -91,6 +119,317 @@ pub fn start(tb: &Testbed, o: &DaemonOptions) -> Result<Proc> {
     }
     cmd.envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)
+}
+
+pub struct Daemon {
+    pub proc: Proc,
+}
+
+pub struct DaemonOptions {
+    pub node: String,
+    pub orphan_policy: &'static str,
+    /// Extra environment, e.g. simulator timing for a benchmark.
+    pub env: Vec<(String, String)>,
+    /// Starts the daemon through this program and arguments (see [`Launch::launcher`]).
+    pub launcher: Vec<String>,
+    /// A second node's cocoon host and address (see [`Launch`]); `None` keeps
+    /// the testbed's simulator, 127.0.0.1 and a free peer port.
+    pub host: Option<String>,
+    pub node_ip: Option<String>,
+    pub peer_addr: Option<String>,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        Self {
+            node: "node-a".into(),
+            orphan_policy: "destroy",
+            env: Vec::new(),
+            launcher: Vec::new(),
+            host: None,
+            node_ip: None,
+            peer_addr: None,
+        }
+    }
+}
+
+pub fn start(
+    tb: &Testbed,
+    opts: &DaemonOptions,
+    journal: &Path,
+    metrics_port: u16,
+    kubelet_port: u16,
+) -> Result<Daemon> {
+    let mut o = Launch::new(vk_cocoon_bin()?, journal.to_path_buf())?;
+    o.node = opts.node.clone();
+    o.orphan_policy = opts.orphan_policy.into();
+    o.metrics_port = metrics_port;
+    o.kubelet_port = kubelet_port;
+    o.env = opts.env.clone();
+    o.launcher = opts.launcher.clone();
+    o.host = opts.host.clone();
+    if let Some(ip) = &opts.node_ip {
+        o.node_ip = ip.clone();
+    }
+    if let Some(addr) = &opts.peer_addr {
+        o.peer_addr = addr.clone();
+    }
+    Ok(Daemon {
+        proc: launch(tb, &o)?,
+    })
+}
+
+/// Polls `f` every 100 ms until it yields `Some`, for at most `limit`; the error names `what`.
+pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "timed out waiting for {what}{}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn create_pod(api: &Api<Pod>, pod: &Pod) -> Result<Pod> {
+    Ok(api.create(&PostParams::default(), pod).await?)
+}
+
+pub fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn phase(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+pub fn pod_ip(p: &Pod) -> Option<String> {
+    p.status.as_ref().and_then(|s| s.pod_ip.clone())
+}
+
+pub fn annotation(p: &Pod, k: &str) -> Option<String> {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(k).cloned())
+}
+
+pub async fn wait_ready(api: &Api<Pod>, name: &str, limit: Duration) -> Result<Pod> {
+    until(&format!("pod {name} Ready"), limit, || async {
+        let p = api.get(name).await?;
+        Ok(is_ready(&p).then_some(p))
+    })
+    .await
+}
+
+/// An Event kube-scheduler reported (FailedScheduling while a pod waits for a node, say), not
+/// the daemon.
+pub fn from_the_scheduler(e: &k8s_openapi::api::core::v1::Event) -> bool {
+    let scheduler = Some("default-scheduler");
+    e.reporting_component.as_deref() == scheduler
+        || e.source.as_ref().and_then(|s| s.component.as_deref()) == scheduler
+}
+
+/// Replays the run's journal with `--verify`: the same events must give the same actions.
+pub fn replay_verify(journal: &Path) -> Result<()> {
+    let dir = journal.parent().context("journal path has no parent")?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let out = Command::new(vk_cocoon_bin()?)
+        .arg("replay")
+        .arg("--verify")
+        .args(&files)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "replay --verify failed on {files:?}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+pub async fn metric(port: u16, name: &str) -> Result<f64> {
+    let body = reqwest_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Every series of one metric as (labels, value), labels as printed (`kind="pod"`).
+pub async fn metric_series(port: u16, name: &str) -> Result<Vec<(String, f64)>> {
+    let body = reqwest_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let labels = series
+                .split_once('{')
+                .map_or("", |(_, rest)| rest.trim_end_matches('}'));
+            Some((labels.to_string(), value.parse::<f64>().ok()?))
+        })
+        .collect())
+}
+
+async fn reqwest_get(url: &str) -> Result<String> {
+    Ok(crate::ready::http().get(url).send().await?.text().await?)
+}
+
+/// Watches one pod from now on and resolves with the first version matching `pred`. Started
+/// before the trigger, so a state the pod passes through quickly (Failed, then force-deleted
+/// within milliseconds) is still seen.
+pub struct Seen(
+    tokio::sync::oneshot::Receiver<Pod>,
+    tokio::task::JoinHandle<()>,
+);
+
+pub fn watch_for(api: Api<Pod>, name: &str, pred: impl Fn(&Pod) -> bool + Send + 'static) -> Seen {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, cfg).boxed();
+        let mut tx = Some(tx);
+        while let Some(ev) = stream.next().await {
+            let pod = match ev {
+                Ok(
+                    watcher::Event::Apply(p)
+                    | watcher::Event::InitApply(p)
+                    | watcher::Event::Delete(p),
+                ) => p,
+                _ => continue,
+            };
+            if pred(&pod) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(pod);
+                }
+                return;
+            }
+        }
+    });
+    Seen(rx, task)
+}
+
+impl Seen {
+    pub async fn wait(self, what: &str, limit: Duration) -> Result<Pod> {
+        let r = tokio::time::timeout(limit, self.0).await;
+        self.1.abort();
+        match r {
+            Ok(Ok(p)) => Ok(p),
+            _ => bail!("timed out waiting for {what}"),
+        }
+    }
+}
+
+pub fn terminated_reason(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
+}
+
+/// The value at quantile `p` of `sorted` (NaN when empty), for benchmark figures.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// (utime + stime in seconds, RSS bytes) of a process, from /proc.
+pub fn usage(pid: u32) -> Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit(')').next().context("stat")?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / tick;
+    let rss = f[21].parse::<u64>()? * 4096;
+    Ok((cpu, rss))
+}
+
+/// The HTTP status `curl` got, or `000` when the TLS handshake was refused.
+pub async fn curl_status(url: &str, args: &[&str]) -> Result<String> {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .args(args)
+        .arg(url)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .output()
+        .await
+        .context("running curl")?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A managed run-mode pod `name` on `node`, its VM named `vk-<ns>-<name>`.
+pub fn run_pod(ns: &str, name: &str, node: &str) -> Result<Pod> {
+    pod_manifest(
+        ns,
+        name,
+        node,
+        serde_json::json!({"cocoonset.cocoonstack.io/managed": "true",
+            "vm.cocoonstack.io/name": format!("vk-{ns}-{name}"),
+            "cocoonset.cocoonstack.io/mode": "run",
+            "cocoonset.cocoonstack.io/image": "ghcr.io/cocoonstack/ubuntu:24.04"}),
+    )
+}
+
+/// Waits until the daemon `d` has registered `node`; on a timeout the error carries the
+/// daemon's log.
+pub async fn node_registered(tb: &Testbed, d: &Daemon, node: &str, limit: Duration) -> Result<()> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(tb.client()?);
+    until("node registered", limit, || async {
+        Ok(nodes.get_opt(node).await?.map(|_| ()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))
 }
 
 /// The pool the daemons started here belong to (`VK_NODE_POOL` unset).

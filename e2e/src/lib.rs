@@ -27,6 +27,7 @@ pub mod registry;
 pub mod rundir;
 pub mod scheduler;
 pub mod sim;
+pub mod skip;
 pub mod testbed;
 
 pub use testbed::{Testbed, TestbedOptions};

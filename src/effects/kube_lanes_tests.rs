@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -11,8 +12,9 @@ use hyper_util::rt::TokioIo;
 use reconcilers::action::EventType;
 use reconcilers::pod::PodKey;
 use reconcilers::{Action, Event};
+use tokio::sync::watch;
 
-use super::event_lane::CAPACITY;
+use super::event_lane::{CAPACITY, CONCURRENCY};
 use super::probes::{Pinger, Probes};
 use super::Executor;
 use crate::cocoon::CocoonCli;
@@ -20,9 +22,14 @@ use crate::metrics::Metrics;
 
 const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default","uid":"u"},"status":{"phase":"Running"}}"#;
 
-/// Answers a pod status patch at once; holds every Event create without an answer.
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Answers a pod status patch at once; holds every Event create without an answer, and
+/// counts the held ones in `held`.
+async fn answer(
+    req: Request<Incoming>,
+    held: Arc<watch::Sender<usize>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() == Method::POST && req.uri().path().ends_with("/events") {
+        held.send_modify(|n| *n += 1);
         std::future::pending::<()>().await;
     }
     if req.method() == Method::PATCH
@@ -39,28 +46,33 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         .unwrap())
 }
 
-async fn slow_apiserver() -> kube::Client {
+/// The client, and how many Event creates the apiserver holds so far.
+async fn slow_apiserver() -> (kube::Client, watch::Receiver<usize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let (held, seen) = watch::channel(0);
+    let held = Arc::new(held);
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
+            let held = held.clone();
             tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| answer(req, held.clone()));
                 let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), hyper::service::service_fn(answer))
+                    .serve_connection(TokioIo::new(tcp), service)
                     .await;
             });
         }
     });
     let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-    kube::Client::try_from(config).unwrap()
+    (kube::Client::try_from(config).unwrap(), seen)
 }
 
 #[tokio::test]
 async fn events_withheld_by_the_apiserver_never_delay_a_status_write() {
-    let client = slow_apiserver().await;
+    let (client, mut held) = slow_apiserver().await;
     let (tx, mut rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
     let probes = Probes::new(Pinger::Degraded, tx.clone(), metrics.clone());
@@ -86,8 +98,14 @@ async fn events_withheld_by_the_apiserver_never_delay_a_status_write() {
             source: reconcilers::action::EventSource::Vk,
         });
     }
-    // Let the held Events reach the apiserver first.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The Events the lane lets through reach the apiserver, and stay there, first.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        held.wait_for(|n| *n >= CONCURRENCY),
+    )
+    .await
+    .expect("the Events lane sent no Events")
+    .unwrap();
     exec.execute(Action::PatchPod {
         op: 7,
         key,

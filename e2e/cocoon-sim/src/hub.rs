@@ -10,9 +10,10 @@
 //!   short-lived thread, as a guest process does.
 //! - The CLI talks to the hub over `<root>/hub.sock`, one request line per connection:
 //!   `start ID CONTROL` (answers `ok TID` once the guest has opened its ports), `stop ID`
-//!   (answers once the thread is gone and its ports are closed), `refresh ID` (read the
-//!   control file again). The first `start` launches the hub; a hub that dies takes every
-//!   guest with it, and the CLI sees them all as not running.
+//!   (answers once the thread is gone and its ports are closed), `refresh ID` (answers once
+//!   the guest has read its control file again and acted on it, so a port the control drops
+//!   is closed when the CLI returns). The first `start` launches the hub; a hub that dies
+//!   takes every guest with it, and the CLI sees them all as not running.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -242,7 +243,8 @@ impl Listeners for Polled {
 }
 
 enum Msg {
-    Refresh,
+    /// Read the control file again, act on it, then answer on the sender.
+    Refresh(mpsc::Sender<()>),
     Stop,
 }
 
@@ -301,11 +303,13 @@ fn guest_main(
             Some(d) => rx.recv_timeout(d),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
+        let mut applied = None;
         match msg {
-            Ok(Msg::Refresh) => {
+            Ok(Msg::Refresh(done)) => {
                 if let Some(c) = guest::read_control(&control) {
                     ctl = c;
                 }
+                applied = Some(done);
             }
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
                 g.power_off();
@@ -315,6 +319,9 @@ fn guest_main(
             Err(RecvTimeoutError::Timeout) => {}
         }
         due = g.step(&ctl);
+        if let Some(done) = applied {
+            let _ = done.send(());
+        }
     }
 }
 
@@ -372,8 +379,13 @@ fn handle(conn: UnixStream, g: &Guests, poller: &Arc<Poller>) {
             "ok".into()
         }
         ["refresh", id] => {
-            if let Some(r) = guests(g).get(*id) {
-                let _ = r.tx.send(Msg::Refresh);
+            let (done_tx, done) = mpsc::channel();
+            let sent = guests(g)
+                .get(*id)
+                .is_some_and(|r| r.tx.send(Msg::Refresh(done_tx)).is_ok());
+            // A guest that stops instead drops the sender, which ends the wait too.
+            if sent {
+                let _ = done.recv();
             }
             "ok".into()
         }

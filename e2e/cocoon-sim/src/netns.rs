@@ -109,9 +109,29 @@ pub fn netns_exists(name: &str) -> bool {
     Path::new(&netns_path(name)).exists()
 }
 
+/// The bridge's own MAC, fixed. A Linux bridge left to itself takes the lowest MAC among its
+/// ports, so every veth that joins or leaves (any root's VM created or removed) may change it;
+/// a guest that had already resolved the gateway then answers to the old MAC, and its replies
+/// are lost until it resolves the gateway again: a connection to it fails just after a VM of
+/// another test comes or goes. A MAC set by hand never follows the ports.
+/// Locally administered and unicast (`02:`), the rest "vksim" in ASCII.
+pub const BRIDGE_MAC: &str = "02:76:6b:73:69:6d";
+
+/// `addr_assign_type` 3 (NET_ADDR_SET): the address was set by hand, so it stays.
+fn bridge_mac_is_fixed() -> bool {
+    let sys = Path::new("/sys/class/net").join(BRIDGE);
+    std::fs::read_to_string(sys.join("addr_assign_type")).is_ok_and(|t| t.trim() == "3")
+        && std::fs::read_to_string(sys.join("address")).is_ok_and(|a| a.trim() == BRIDGE_MAC)
+}
+
 pub fn ensure_bridge(gateway: &str) -> Result<()> {
     if !link_exists(BRIDGE) {
-        ip(&["link", "add", BRIDGE, "type", "bridge"])?;
+        ip(&[
+            "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge",
+        ])?;
+    } else if !bridge_mac_is_fixed() {
+        // A bridge whose MAC was not set by hand, whoever made it, gets the fixed one.
+        ip(&["link", "set", BRIDGE, "address", BRIDGE_MAC])?;
     }
     let cidr = format!("{gateway}/16");
     // `replace` is idempotent, so a half-built bridge from a killed run is repaired.

@@ -1,6 +1,7 @@
 //! Real guests: ping, TCP, SSH banner, DHCP leases (LEASE-2–LEASE-6), ports, cgroups.
-//! Runs in netns mode when root with iproute2, otherwise in loopback mode, never failing for
-//! lack of privileges.
+//! Runs in netns mode when root with iproute2, otherwise in loopback mode; a check that needs
+//! what the host lacks (root, iputils-ping, a writable cgroup v2) is skipped with the reason
+//! printed, and fails under CI, which provides all of them.
 
 mod common;
 
@@ -57,7 +58,7 @@ fn guest_answers_ping_tcp_ssh_and_http() {
     assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
     match ping_binary() {
         None => {
-            println!("skipping ping: iputils-ping not installed (apt-get install -y iputils-ping)")
+            skip_unless_ci("ping: iputils-ping not installed (apt-get install -y iputils-ping)")
         }
         Some(ping) => {
             let ok = std::process::Command::new(ping)
@@ -76,10 +77,10 @@ fn netns_mode_builds_and_removes_plumbing_when_privileged() {
     let vm = sim.run_vm("ns", &[]);
     let info = sim.info("ns");
     if info["net_mode"] != "netns" {
-        println!(
-            "skipping netns checks: not root or no iproute2 (mode {})",
+        skip_unless_ci(&format!(
+            "netns checks: not root or no iproute2 (mode {})",
             info["net_mode"]
-        );
+        ));
         assert!(info["ip"].as_str().unwrap().starts_with("127.213."));
         return;
     }
@@ -246,8 +247,15 @@ fn guest_runs_in_its_cgroup_scope_when_v2_is_writable() {
     let vm = sim.run_vm("cg", &[]);
     let info = sim.info("cg");
     let scope = info["cgroup"].as_str().unwrap();
+    if std::env::var("COCOON_SIM_GUESTS").as_deref() == Ok("shared") {
+        assert_eq!(
+            scope, "",
+            "a hub guest is a thread of the hub: no scope of its own"
+        );
+        return;
+    }
     if scope.is_empty() {
-        println!("skipping cgroup checks: no writable cgroup v2");
+        skip_unless_ci("cgroup checks: no writable cgroup v2");
         return;
     }
     assert!(scope.ends_with(&format!(

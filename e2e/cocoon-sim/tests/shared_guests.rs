@@ -14,16 +14,6 @@ use std::time::Duration;
 
 const SHARED: (&str, &str) = ("COCOON_SIM_GUESTS", "shared");
 
-/// These tests run one at a time. Run side by side, a guest of one test sometimes refuses a
-/// connection just after a guest of another test stops (about one run in five): the tests
-/// share the host's simulator bridge and address claims, and that interference is an open
-/// defect of the simulator, not what these tests are about.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn banner(ip: &str) -> Option<String> {
     let addr = format!("{ip}:22").parse().ok()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
@@ -79,7 +69,6 @@ fn address_claim(ip: &str) -> PathBuf {
 
 #[test]
 fn guests_are_threads_of_one_hub_and_keep_the_contract() {
-    let _serial = one_at_a_time();
     let sim = Sim::with_env(&[SHARED]);
     let a = sim.run_vm("a", &[]);
     let b = sim.run_vm("b", &[]);
@@ -122,7 +111,6 @@ fn guests_are_threads_of_one_hub_and_keep_the_contract() {
 
 #[test]
 fn a_killed_hub_leaves_every_guest_dead() {
-    let _serial = one_at_a_time();
     let sim = Sim::with_env(&[SHARED]);
     sim.run_vm("a", &[]);
     sim.run_vm("b", &[]);
@@ -156,7 +144,6 @@ fn a_killed_hub_leaves_every_guest_dead() {
 
 #[test]
 fn zero_boot_ignores_boot_and_lease_delays() {
-    let _serial = one_at_a_time();
     for guests in ["shared", "process"] {
         let sim = Sim::with_env(&[
             ("COCOON_SIM_GUESTS", guests),

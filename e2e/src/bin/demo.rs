@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use e2e::daemon::{self, DaemonOptions};
+use e2e::daemon::{self, Launch};
 use e2e::step;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
@@ -53,12 +53,12 @@ async fn main() -> Result<()> {
     let once = std::env::var("DEMO_ONCE").is_ok_and(|v| v == "1");
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     daemon::seed_clone_snapshot(&tb)?;
-    let mut opts = DaemonOptions::new(
+    let mut opts = Launch::new(
         vk_cocoon_bin()?,
         tb.run_dir().join("journal").join("events.journal"),
     )?;
     opts.node = NODE.into();
-    let mut d = daemon::start(&tb, &opts)?;
+    let mut d = daemon::launch(&tb, &opts)?;
     step!(
         "vk-cocoon started (log: {}); its journal: {}",
         d.log_path().display(),
