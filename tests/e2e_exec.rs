@@ -3,14 +3,13 @@
 //! without (the apiserver speaks SPDY to it), and a caller without `nodes/proxy` refused at
 //! the port (K9).
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, curl_status, pod_ip, until, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, curl_status, pod_ip, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

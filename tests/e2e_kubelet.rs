@@ -2,14 +2,15 @@
 //! presents its kubelet client certificate (K3, K9), and callers straight at the port, each
 //! answered as a kubelet would answer them.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, curl_status as status, until, wait_ready, DaemonOptions};
+use e2e::daemon::{
+    annotation, create_pod, curl_status as status, until, wait_ready, DaemonOptions,
+};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

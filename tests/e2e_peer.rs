@@ -6,13 +6,12 @@
 //! them: the guest's marker file is intact, no registry pull ran, and the staging directory is
 //! empty again. With node-a's daemon gone, a second restore falls through to the registry.
 
-#[path = "e2e/daemon.rs"]
-mod daemon;
+use e2e::daemon;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use daemon::{annotation, create_pod, metric, pod_manifest, until, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, metric, pod_manifest, until, wait_ready, DaemonOptions};
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
