@@ -7,8 +7,10 @@
 mod reference;
 
 use proptest::prelude::*;
+use reconcilers::action::{Action, Timer};
+use reconcilers::cocoon::CocoonCmd;
 use reconcilers::config::{Config, OrphanPolicy};
-use reconcilers::event::KubeErrorKind;
+use reconcilers::event::{Envelope, Event, KubeErrorKind};
 use reconcilers::keys;
 use reconcilers::pod::{PodKey, PodView};
 use reconcilers::testkit::{pod, vm, World};
@@ -271,4 +273,126 @@ proptest! {
         prop_assert!(model.settled(&w).is_ok(), "{:?}", model.settled(&w));
         prop_assert!(replay_identical(&w).is_ok(), "{:?}", replay_identical(&w));
     }
+}
+
+/// A running world with pod p0 Ready on its VM, and the model caught up with it.
+fn running_p0() -> (World, Reference, String) {
+    let mut w = world(&Inventory {
+        policy: 1,
+        pods: vec![],
+        orphans: 1,
+    });
+    w.apply(new_pod(0, false, 1));
+    w.run_for(2_000);
+    let mut model = Reference::new(w.state.config.orphan_policy);
+    model.catch_up(&w);
+    assert!(model.violations.is_empty(), "{:?}", model.violations);
+    let id = w
+        .cocoon
+        .vms
+        .values()
+        .find(|v| v.name == "vk-p0")
+        .expect("p0's VM")
+        .id
+        .clone();
+    (w, model, id)
+}
+
+/// The core answering a timer with `actions`, as a core with a defect would.
+fn emit(w: &mut World, actions: Vec<Action>) {
+    let seq = w.log.last().map_or(1, |(e, _)| e.seq + 1);
+    let env = Envelope {
+        seq,
+        at: w.now,
+        event: Event::TimerFired {
+            timer: Timer::Sweep,
+        },
+    };
+    w.log.push((env, actions));
+}
+
+fn rm(op: u64, key: Option<PodKey>, id: &str) -> Action {
+    Action::RunCocoon {
+        op,
+        key,
+        cmd: CocoonCmd::VmRm { id: id.into() },
+    }
+}
+
+#[test]
+fn the_model_refuses_removing_a_vm_its_pod_is_entitled_to() {
+    let (mut w, mut model, id) = running_p0();
+    emit(&mut w, vec![rm(9_000, Some(key(0)), &id)]);
+    model.catch_up(&w);
+    assert!(
+        model
+            .violations
+            .iter()
+            .any(|v| v.contains("still entitled")),
+        "{:?}",
+        model.violations
+    );
+}
+
+#[test]
+fn the_model_refuses_removing_an_orphan_it_keeps() {
+    let (mut w, mut model, _) = running_p0();
+    emit(&mut w, vec![rm(9_000, None, "ORPH0")]);
+    model.catch_up(&w);
+    assert!(
+        model
+            .violations
+            .iter()
+            .any(|v| v.contains("orphan under Alert")),
+        "{:?}",
+        model.violations
+    );
+}
+
+#[test]
+fn the_model_refuses_a_vm_for_a_deleting_pod_and_two_operations_at_once() {
+    let (mut w, mut model, id) = running_p0();
+    w.delete_pod(&key(0));
+    model.catch_up(&w);
+    let run = Action::RunCocoon {
+        op: 9_001,
+        key: Some(key(0)),
+        cmd: CocoonCmd::VmStart { id: id.clone() },
+    };
+    let mut create = w
+        .log
+        .iter()
+        .flat_map(|(_, a)| a)
+        .find(|a| {
+            matches!(
+                a,
+                Action::RunCocoon {
+                    cmd: CocoonCmd::VmRun { .. },
+                    ..
+                }
+            )
+        })
+        .expect("p0 was run")
+        .clone();
+    if let Action::RunCocoon { op, .. } = &mut create {
+        *op = 9_002;
+    }
+    emit(&mut w, vec![run, create]);
+    model.catch_up(&w);
+    let all = model.violations.join("\n");
+    assert!(all.contains("which is deleting"), "{all}");
+    assert!(all.contains("VM operations in flight"), "{all}");
+}
+
+#[test]
+fn the_settled_check_finds_a_leaked_vm() {
+    let (mut w, mut model, id) = running_p0();
+    w.remove_pod(&key(0));
+    // The core forgets the pod and leaves its VM behind.
+    let keep = w.cocoon.vms[&id].clone();
+    w.run_for(60_000);
+    w.cocoon.add_vm(keep);
+    model.catch_up(&w);
+    let verdict = model.settled(&w);
+    assert!(verdict.is_err(), "a leaked VM passed");
 }

@@ -13,8 +13,10 @@
 //! - P6: a pod re-attached to its VM at startup is not created again while that VM lives.
 //! - `vm rm` only for a VM whose pod is no longer entitled (D5, D8), an orphan under the
 //!   `destroy` policy (B8), a VM that stopped and then failed to start or stopped again
-//!   within 30 s of its restart (W4), or a VM that is already gone (W6); never another
-//!   pod's VM (T1).
+//!   within 30 s of its restart (W4), or a VM that is already gone (W6). No command a pod
+//!   asks for touches another pod's VM (T1).
+//! - P2, D8: a pod object is force-deleted only once it is being deleted; W6: a pod is
+//!   evicted only when its VM is gone or was seen stopped.
 //! - INV-3: at most one VM-changing command (create, start, remove, resize) in flight per pod
 //!   and per VM.
 //! - B4, B5, B8: each VM listed at startup is claimed by the pod naming it or is an orphan;
@@ -431,10 +433,12 @@ impl Reference {
                         self.judge_remove(&why, key, id, env.at)
                     }
                     CocoonCmd::VmStart { id } | CocoonCmd::MacosStart { name: id, .. } => {
+                        self.judge_owner(&why, key, id);
                         if let Some(v) = self.vms.get_mut(id) {
                             v.restart_at = Some(env.at);
                         }
                     }
+                    CocoonCmd::VmNet { id, .. } => self.judge_owner(&why, key, id),
                     _ => {}
                 }
                 self.judge_in_flight(&why, key, cmd);
@@ -445,8 +449,10 @@ impl Reference {
                 grace_seconds,
                 ..
             } => {
-                self.deletes
-                    .insert(*op, (uid.clone(), *grace_seconds == Some(0)));
+                let forced = *grace_seconds == Some(0);
+                self.deletes.insert(*op, (uid.clone(), forced));
+                let why = format!("seq {}: {}", env.seq, reconcilers::render::action(a));
+                self.judge_delete(&why, uid, forced);
             }
             _ => {}
         }
@@ -486,6 +492,7 @@ impl Reference {
 
     /// D5, D8, B8, W4, W6, T1.
     fn judge_remove(&mut self, why: &str, key: &Option<PodKey>, id: &str, now: Millis) {
+        self.judge_owner(why, key, id);
         let Some(v) = self.vms.get(id) else {
             // D2: a deleted macOS pod's guest is removed by name even when none was tracked.
             let ok = key
@@ -501,12 +508,6 @@ impl Reference {
             Owner::Pod(uid) => Some(&self.pods[uid]),
             Owner::Orphan => None,
         };
-        if let (Some(k), Some(p)) = (key, owner) {
-            if p.key != *k {
-                self.violations
-                    .push(format!("{why}: asked for {k}, but the VM is {}'s", p.key));
-            }
-        }
         let released = match owner {
             Some(p) => !p.entitled(),
             None => self.policy == OrphanPolicy::Destroy && key.is_none(),
@@ -522,6 +523,42 @@ impl Reference {
             };
             self.violations
                 .push(format!("{why}: removes a running VM of {whose}"));
+        }
+    }
+
+    /// T1: a command a pod asks for touches only that pod's VM.
+    fn judge_owner(&mut self, why: &str, key: &Option<PodKey>, id: &str) {
+        let Some(Owner::Pod(uid)) = self.vms.get(id).map(|v| &v.owner) else {
+            return;
+        };
+        let holder = &self.pods[uid].key;
+        if let Some(k) = key.as_ref().filter(|k| *k != holder) {
+            self.violations
+                .push(format!("{why}: asked for {k}, but the VM is {holder}'s"));
+        }
+    }
+
+    /// P2, D8: a pod object is force-deleted (grace 0) only once it is being deleted. W6: it
+    /// is evicted (deleted without grace) only when its VM is gone or was seen stopped.
+    fn judge_delete(&mut self, why: &str, uid: &str, forced: bool) {
+        let Some(p) = self.pods.get(uid) else {
+            return self
+                .violations
+                .push(format!("{why}: deletes a pod the API never showed"));
+        };
+        if forced {
+            if !(p.deleting || p.gone) {
+                self.violations
+                    .push(format!("{why}: force-deletes a pod nobody deleted"));
+            }
+            return;
+        }
+        let running = self.vms.iter().find(|(_, v)| {
+            v.alive && v.stopped_at.is_none() && v.owner == Owner::Pod(uid.to_string())
+        });
+        if let Some((id, _)) = running {
+            self.violations
+                .push(format!("{why}: evicts a pod whose VM {id} runs"));
         }
     }
 
