@@ -280,6 +280,18 @@ proptest! {
     fn random_runs_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op(), 1..40)) {
         keeps_the_invariants(&inv, &ops)?;
     }
+}
+
+proptest! {
+    // Fewer cases than the first property, so the whole file runs about as long as that
+    // property did alone.
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/properties.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn reordered_outcomes_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op_reordered(), 1..40)) {
