@@ -1,17 +1,21 @@
 //! Property tests: random startup inventories and random event sequences with random faults,
-//! driven through the testkit World. The World checks "one VM operation in flight per pod"
-//! and "never `vm rm` a VM its pod still wants" on every feed; the tests add determinism,
-//! exactly-once handling of startup VMs, collection of gone pods, and convergence.
+//! driven through the testkit World. A reference model (`reference/`), fed the same events the
+//! core is fed, judges every action the core emits and the settled world at the end; the
+//! World checks "one VM operation in flight per pod" on every feed; the tests add
+//! determinism, collection of gone pods, and convergence.
+
+mod reference;
 
 use proptest::prelude::*;
-use reconcilers::action::Action;
+use reconcilers::action::{Action, Timer};
 use reconcilers::cocoon::CocoonCmd;
 use reconcilers::config::{Config, OrphanPolicy};
-use reconcilers::event::KubeErrorKind;
+use reconcilers::event::{Envelope, Event, KubeErrorKind};
 use reconcilers::keys;
 use reconcilers::pod::{PodKey, PodView};
-use reconcilers::testkit::{pod, vm, World};
+use reconcilers::testkit::{op_of, pod, vm, World};
 use reconcilers::{reduce, State};
+use reference::Reference;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -25,6 +29,9 @@ enum Op {
     Advance(u16),
     Relist,
     Settle,
+    /// Runs the n-th waiting effect (modulo how many wait) and nothing else, so outcomes come
+    /// back in another order than the core asked, as the shell's concurrent effects may.
+    Step(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -39,6 +46,23 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1..20_000u16).prop_map(Op::Advance),
         1 => Just(Op::Relist),
         2 => Just(Op::Settle),
+    ]
+}
+
+/// The same world, with effects run one at a time in a random order.
+fn op_reordered() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..6u8, any::<bool>()).prop_map(|(i, c)| Op::Add(i, c)),
+        1 => (0..6u8).prop_map(Op::Delete),
+        1 => (0..6u8).prop_map(Op::Remove),
+        1 => (0..6u8).prop_map(Op::Crash),
+        1 => (0..6u8).prop_map(Op::Vanish),
+        2 => (0..7u8, any::<bool>()).prop_map(|(v, g)| Op::Fault(v, g)),
+        1 => (0..6u8).prop_map(Op::KubeFault),
+        8 => any::<u8>().prop_map(Op::Step),
+        1 => (1..20_000u16).prop_map(Op::Advance),
+        1 => Just(Op::Relist),
+        1 => Just(Op::Settle),
     ]
 }
 
@@ -90,7 +114,7 @@ fn inventory() -> impl Strategy<Value = Inventory> {
     })
 }
 
-fn world(inv: &Inventory) -> (World, Vec<String>) {
+fn world(inv: &Inventory) -> World {
     let policy = [
         OrphanPolicy::Destroy,
         OrphanPolicy::Alert,
@@ -103,7 +127,7 @@ fn world(inv: &Inventory) -> (World, Vec<String>) {
     });
     w.cocoon
         .add_snapshot("acme/agent", "cloud-hypervisor", "base:1");
-    let (mut pods, mut vms, mut ids) = (vec![], vec![], vec![]);
+    let (mut pods, mut vms) = (vec![], vec![]);
     for (i, how) in inv.pods.iter().enumerate() {
         let i = i as u8 + 10;
         let id = format!("OLD{i}");
@@ -114,11 +138,9 @@ fn world(inv: &Inventory) -> (World, Vec<String>) {
             0 => {
                 p.annotations.insert(keys::VM_ID.into(), id.clone());
                 vms.push(vm(&id, &format!("vk-p{i}")).build());
-                ids.push(id);
             }
             1 => {
                 vms.push(vm(&id, &format!("vk-p{i}")).build());
-                ids.push(id);
             }
             _ => {}
         }
@@ -127,32 +149,9 @@ fn world(inv: &Inventory) -> (World, Vec<String>) {
     for o in 0..inv.orphans {
         let id = format!("ORPH{o}");
         vms.push(vm(&id, &format!("orphan-{o}")).build());
-        ids.push(id);
     }
     w.start(pods, vms);
-    (w, ids)
-}
-
-/// B4/B5/B8: every VM listed at startup is adopted by one pod or handled by the orphan
-/// policy — exactly one of these, once.
-fn handled_once(w: &World, ids: &[String]) -> Result<(), String> {
-    for id in ids {
-        let tracked = w
-            .state
-            .pods
-            .sorted()
-            .into_iter()
-            .filter(|(_, e)| e.vm().is_some_and(|v| &v.record.id == id))
-            .count();
-        let removed = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::RunCocoon { key: None, cmd: CocoonCmd::VmRm { id: x }, .. } if x == id)).count();
-        let indexed = w.state.unclaimed.values().filter(|v| &v.id == id).count();
-        if tracked + removed + indexed != 1 {
-            return Err(format!(
-                "VM {id}: tracked {tracked}, removed {removed}, indexed {indexed}"
-            ));
-        }
-    }
-    Ok(())
+    w
 }
 
 fn apply_op(w: &mut World, gens: &mut [u32; 6], op: &Op) {
@@ -196,6 +195,12 @@ fn apply_op(w: &mut World, gens: &mut [u32; 6], op: &Op) {
         Op::Advance(ms) => w.run_for(ms as u64),
         Op::Relist => w.relist(),
         Op::Settle => w.settle(),
+        Op::Step(n) => {
+            let waiting: Vec<u64> = w.pending().filter_map(op_of).collect();
+            if !waiting.is_empty() {
+                w.exec_op(waiting[n as usize % waiting.len()]);
+            }
+        }
     }
 }
 
@@ -273,20 +278,181 @@ proptest! {
 
     #[test]
     fn random_runs_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op(), 1..40)) {
-        let (mut w, ids) = world(&inv);
-        prop_assert!(handled_once(&w, &ids).is_ok(), "{:?}", handled_once(&w, &ids));
-        let mut gens = [0u32; 6];
-        for op in &ops {
-            apply_op(&mut w, &mut gens, op);
-        }
-        // Faults stop; the world gets time to converge (delete retries back off to 60 s).
-        w.cocoon.faults.clear();
-        w.api.faults.clear();
-        w.run_for(15 * 60 * 1000);
-        prop_assert!(w.violations.is_empty(), "{:?}", w.violations);
-        prop_assert!(converged(&w).is_ok(), "{:?}", converged(&w));
-        let rm_orphans: Vec<_> = w.log.iter().flat_map(|(_, a)| a).filter(|a| matches!(a, Action::RunCocoon { key: None, cmd: CocoonCmd::VmRm { .. }, .. })).collect();
-        prop_assert!(rm_orphans.len() <= inv.orphans as usize + inv.pods.len());
-        prop_assert!(replay_identical(&w).is_ok(), "{:?}", replay_identical(&w));
+        keeps_the_invariants(&inv, &ops)?;
     }
+}
+
+proptest! {
+    // Fewer cases than the first property, so the whole file runs about as long as that
+    // property did alone.
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/properties.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn reordered_outcomes_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op_reordered(), 1..40)) {
+        keeps_the_invariants(&inv, &ops)?;
+    }
+}
+
+/// Drives the core and the reference model with `ops` after a startup from `inv`, checking
+/// the model's rules after every op, then lets the world settle and checks it.
+fn keeps_the_invariants(inv: &Inventory, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut w = world(inv);
+    let mut model = Reference::new(w.state.config.orphan_policy);
+    model.catch_up(&w);
+    let listed = inv.orphans as usize + inv.pods.iter().filter(|h| **h < 2).count();
+    prop_assert_eq!(model.inventory.len(), listed);
+    let mut gens = [0u32; 6];
+    for op in ops {
+        apply_op(&mut w, &mut gens, op);
+        model.catch_up(&w);
+        prop_assert!(
+            model.violations.is_empty(),
+            "after {:?}: {:?}",
+            op,
+            model.violations
+        );
+    }
+    // Faults stop; the world gets time to converge (delete retries back off to 60 s).
+    w.cocoon.faults.clear();
+    w.api.faults.clear();
+    w.run_for(15 * 60 * 1000);
+    model.catch_up(&w);
+    prop_assert!(
+        model.violations.is_empty(),
+        "settling: {:?}",
+        model.violations
+    );
+    prop_assert!(w.violations.is_empty(), "{:?}", w.violations);
+    prop_assert!(converged(&w).is_ok(), "{:?}", converged(&w));
+    prop_assert!(model.settled(&w).is_ok(), "{:?}", model.settled(&w));
+    prop_assert!(replay_identical(&w).is_ok(), "{:?}", replay_identical(&w));
+    Ok(())
+}
+
+/// A running world with pod p0 Ready on its VM, and the model caught up with it.
+fn running_p0() -> (World, Reference, String) {
+    let mut w = world(&Inventory {
+        policy: 1,
+        pods: vec![],
+        orphans: 1,
+    });
+    w.apply(new_pod(0, false, 1));
+    w.run_for(2_000);
+    let mut model = Reference::new(w.state.config.orphan_policy);
+    model.catch_up(&w);
+    assert!(model.violations.is_empty(), "{:?}", model.violations);
+    let id = w
+        .cocoon
+        .vms
+        .values()
+        .find(|v| v.name == "vk-p0")
+        .expect("p0's VM")
+        .id
+        .clone();
+    (w, model, id)
+}
+
+/// The core answering a timer with `actions`, as a core with a defect would.
+fn emit(w: &mut World, actions: Vec<Action>) {
+    let seq = w.log.last().map_or(1, |(e, _)| e.seq + 1);
+    let env = Envelope {
+        seq,
+        at: w.now,
+        event: Event::TimerFired {
+            timer: Timer::Sweep,
+        },
+    };
+    w.log.push((env, actions));
+}
+
+fn rm(op: u64, key: Option<PodKey>, id: &str) -> Action {
+    Action::RunCocoon {
+        op,
+        key,
+        cmd: CocoonCmd::VmRm { id: id.into() },
+    }
+}
+
+#[test]
+fn the_model_refuses_removing_a_vm_its_pod_is_entitled_to() {
+    let (mut w, mut model, id) = running_p0();
+    emit(&mut w, vec![rm(9_000, Some(key(0)), &id)]);
+    model.catch_up(&w);
+    assert!(
+        model
+            .violations
+            .iter()
+            .any(|v| v.contains("still entitled")),
+        "{:?}",
+        model.violations
+    );
+}
+
+#[test]
+fn the_model_refuses_removing_an_orphan_it_keeps() {
+    let (mut w, mut model, _) = running_p0();
+    emit(&mut w, vec![rm(9_000, None, "ORPH0")]);
+    model.catch_up(&w);
+    assert!(
+        model
+            .violations
+            .iter()
+            .any(|v| v.contains("orphan under Alert")),
+        "{:?}",
+        model.violations
+    );
+}
+
+#[test]
+fn the_model_refuses_a_vm_for_a_deleting_pod_and_two_operations_at_once() {
+    let (mut w, mut model, id) = running_p0();
+    w.delete_pod(&key(0));
+    model.catch_up(&w);
+    let run = Action::RunCocoon {
+        op: 9_001,
+        key: Some(key(0)),
+        cmd: CocoonCmd::VmStart { id: id.clone() },
+    };
+    let mut create = w
+        .log
+        .iter()
+        .flat_map(|(_, a)| a)
+        .find(|a| {
+            matches!(
+                a,
+                Action::RunCocoon {
+                    cmd: CocoonCmd::VmRun { .. },
+                    ..
+                }
+            )
+        })
+        .expect("p0 was run")
+        .clone();
+    if let Action::RunCocoon { op, .. } = &mut create {
+        *op = 9_002;
+    }
+    emit(&mut w, vec![run, create]);
+    model.catch_up(&w);
+    let all = model.violations.join("\n");
+    assert!(all.contains("which is deleting"), "{all}");
+    assert!(all.contains("VM operations in flight"), "{all}");
+}
+
+#[test]
+fn the_settled_check_finds_a_leaked_vm() {
+    let (mut w, mut model, id) = running_p0();
+    w.remove_pod(&key(0));
+    // The core forgets the pod and leaves its VM behind.
+    let keep = w.cocoon.vms[&id].clone();
+    w.run_for(60_000);
+    w.cocoon.add_vm(keep);
+    model.catch_up(&w);
+    let verdict = model.settled(&w);
+    assert!(verdict.is_err(), "a leaked VM passed");
 }
