@@ -7,8 +7,11 @@ use crate::action::{Action, Counter, EventType, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
-use crate::phase::{Failure, HibernateStep, Hibernating, NicStage, Object, Phase, Running};
+use crate::phase::{
+    Failure, HibernateStep, Hibernating, NicStage, Object, Phase, Running, SaveStep,
+};
 use crate::pod::PodKey;
+use crate::snapshot::Saving;
 use crate::spec::Os;
 use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
@@ -67,19 +70,24 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     let id = running.vm.record.id.clone();
     let drops_nic = e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
     lifecycle::set(s, key, Lifecycle::Hibernating, None);
-    let (step, cmd) = match (running.vm.record.is_running(), drops_nic) {
-        (false, _) => (HibernateStep::Start, CocoonCmd::VmStart { id }),
-        (true, true) => (HibernateStep::ReleaseLease, guest(&id, "/release")),
-        (true, false) => (
-            HibernateStep::Save,
-            CocoonCmd::SnapshotSave { name, vm: id },
-        ),
+    let owner = CocoonOwner::Pod { key: key.clone() };
+    let (step, op) = match (running.vm.record.is_running(), drops_nic) {
+        (false, _) => {
+            let op = s.run_cocoon(owner, Some(key.clone()), CocoonCmd::VmStart { id });
+            (HibernateStep::Start, op)
+        }
+        (true, true) => {
+            let op = s.run_cocoon(owner, Some(key.clone()), guest(&id, "/release"));
+            (HibernateStep::ReleaseLease, op)
+        }
+        (true, false) => {
+            let save = SaveStep::Save;
+            (
+                HibernateStep::Save { save },
+                snapshot::save(s, key, &name, &id),
+            )
+        }
     };
-    let op = s.run_cocoon(
-        CocoonOwner::Pod { key: key.clone() },
-        Some(key.clone()),
-        cmd,
-    );
     let now = s.now;
     if let Some(e) = s.pods.get_mut(key) {
         e.phase = Phase::Hibernating(Hibernating {
@@ -118,11 +126,7 @@ fn nic_dropped(s: &State, key: &PodKey, step: &HibernateStep) -> bool {
         .is_some_and(|e| e.spec.as_ref().is_ok_and(|sp| sp.drops_nic()));
     drops
         && match step {
-            HibernateStep::Save
-            | HibernateStep::SaveAgain
-            | HibernateStep::RemoveTakenSave
-            | HibernateStep::Push
-            | HibernateStep::Remove => true,
+            HibernateStep::Save { .. } | HibernateStep::Push | HibernateStep::Remove => true,
             HibernateStep::Start
             | HibernateStep::ReleaseLease
             | HibernateStep::DropNic
@@ -148,8 +152,8 @@ fn count(s: &mut State, phase: &str, result: &str) {
     });
 }
 
-/// The outcome of the hibernate's cocoon call: the save, the removal of a taken name's
-/// holder, or the VM's removal.
+/// The outcome of the hibernate's cocoon call: a step of the VM's save, of its NIC, or its
+/// removal.
 pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
     let Some(e) = s.pod(key) else { return };
     let Phase::Hibernating(h) = &e.phase else {
@@ -172,7 +176,97 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     if let Some(object) = cancel {
         return hand_to_delete(s, key, object, step, &result);
     }
-    use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNotFound};
+    match step {
+        HibernateStep::Save { save } => {
+            let vm = Vm { name, id, image };
+            save_done(s, key, save, vm, since, result)
+        }
+        HibernateStep::RestoreNic { stage, failed } => {
+            restore_nic(s, key, &id, stage, failed, result)
+        }
+        HibernateStep::Start
+        | HibernateStep::ReleaseLease
+        | HibernateStep::DropNic
+        | HibernateStep::Remove => vm_step_done(s, key, step, &name, &id, result),
+        HibernateStep::Push => outcome::unexpected(
+            s,
+            &format!("pod {key}: a cocoon outcome for the hibernate push"),
+        ),
+    }
+}
+
+/// The VM being hibernated: its name, id and image.
+struct Vm {
+    name: String,
+    id: String,
+    image: String,
+}
+
+/// U3: a step of the save (see `snapshot.rs`); once saved, the push to `<vm>:hibernate`.
+fn save_done(
+    s: &mut State,
+    key: &PodKey,
+    save: SaveStep,
+    vm: Vm,
+    since: crate::time::Millis,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let Vm { name, id, image } = vm;
+    match snapshot::save_done(s, key, save, &name, &id, result) {
+        Saving::Next(save, op) => next(s, key, HibernateStep::Save { save }, op),
+        Saving::Saved => {
+            count(s, "snapshot", "ok");
+            snapshot::saved(s, since);
+            let call = snapshot::push_of(&name, "hibernate", image);
+            let owner = RegistryOwner::Pod { key: key.clone() };
+            let op = s.call_registry(owner, Some(key.clone()), call);
+            next(s, key, HibernateStep::Push, op);
+        }
+        Saving::Refused(_, err) => {
+            count(s, "snapshot", "failed");
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: "failed".into(),
+                },
+            });
+            let msg = format!("hibernate: snapshot save {name}: {}", err.message);
+            roll_back(s, key, "HibernateSnapshotFailed", msg);
+        }
+        Saving::Unexpected(save, other) => {
+            let step = save_label(save);
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: hibernate step {step} answered {other:?}"),
+            );
+            roll_back(
+                s,
+                key,
+                "HibernateSnapshotFailed",
+                format!("hibernate: {step}: unexpected answer from cocoon"),
+            );
+        }
+    }
+}
+
+/// How logs and messages name a save step.
+fn save_label(save: SaveStep) -> &'static str {
+    match save {
+        SaveStep::Save => "Save",
+        SaveStep::RemoveHolder => "RemoveTakenSave",
+        SaveStep::SaveAgain => "SaveAgain",
+    }
+}
+
+/// The steps on the VM around the save: its start (B9), the NIC's drop (U3), its removal.
+fn vm_step_done(
+    s: &mut State,
+    key: &PodKey,
+    step: HibernateStep,
+    name: &str,
+    id: &str,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    use CocoonErrorKind::VmNotFound;
     match (step, result) {
         (HibernateStep::Start, Ok(CocoonOk::Done)) => {
             let drops_nic = s
@@ -183,13 +277,8 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 h.running.vm.record.state = "running".into();
             }
             match drops_nic {
-                true => call(s, key, HibernateStep::ReleaseLease, guest(&id, "/release")),
-                false => call(
-                    s,
-                    key,
-                    HibernateStep::Save,
-                    CocoonCmd::SnapshotSave { name, vm: id },
-                ),
+                true => call(s, key, HibernateStep::ReleaseLease, guest(id, "/release")),
+                false => start_save(s, key, name, id),
             }
         }
         // Best effort: a guest that cannot give its lease back loses it with the NIC anyway.
@@ -199,6 +288,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 "dhcp_release",
                 if result.is_ok() { "ok" } else { "failed" },
             );
+            let id = id.to_string();
             call(
                 s,
                 key,
@@ -208,12 +298,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
         }
         (HibernateStep::DropNic, Ok(CocoonOk::Done)) => {
             count(s, "netresize", "ok");
-            call(
-                s,
-                key,
-                HibernateStep::Save,
-                CocoonCmd::SnapshotSave { name, vm: id },
-            );
+            start_save(s, key, name, id);
         }
         // The NIC is still there: only the released lease is renewed.
         (HibernateStep::DropNic, Err(err)) => {
@@ -226,72 +311,13 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 stage: NicStage::Renew,
                 failed,
             };
-            call(s, key, step, guest(&id, "/renew"));
-        }
-        (HibernateStep::RestoreNic { stage, failed }, result) => {
-            restore_nic(s, key, &id, stage, failed, result)
+            call(s, key, step, guest(id, "/renew"));
         }
         (HibernateStep::Start, Err(err)) => {
             // Not a phase of `cocoon_vk_hibernate_total`: the Warning and the update
             // failure count it.
             let msg = format!("hibernate: vm start {name}: {}", err.message);
             roll_back(s, key, "ResumeStartFailed", msg);
-        }
-        (HibernateStep::Save | HibernateStep::SaveAgain, Ok(CocoonOk::Done)) => {
-            count(s, "snapshot", "ok");
-            snapshot::saved(s, since);
-            let call = snapshot::push_of(&name, "hibernate", image);
-            let owner = RegistryOwner::Pod { key: key.clone() };
-            let op = s.call_registry(owner, Some(key.clone()), call);
-            next(s, key, HibernateStep::Push, op);
-        }
-        (
-            HibernateStep::Save,
-            Err(CocoonError {
-                kind: SnapshotNameTaken,
-                message,
-            }),
-        ) => {
-            let holder = create::taken_by(&message).unwrap_or(name);
-            let cmd = CocoonCmd::SnapshotRm { name: holder };
-            let op = s.run_cocoon(
-                CocoonOwner::Pod { key: key.clone() },
-                Some(key.clone()),
-                cmd,
-            );
-            next(s, key, HibernateStep::RemoveTakenSave, op);
-        }
-        (
-            HibernateStep::RemoveTakenSave,
-            Ok(CocoonOk::Done)
-            | Err(CocoonError {
-                kind: SnapshotNotFound,
-                ..
-            }),
-        ) => {
-            let Some(id) = s.pod(key).and_then(|e| e.vm()).map(|v| v.record.id.clone()) else {
-                return;
-            };
-            let cmd = CocoonCmd::SnapshotSave { name, vm: id };
-            let op = s.run_cocoon(
-                CocoonOwner::Pod { key: key.clone() },
-                Some(key.clone()),
-                cmd,
-            );
-            next(s, key, HibernateStep::SaveAgain, op);
-        }
-        (
-            HibernateStep::Save | HibernateStep::SaveAgain | HibernateStep::RemoveTakenSave,
-            Err(err),
-        ) => {
-            count(s, "snapshot", "failed");
-            s.emit(Action::Count {
-                counter: Counter::SnapshotSave {
-                    result: "failed".into(),
-                },
-            });
-            let msg = format!("hibernate: snapshot save {name}: {}", err.message);
-            roll_back(s, key, "HibernateSnapshotFailed", msg);
         }
         (
             HibernateStep::Remove,
@@ -307,7 +333,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             count(s, "remove", "failed");
             // U4: so nobody sees a finished hibernate while the VM lives, the tag goes.
             let call = RegistryCall::DeleteTag {
-                name: name.clone(),
+                name: name.to_string(),
                 tag: "hibernate".into(),
             };
             let owner = RegistryOwner::Detached {
@@ -318,12 +344,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             roll_back(s, key, "HibernateRemoveFailed", msg);
         }
         (
-            step @ (HibernateStep::Start
-            | HibernateStep::DropNic
-            | HibernateStep::Save
-            | HibernateStep::SaveAgain
-            | HibernateStep::RemoveTakenSave
-            | HibernateStep::Remove),
+            step @ (HibernateStep::Start | HibernateStep::DropNic | HibernateStep::Remove),
             Ok(other),
         ) => {
             outcome::unexpected(
@@ -337,13 +358,23 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 format!("hibernate: {step:?}: unexpected answer from cocoon"),
             );
         }
-        (HibernateStep::Push, Ok(_) | Err(_)) => {
-            outcome::unexpected(
-                s,
-                &format!("pod {key}: a cocoon outcome for the hibernate push"),
-            );
-        }
+        (
+            step @ (HibernateStep::Save { .. }
+            | HibernateStep::Push
+            | HibernateStep::RestoreNic { .. }),
+            Ok(_) | Err(_),
+        ) => outcome::unexpected(
+            s,
+            &format!("pod {key}: hibernate step {step:?} routed as a VM step"),
+        ),
     }
+}
+
+/// The save's first step.
+fn start_save(s: &mut State, key: &PodKey, name: &str, id: &str) {
+    let op = snapshot::save(s, key, name, id);
+    let save = SaveStep::Save;
+    next(s, key, HibernateStep::Save { save }, op);
 }
 
 /// The outcome of the push to `<vm>:hibernate`.

@@ -65,7 +65,7 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
         Phase::Deleting(d) if d.wait == DeleteWait::RemoveVm(op) => {
             delete::vm_removed(s, key, result)
         }
-        Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(o) | DeleteWait::SaveAgain(o) | DeleteWait::RemoveTakenSave(o) if o == op) => {
+        Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(_, o) if o == op) => {
             delete::save_done(s, key, result)
         }
         Phase::Hibernating(h) if h.op == op => hibernate::step_done(s, key, result),

@@ -2,10 +2,10 @@
 //! claims the making, the rest wait and clone from it.
 
 use super::failure::fail;
-use super::{clone_cmd, step, wait_for_other};
+use super::{clone_cmd, set_step_op, step, wait_for_other};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::names;
-use crate::phase::{CreateStep, Creating, Phase};
+use crate::phase::{CreateStep, Creating, Phase, SaveStep};
 use crate::pod::PodKey;
 use crate::state::{Making, SnapshotClaim, State};
 
@@ -50,7 +50,7 @@ pub(super) fn fork_source(s: &mut State, key: &PodKey, source: &str) {
     match tracked {
         Some(vm) => {
             let id = vm.record.id.clone();
-            save_fork(s, key, source, id, false);
+            save_fork(s, key, source, id);
         }
         None => fail(
             s,
@@ -68,7 +68,6 @@ pub(super) fn settle_snapshot_claim(s: &mut State, key: &PodKey) {
         Some(Phase::Creating(c)) => match &c.step {
             CreateStep::InspectSnapshot { .. }
             | CreateStep::SaveForkSnapshot { .. }
-            | CreateStep::RemoveTakenFork { .. }
             | CreateStep::PullSnapshot { .. } => true,
             CreateStep::Clone => false,
             CreateStep::RemoveFork
@@ -149,22 +148,8 @@ pub(crate) fn stop_waiting(s: &mut State, key: &PodKey) {
     }
 }
 
-pub(super) fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String, again: bool) {
-    let cmd = CocoonCmd::SnapshotSave {
-        name: names::fork_snapshot(source),
-        vm: vm.clone(),
-    };
-    step(s, key, CreateStep::SaveForkSnapshot { vm, again }, cmd);
-}
-
-/// The holder of a taken snapshot name: the token after `already in use by ` (or `held by
-/// `), trailing `)` stripped (CLI-3).
-pub(crate) fn taken_by(message: &str) -> Option<String> {
-    let lower = message.to_ascii_lowercase();
-    let at = ["already in use by ", "held by "]
-        .iter()
-        .find_map(|p| lower.find(p).map(|i| i + p.len()))?;
-    let id = message[at..].split_whitespace().next()?;
-    let id = id.trim_end_matches(')');
-    (!id.is_empty()).then(|| id.to_string())
+pub(super) fn save_fork(s: &mut State, key: &PodKey, source: &str, vm: String) {
+    let op = crate::snapshot::save(s, key, &names::fork_snapshot(source), &vm);
+    let save = SaveStep::Save;
+    set_step_op(s, key, CreateStep::SaveForkSnapshot { vm, save }, op);
 }

@@ -57,7 +57,6 @@ pub(super) fn fail_as(
                 | CreateStep::Run
                 | CreateStep::InspectSnapshot { .. }
                 | CreateStep::SaveForkSnapshot { .. }
-                | CreateStep::RemoveTakenFork { .. }
                 | CreateStep::InspectNameTaken
                 | CreateStep::PullSnapshot { .. }
                 | CreateStep::InspectLocal { .. }

@@ -14,7 +14,7 @@ mod failure;
 mod steps;
 mod wake;
 
-use crate::action::RegistryCall;
+use crate::action::{OpId, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::config::RestoreMode;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
@@ -30,7 +30,7 @@ use steps::{advance, registry_advance};
 
 pub(crate) use adopt::enter_running;
 pub use adopt::{adopt, adopt_unmanaged, resume};
-pub(crate) use claims::{stop_waiting, taken_by};
+pub(crate) use claims::stop_waiting;
 pub use failure::{fail, fail_permanently};
 pub(crate) use failure::{retry, warn_event};
 pub(crate) use wake::restore;
@@ -58,7 +58,10 @@ pub fn begin(s: &mut State, key: &PodKey) {
             let op = s.call_registry(owner(), Some(key.clone()), call);
             (CreateStep::CheckEvidence, op)
         }
-        false => (CreateStep::RemoveFork, remove_fork(s, key, &spec)),
+        false => match remove_fork(s, key, &spec) {
+            Some(op) => (CreateStep::RemoveFork, op),
+            None => return fail(s, key, fork_kept(&spec)),
+        },
     };
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
@@ -74,14 +77,16 @@ pub fn begin(s: &mut State, key: &PodKey) {
 }
 
 /// C6: a fresh bring-up never hands its predecessor's fork state to new sub-agents.
-pub(super) fn remove_fork(s: &mut State, key: &PodKey, spec: &VmSpec) -> crate::action::OpId {
-    let cmd = CocoonCmd::SnapshotRm {
-        name: names::fork_snapshot(&spec.vm_name),
-    };
-    s.run_cocoon(
-        CocoonOwner::Pod { key: key.clone() },
-        Some(key.clone()),
-        cmd,
+pub(super) fn remove_fork(s: &mut State, key: &PodKey, spec: &VmSpec) -> Option<OpId> {
+    let why = crate::snapshot::Removal::OwnFork(spec.vm_name.clone());
+    crate::snapshot::remove(s, key, why)
+}
+
+/// The failure of a bring-up whose `fork-<vm>` may not be removed.
+pub(super) fn fork_kept(spec: &VmSpec) -> String {
+    format!(
+        "snapshot rm {}: refused, so the VM is not brought up with another's fork state",
+        names::fork_snapshot(&spec.vm_name)
     )
 }
 
@@ -105,6 +110,11 @@ pub(super) fn step(s: &mut State, key: &PodKey, next: CreateStep, cmd: CocoonCmd
         Some(key.clone()),
         cmd,
     );
+    set_step_op(s, key, next, op);
+}
+
+/// The next step, whose call `op` is out (unlike `set_step`, its start is not a duration's).
+pub(super) fn set_step_op(s: &mut State, key: &PodKey, next: CreateStep, op: OpId) {
     if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
         c.step = next;
         c.op = Some(op);

@@ -2,18 +2,19 @@
 //! (clone-from-dir, fork-from, run, clone), the image or base prepared, the VM booted.
 
 use super::adopt::{adopt, booted};
-use super::claims::{claim, fork_source, save_fork, taken_by};
+use super::claims::{claim, fork_source};
 use super::failure::{fail, fail_permanently};
 use super::wake::{evidence, wake_registry, wake_source};
-use super::{clone_cmd, run_cmd, set_step, step};
+use super::{clone_cmd, run_cmd, set_step, set_step_op, step};
 use crate::action::{Action, Counter, Histogram, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::event::{
     ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
 };
 use crate::names;
-use crate::phase::{CreateStep, Phase, Scratch};
+use crate::phase::{CreateStep, Phase, SaveStep, Scratch};
 use crate::pod::PodKey;
+use crate::snapshot::Saving;
 use crate::spec::{Backend, Mode, VmSpec};
 use crate::state::{Making, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
@@ -50,7 +51,6 @@ pub(super) fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, Coco
             | CreateStep::ImportCloudImage
             | CreateStep::InspectSnapshot { .. }
             | CreateStep::SaveForkSnapshot { .. }
-            | CreateStep::RemoveTakenFork { .. }
             | CreateStep::InspectNameTaken
             | CreateStep::PullSnapshot { .. }
             | CreateStep::CheckEvidence
@@ -79,7 +79,6 @@ pub(super) fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, Coco
         | CreateStep::ImportCloudImage
         | CreateStep::InspectSnapshot { .. }
         | CreateStep::SaveForkSnapshot { .. }
-        | CreateStep::RemoveTakenFork { .. }
         | CreateStep::PullSnapshot { .. }
         | CreateStep::CheckEvidence
         | CreateStep::InspectLocal { .. }
@@ -185,7 +184,7 @@ fn source_done(
     current: CreateStep,
     result: Result<CocoonOk, CocoonError>,
 ) {
-    use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound};
+    use CocoonErrorKind::SnapshotNotFound;
     match (current, result) {
         (
             CreateStep::RemoveFork,
@@ -209,40 +208,47 @@ fn source_done(
             Some(source) => fork_source(s, key, source),
             None => pull(s, key, spec, name),
         },
-        (
-            CreateStep::SaveForkSnapshot { vm, again: false },
-            Err(CocoonError {
-                kind: SnapshotNameTaken,
-                message,
-            }),
-        ) => {
-            let source = spec.fork_from.as_deref().unwrap_or_default();
-            let name = taken_by(&message).unwrap_or_else(|| names::fork_snapshot(source));
-            step(
-                s,
-                key,
-                CreateStep::RemoveTakenFork { vm },
-                CocoonCmd::SnapshotRm { name },
-            );
-        }
-        (
-            CreateStep::RemoveTakenFork { vm },
-            Ok(CocoonOk::Done)
-            | Err(CocoonError {
-                kind: SnapshotNotFound,
-                ..
-            }),
-        ) => {
-            let source = spec.fork_from.clone().unwrap_or_default();
-            save_fork(s, key, &source, vm, true);
-        }
-        (CreateStep::SaveForkSnapshot { .. }, Ok(CocoonOk::Done)) => {
-            let name = names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
-            let cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), false);
-            step(s, key, CreateStep::Clone, cmd);
+        (CreateStep::SaveForkSnapshot { vm, save }, result) => {
+            fork_save_done(s, key, spec, vm, save, result)
         }
         (failed_step, Err(err)) => step_failed(s, key, spec, &failed_step, err),
         (other_step, Ok(other)) => step_unexpected(s, key, spec, &other_step, other),
+    }
+}
+
+/// C9: the outcome of a step of the fork source's save (see `snapshot.rs`): once saved, the
+/// pod clones from it.
+fn fork_save_done(
+    s: &mut State,
+    key: &PodKey,
+    spec: &VmSpec,
+    vm: String,
+    save: SaveStep,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let name = names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
+    match crate::snapshot::save_done(s, key, save, &name, &vm, result) {
+        Saving::Next(save, op) => {
+            set_step_op(s, key, CreateStep::SaveForkSnapshot { vm, save }, op)
+        }
+        Saving::Saved => {
+            let cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), false);
+            step(s, key, CreateStep::Clone, cmd);
+        }
+        Saving::Refused(save, err) => step_failed(
+            s,
+            key,
+            spec,
+            &CreateStep::SaveForkSnapshot { vm, save },
+            err,
+        ),
+        Saving::Unexpected(save, other) => step_unexpected(
+            s,
+            key,
+            spec,
+            &CreateStep::SaveForkSnapshot { vm, save },
+            other,
+        ),
     }
 }
 
@@ -287,7 +293,7 @@ pub(super) fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         CreateStep::Clone => format!("vm clone {}", spec.vm_name),
         CreateStep::InspectAfterBoot { record } => format!("vm inspect {}", record.id),
         CreateStep::InspectSnapshot { name } => format!("snapshot inspect {name}"),
-        CreateStep::SaveForkSnapshot { .. } | CreateStep::RemoveTakenFork { .. } => {
+        CreateStep::SaveForkSnapshot { .. } => {
             format!("snapshot save {}", fork())
         }
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
@@ -486,7 +492,6 @@ pub(super) fn registry_advance(
         | CreateStep::InspectAfterBoot { .. }
         | CreateStep::InspectSnapshot { .. }
         | CreateStep::SaveForkSnapshot { .. }
-        | CreateStep::RemoveTakenFork { .. }
         | CreateStep::InspectNameTaken
         | CreateStep::InspectLocal { .. }
         | CreateStep::AwaitSnapshot { .. }
@@ -531,7 +536,6 @@ fn registry_cancelled(
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::InspectSnapshot { .. }
             | CreateStep::SaveForkSnapshot { .. }
-            | CreateStep::RemoveTakenFork { .. }
             | CreateStep::InspectNameTaken
             | CreateStep::InspectLocal { .. }
             | CreateStep::AwaitSnapshot { .. }

@@ -3,13 +3,14 @@
 //! cloned like a fresh pod's.
 
 use super::failure::fail_as;
-use super::{clone_cmd, remove_fork, set_step, step};
+use super::{clone_cmd, fork_kept, remove_fork, set_step, step};
 use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
 use crate::names;
 use crate::phase::{CreateStep, Creating, Phase, Purpose, Retry, Scratch};
 use crate::pod::PodKey;
+use crate::snapshot::Removal;
 use crate::spec::VmSpec;
 use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
 use crate::time::Millis;
@@ -30,10 +31,10 @@ pub(super) fn evidence(
     };
     let name = spec.vm_name.clone();
     match result {
-        Ok(RegistryOk::Inspected { snapshot: None }) => {
-            let op = remove_fork(s, key, spec);
-            set_step(s, key, CreateStep::RemoveFork, op);
-        }
+        Ok(RegistryOk::Inspected { snapshot: None }) => match remove_fork(s, key, spec) {
+            Some(op) => set_step(s, key, CreateStep::RemoveFork, op),
+            None => fail_as(s, key, None, fork_kept(spec), Retry::Timer),
+        },
         Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
             if spec.clone_from_dir.is_some() || spec.fork_from.is_some() {
                 verdict(s, "source_conflict");
@@ -296,13 +297,13 @@ pub(super) fn wake_registry(
                 // Stale: the tag holds another save; the local copies go.
                 Some(r) => {
                     verified(s, "stale");
-                    crate::delete::remove_local_snapshots(s, key, &name);
+                    crate::snapshot::remove(s, key, Removal::Copies(name.clone()));
                     from_peer_or_registry(s, key, name, r)
                 }
                 // Stale: the tag is gone, so no peer can be checked against it either.
                 None => {
                     verified(s, "stale");
-                    crate::delete::remove_local_snapshots(s, key, &name);
+                    crate::snapshot::remove(s, key, Removal::Copies(name.clone()));
                     pull_hibernate(s, key, name)
                 }
             }
