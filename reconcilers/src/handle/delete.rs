@@ -187,7 +187,10 @@ fn snapshot_wanted(s: &mut State, key: &PodKey) -> bool {
 /// an unmanaged VM is only forgotten (D1).
 fn next_step(s: &mut State, key: &PodKey) {
     let Some(Phase::Deleting(d)) = s.pod(key).map(|e| &e.phase) else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: next_step found it not Deleting"),
+        );
     };
     let (vm, object, stage) = (d.vm.clone(), d.object, d.stage);
     if !vm.managed() {
@@ -237,7 +240,9 @@ fn set_wait(s: &mut State, key: &PodKey, wait: DeleteWait, stage: Option<DeleteS
 /// D4: the save's first step (see `snapshot.rs`).
 fn save(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
-    let Phase::Deleting(d) = &e.phase else { return };
+    let Phase::Deleting(d) = &e.phase else {
+        return crate::outcome::unexpected(s, &format!("pod {key}: save found it not Deleting"));
+    };
     let Some(name) = e.vm_name().map(str::to_string) else {
         return;
     };
@@ -248,12 +253,22 @@ fn save(s: &mut State, key: &PodKey) {
 }
 
 /// The outcome of a step of the delete-time save (see `snapshot.rs`).
-pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Deleting(d) = &e.phase else { return };
-    let (wait, since, id) = (d.wait, d.since, d.vm.record.id.clone());
+pub(crate) fn save_done(
+    s: &mut State,
+    key: &PodKey,
+    d: Deleting,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let (wait, since, id) = (d.wait, d.since, d.vm.record.id);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
+    };
+    // Only a managed pod's delete saves its VM, and a managed pod's spec names it.
     let Some(name) = e.vm_name().map(str::to_string) else {
-        return;
+        return outcome::unexpected(
+            s,
+            &format!("pod {key}: a delete-time save without a VM name"),
+        );
     };
     let image = e
         .spec
@@ -326,10 +341,16 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
 }
 
 /// The outcome of the push to `<vm>:latest`.
-pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Deleting(d) = &e.phase else { return };
+pub(crate) fn push_done(
+    s: &mut State,
+    key: &PodKey,
+    d: Deleting,
+    result: Result<RegistryOk, RegistryError>,
+) {
     let since = d.since;
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
+    };
     let name = e.vm_name().unwrap_or_default().to_string();
     match result {
         Ok(RegistryOk::Pushed { .. }) => {
@@ -375,7 +396,10 @@ pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, 
 fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Deleting(d) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: snapshot_failed found it not Deleting"),
+        );
     };
     d.failures += 1;
     d.wait = DeleteWait::Retry;
@@ -409,10 +433,14 @@ pub(crate) fn task_done(s: &mut State, key: &PodKey) {
     next_step(s, key)
 }
 
-pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Deleting(d) = &mut e.phase else {
-        return;
+pub(crate) fn vm_removed(
+    s: &mut State,
+    key: &PodKey,
+    d: Deleting,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
     };
     match result {
         Ok(CocoonOk::Done)
@@ -446,7 +474,10 @@ pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, C
 fn removal_failed(s: &mut State, key: &PodKey, why: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Deleting(d) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: removal_failed found it not Deleting"),
+        );
     };
     d.failures += 1;
     d.wait = DeleteWait::Retry;
@@ -516,6 +547,7 @@ fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: Outcome<'
 
 /// After the final status is on the server, remove the object (grace 0, UID-bound).
 pub(crate) fn finalize(p: &mut Publish, key: &PodKey) {
+    // Publishing runs for every touched pod; only a Terminal one has an object to remove.
     let Phase::Terminal(t) = &p.entry.phase else {
         return;
     };

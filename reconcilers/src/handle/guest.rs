@@ -119,7 +119,10 @@ pub(crate) fn start_fixup(s: &mut State, key: &PodKey, kind: FixupKind, wait: Ip
     let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: start_fixup found it not Running"),
+        );
     };
     r.settle = Some(Settle::Fixup(Fixup {
         kind,
@@ -153,7 +156,7 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
 fn attempt(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
     let (Phase::Running(r), Ok(spec)) = (&e.phase, &e.spec) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: attempt found it not Running"));
     };
     let Some(Settle::Fixup(f)) = &r.settle else {
         return;
@@ -254,7 +257,10 @@ pub(crate) fn fixup_done(
 fn succeeded(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: succeeded found it not Running"),
+        );
     };
     let Some(Settle::Fixup(f)) = r.settle.take() else {
         return;
@@ -279,7 +285,10 @@ fn exhausted(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let name = e.vm_name().unwrap_or_default().to_string();
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: exhausted found it not Running"),
+        );
     };
     let Some(Settle::Fixup(f)) = r.settle.take() else {
         return;
@@ -318,8 +327,9 @@ fn exhausted(s: &mut State, key: &PodKey) {
 
 /// C15: the static addresses of a Windows guest, set over its serial console.
 fn start_sac(s: &mut State, key: &PodKey, wait: IpWait, attempts: u32) {
-    let Some(e) = s.pod(key) else { return };
-    let Some(vm) = e.vm() else { return };
+    let Some(vm) = s.pod(key).and_then(|e| e.vm()) else {
+        return crate::outcome::unexpected(s, &format!("pod {key}: SAC owed without a VM"));
+    };
     let nics: Vec<SacNic> = vm
         .record
         .nics
@@ -483,7 +493,7 @@ fn event(s: &mut State, key: &PodKey, kind: EventType, reason: &str, message: &s
 pub(crate) fn lease(s: &mut State, key: &PodKey, wait: IpWait) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: lease found it not Running"));
     };
     r.settle = Some(Settle::Lease { wait });
     if r.vm.ip.is_some() {
@@ -566,7 +576,10 @@ pub(crate) fn nudged(s: &mut State, _key: &PodKey, result: Result<CocoonOk, Coco
 /// publisher's order of writes).
 pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
     let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: ip_arrived found it not Running"),
+        );
     };
     let Some(Settle::Lease { wait }) = r.settle else {
         return;
@@ -602,6 +615,8 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
         return;
     };
     let name = e.vm_name().unwrap_or_default().to_string();
+    // The pod left Running (deleted, evicted, hibernating) while the timer ran: the wait
+    // ended with it.
     let Phase::Running(r) = &mut e.phase else {
         return;
     };

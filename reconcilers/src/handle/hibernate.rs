@@ -58,7 +58,9 @@ pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
 /// U3: lifecycle `hibernating`, then `snapshot save --name <vm>`.
 pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Running(r) = &e.phase else { return };
+    let Phase::Running(r) = &e.phase else {
+        return crate::outcome::unexpected(s, &format!("pod {key}: begin found it not Running"));
+    };
     let mut running = r.clone();
     // The guest steps end with this VM: a wake brings up a new one with its own, and a
     // rollback leaves the pod `failed`; an outcome of theirs that comes meanwhile is dropped,
@@ -154,19 +156,19 @@ fn count(s: &mut State, phase: &str, result: &str) {
 
 /// The outcome of the hibernate's cocoon call: a step of the VM's save, of its NIC, or its
 /// removal.
-pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Hibernating(h) = &e.phase else {
-        return;
+pub(crate) fn step_done(
+    s: &mut State,
+    key: &PodKey,
+    h: Hibernating,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let (step, since, cancel, id) = (h.step, h.since, h.cancel, h.running.vm.record.id);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
     };
-    let (step, since, cancel, id) = (
-        h.step.clone(),
-        h.since,
-        h.cancel,
-        h.running.vm.record.id.clone(),
-    );
+    // A pod hibernates only with a decoded spec, which names its VM.
     let Some(name) = e.vm_name().map(str::to_string) else {
-        return;
+        return outcome::unexpected(s, &format!("pod {key}: hibernating without a VM name"));
     };
     let image = e
         .spec
@@ -378,12 +380,16 @@ fn start_save(s: &mut State, key: &PodKey, name: &str, id: &str) {
 }
 
 /// The outcome of the push to `<vm>:hibernate`.
-pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Hibernating(h) = &e.phase else {
-        return;
+pub(crate) fn push_done(
+    s: &mut State,
+    key: &PodKey,
+    h: Hibernating,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    let (since, cancel, id) = (h.since, h.cancel, h.running.vm.record.id);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
     };
-    let (since, cancel, id) = (h.since, h.cancel, h.running.vm.record.id.clone());
     let name = e.vm_name().unwrap_or_default().to_string();
     if let Some(object) = cancel {
         let result: Result<CocoonOk, CocoonError> = Ok(CocoonOk::Done);
@@ -432,12 +438,20 @@ pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, 
 /// U3 steps 7–10: the VM is gone; its lease goes back, the probe stops, the pod is Pending
 /// without container statuses, lifecycle `hibernated`, Normal `Hibernated`.
 fn hibernated(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Hibernating(h) = std::mem::replace(&mut e.phase, Phase::Hibernated) else {
-        return;
+    let Some(e) = s.pods.get_mut(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: hibernated a pod that is gone"));
     };
+    // Only a Hibernating pod becomes Hibernated: any other phase is kept as it is.
+    let Phase::Hibernating(h) = &e.phase else {
+        return outcome::unexpected(
+            s,
+            &format!("pod {key}: hibernated found it not Hibernating"),
+        );
+    };
+    let vm = h.running.vm.clone();
+    e.phase = Phase::Hibernated;
     let uid = e.pod.uid.clone();
-    tracking::forget(s, key, &h.running.vm);
+    tracking::forget(s, key, &vm);
     lifecycle::set(s, key, Lifecycle::Hibernated, None);
     s.emit(Action::RecordEvent {
         source: crate::action::EventSource::Vk,
@@ -534,7 +548,10 @@ fn restore_nic(
 fn rolled_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Hibernating(h) = &e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: rolled_back found it not Hibernating"),
+        );
     };
     let (running, attempts) = (h.running.clone(), h.attempts + 1);
     e.phase = Phase::Running(running);
@@ -584,7 +601,10 @@ fn hand_to_delete(
 ) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Hibernating(h) = &e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: hand_to_delete found it not Hibernating"),
+        );
     };
     let running: Running = h.running.clone();
     let removed = step == HibernateStep::Remove

@@ -317,7 +317,7 @@ fn cancelled(
 fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     let now = s.now;
     let Some(Phase::Creating(c)) = s.pod(key).map(|e| &e.phase) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: booted found it not Creating"));
     };
     let since = c.since;
     s.emit(Action::Observe {
@@ -522,7 +522,7 @@ pub(crate) fn swept(s: &mut State, result: Result<CocoonOk, CocoonError>) {
 /// The guest's fresher record replaces the tracked one; the IP stays until re-resolved.
 fn refresh(s: &mut State, key: &PodKey, vm: VmRecord) {
     let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: refresh found it not Running"));
     };
     let old = r.vm.clone();
     r.vm.record = vm;

@@ -15,8 +15,10 @@ use crate::{delete, keys, lifecycle, probe, tracking};
 pub(super) fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     let now = s.now;
     let Some(e) = s.pod(key) else { return };
-    let Phase::Creating(c) = &e.phase else { return };
-    let Ok(spec) = &e.spec else { return };
+    let (Phase::Creating(c), Ok(spec)) = (&e.phase, &e.spec) else {
+        // The step that booted the VM found the pod bringing it up, with a spec.
+        return crate::outcome::unexpected(s, &format!("pod {key}: a boot outside its bring-up"));
+    };
     let (since, cancel, purpose, scratch) = (c.since, c.cancel, c.purpose, c.scratch.clone());
     let woken = purpose != Purpose::Fresh;
     let clone_path = woken

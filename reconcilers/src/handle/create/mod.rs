@@ -130,8 +130,13 @@ pub(super) fn wait_for_other(s: &mut State, key: &PodKey, next: CreateStep) {
 }
 
 /// The outcome of the step's call (the router checked it is this step's).
-pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    advance(s, key, result);
+pub(crate) fn step_done(
+    s: &mut State,
+    key: &PodKey,
+    c: Creating,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    advance(s, key, c, result);
     settle_snapshot_claim(s, key);
 }
 
@@ -139,9 +144,10 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
 pub(crate) fn registry_step_done(
     s: &mut State,
     key: &PodKey,
+    c: Creating,
     result: Result<RegistryOk, RegistryError>,
 ) {
-    registry_advance(s, key, result);
+    registry_advance(s, key, c, result);
     settle_snapshot_claim(s, key);
 }
 

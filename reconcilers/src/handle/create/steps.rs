@@ -12,7 +12,7 @@ use crate::event::{
     ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
 };
 use crate::names;
-use crate::phase::{CreateStep, Phase, SaveStep, Scratch};
+use crate::phase::{CreateStep, Creating, Phase, SaveStep, Scratch};
 use crate::pod::PodKey;
 use crate::snapshot::Saving;
 use crate::spec::{Backend, Mode, VmSpec};
@@ -20,10 +20,16 @@ use crate::state::{Making, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
 use crate::{delete, keys, outcome};
 
-pub(super) fn advance(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Creating(c) = &e.phase else { return };
-    let (current, cancel) = (c.step.clone(), c.cancel);
+pub(super) fn advance(
+    s: &mut State,
+    key: &PodKey,
+    c: Creating,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let (current, cancel) = (c.step, c.cancel);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
+    };
     let spec = match &e.spec {
         Ok(spec) => spec.clone(),
         // The pod changed into something undecodable while the step was out.
@@ -459,11 +465,13 @@ pub(super) fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
 pub(super) fn registry_advance(
     s: &mut State,
     key: &PodKey,
+    c: Creating,
     result: Result<RegistryOk, RegistryError>,
 ) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Creating(c) = &e.phase else { return };
-    let (step_now, since, cancel, purpose) = (c.step.clone(), c.step_since, c.cancel, c.purpose);
+    let (step_now, since, cancel, purpose) = (c.step, c.step_since, c.cancel, c.purpose);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
+    };
     let spec = e.spec.clone();
     if let Some(object) = cancel {
         return registry_cancelled(s, key, step_now, &result, object);
