@@ -66,6 +66,9 @@ pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
             })
         }
     };
+    // B8: an orphan that is no longer listed (someone removed it) is no longer adoptable.
+    s.unclaimed
+        .retain(|_, orphan| vms.iter().any(|v| v.id == orphan.id));
     // R11: every tracked DHCP VM's lease is looked up again; a lease that lapsed without the
     // file changing is noticed here, since a Ready pod's probes report nothing while it answers.
     let dhcp: Vec<PodKey> = s.dhcp_macs.values().cloned().collect();
