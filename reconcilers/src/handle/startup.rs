@@ -12,12 +12,11 @@ use crate::state::{CocoonOwner, Startup, State};
 use crate::{create, delete, intake};
 
 pub fn try_start(s: &mut State) {
-    if s.started() || !s.relist.complete_once {
+    // Both the relist and the first `cocoon vm list` must be complete (B1).
+    let listed = matches!(s.startup, Startup::Waiting { inventory: Some(_) });
+    if !listed || !s.relist.complete_once {
         return;
     }
-    let Some(vms) = s.inventory.clone() else {
-        return;
-    };
     // B2: a pod on this node that needs a CPU class the node lacks is fatal.
     if let Some(message) = cpu_class_missing(s) {
         return s.emit(Action::Abort { message });
@@ -26,7 +25,10 @@ pub fn try_start(s: &mut State) {
     if !crate::macos::inventory_ready(s) {
         return;
     }
-    s.startup = Startup::Done;
+    let vms = match std::mem::replace(&mut s.startup, Startup::Started) {
+        Startup::Waiting { inventory } => inventory.unwrap_or_default(),
+        Startup::Started => Vec::new(),
+    };
     let macos_vms = crate::macos::take_inventory(s);
     // B3: records still `creating` are settled first and never enter the adoption index.
     let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.is_creating());
