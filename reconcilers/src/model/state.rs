@@ -105,7 +105,7 @@ pub struct Relist {
 
 /// Destructive decisions wait for both the pod relist and `cocoon vm list`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "startup", rename_all = "snake_case")]
+#[serde(tag = "startup", rename_all = "snake_case", from = "StartupWire")]
 pub enum Startup {
     /// Before the startup reconcile; `inventory`: the first `cocoon vm list`, once it came.
     Waiting { inventory: Option<Vec<VmRecord>> },
@@ -120,6 +120,43 @@ impl Default for Startup {
     }
 }
 
+/// `Startup` as journals hold it: this shape, or the bare `pending`/`done` of journal format
+/// 5, whose inventory sat beside it (a header before startup had none yet).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StartupWire {
+    Tagged(StartupTagged),
+    Bare(StartupBare),
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "startup", rename_all = "snake_case")]
+enum StartupTagged {
+    Waiting { inventory: Option<Vec<VmRecord>> },
+    Started,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StartupBare {
+    Pending,
+    Done,
+}
+
+impl From<StartupWire> for Startup {
+    fn from(w: StartupWire) -> Self {
+        match w {
+            StartupWire::Tagged(StartupTagged::Waiting { inventory }) => {
+                Startup::Waiting { inventory }
+            }
+            StartupWire::Tagged(StartupTagged::Started) | StartupWire::Bare(StartupBare::Done) => {
+                Startup::Started
+            }
+            StartupWire::Bare(StartupBare::Pending) => Startup::Waiting { inventory: None },
+        }
+    }
+}
+
 /// Whether the lease file has been read: until then a cached IP is not evidence of loss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -131,10 +168,36 @@ pub enum DhcpFile {
 
 /// The sweep (R11): its `cocoon vm list` and its `cocoon-macos vm list`, each one at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "SweepWire")]
 pub struct Sweep {
     pub cocoon: SweepState,
     #[serde(default, skip_serializing_if = "MacosSweep::is_idle")]
     pub macos: MacosSweep,
+}
+
+/// `Sweep` as journals hold it: this shape, or journal format 5's bare `SweepState` (its
+/// macOS listing was a separate flag, read as idle).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SweepWire {
+    Both {
+        cocoon: SweepState,
+        #[serde(default)]
+        macos: MacosSweep,
+    },
+    Cocoon(SweepState),
+}
+
+impl From<SweepWire> for Sweep {
+    fn from(w: SweepWire) -> Self {
+        match w {
+            SweepWire::Both { cocoon, macos } => Sweep { cocoon, macos },
+            SweepWire::Cocoon(cocoon) => Sweep {
+                cocoon,
+                macos: MacosSweep::Idle,
+            },
+        }
+    }
 }
 
 /// The sweep's `cocoon-macos vm list` (R10, R11).
