@@ -7,7 +7,7 @@ use crate::action::{
     Action, CountHistogram, Counter, EventSource, EventType, Level, RegistryCall, SacNic, Timer,
 };
 use crate::cocoon::CocoonCmd;
-use crate::entry::PostClone;
+use crate::entry::FixupEnd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk, SacError, SacStage};
 use crate::fixup;
 use crate::keys;
@@ -132,7 +132,8 @@ pub(crate) fn start_fixup(s: &mut State, key: &PodKey, kind: FixupKind, wait: Ip
         errors: Vec::new(),
         call: Call::Timer,
     }));
-    e.post_clone = Some(PostClone::Running);
+    // A new fix-up: how an earlier one ended no longer says anything.
+    e.post_clone = None;
     s.touched.insert(key);
     attempt(s, key);
 }
@@ -265,7 +266,7 @@ fn succeeded(s: &mut State, key: &PodKey) {
     let Some(Settle::Fixup(f)) = r.settle.take() else {
         return;
     };
-    e.post_clone = Some(PostClone::Done);
+    e.post_clone = Some(FixupEnd::Done);
     count(s, f.kind.as_str(), "ok", Some(f.attempts));
     if s.pod(key).is_some_and(owes_sac) {
         // C13 success, step 3: SAC before the success is announced.
@@ -295,7 +296,7 @@ fn exhausted(s: &mut State, key: &PodKey) {
     };
     let hint = fixup::hint(f.kind, &name, &r.vm.record);
     let errors = lifecycle::truncate(f.errors.join("; "), keys::MESSAGE_LIMIT);
-    e.post_clone = Some(PostClone::Failed {
+    e.post_clone = Some(FixupEnd::Failed {
         hint: Some(hint),
         errors: errors.clone(),
     });
@@ -425,7 +426,7 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
                 &format!("{op}: {msg}"),
             );
             if let Some(e) = s.pods.get_mut(&key) {
-                e.post_clone = Some(PostClone::Failed {
+                e.post_clone = Some(FixupEnd::Failed {
                     hint: None,
                     errors: lifecycle::truncate(err.message, keys::MESSAGE_LIMIT),
                 });
@@ -439,7 +440,7 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
 /// the lease wait.
 pub(crate) fn resume_after_fixup(s: &mut State, key: &PodKey, wait: IpWait) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    e.post_clone = Some(PostClone::Done);
+    e.post_clone = Some(FixupEnd::Done);
     match owes_sac(e) {
         true => start_sac(s, key, wait, 0),
         false => lease(s, key, wait),
