@@ -458,7 +458,7 @@ pub(crate) fn vm_removed(
             tracking::forget(s, key, &vm);
             // D7: the local snapshots go unless the operator asked to keep them as a cache.
             if let (false, Some(name)) = (keep, name) {
-                snapshot::remove(s, key, snapshot::Removal::AfterRemoval(name));
+                snapshot::remove(s, key, snapshot::Removal::DeletedVm(name));
             }
             finish(s, key, object, "");
         }

@@ -29,7 +29,7 @@ pub(crate) enum Saving {
     /// The step failed for good (`SaveStep`: which one).
     Refused(SaveStep, CocoonError),
     /// The step answered with a shape it cannot have.
-    Unexpected(SaveStep, CocoonOk),
+    Unexpected(SaveStep, Box<CocoonOk>),
 }
 
 /// Starts saving the VM `vm` (an id) as the local snapshot `snapshot`, for `key`'s step.
@@ -87,7 +87,7 @@ pub(crate) fn save_done(
             }),
         ) => Saving::Next(SaveStep::SaveAgain, save(s, key, snapshot, vm)),
         (step, Err(err)) => Saving::Refused(step, err),
-        (step, Ok(other)) => Saving::Unexpected(step, other),
+        (step, Ok(other)) => Saving::Unexpected(step, Box::new(other)),
     }
 }
 
@@ -118,7 +118,7 @@ pub(crate) enum Removal {
     /// a VM name, unless another pod holds that name (T1).
     Copies(String),
     /// D7: `<vm>` and `fork-<vm>` of the VM the deleted pod held until its removal.
-    AfterRemoval(String),
+    DeletedVm(String),
 }
 
 /// Who may remove a snapshot: the snapshots `why` names that `key` may remove (none: the
@@ -140,7 +140,7 @@ fn removable(s: &mut State, key: &PodKey, why: &Removal) -> Vec<String> {
             }
             None => vec![vm.clone(), names::fork_snapshot(vm)],
         },
-        Removal::AfterRemoval(vm) => vec![vm.clone(), names::fork_snapshot(vm)],
+        Removal::DeletedVm(vm) => vec![vm.clone(), names::fork_snapshot(vm)],
     }
 }
 
@@ -150,7 +150,7 @@ fn removable(s: &mut State, key: &PodKey, why: &Removal) -> Vec<String> {
 pub(crate) fn remove(s: &mut State, key: &PodKey, why: Removal) -> Option<OpId> {
     let step = match why {
         Removal::OwnFork(_) | Removal::Holder(_) => true,
-        Removal::Scratch(_) | Removal::Copies(_) | Removal::AfterRemoval(_) => false,
+        Removal::Scratch(_) | Removal::Copies(_) | Removal::DeletedVm(_) => false,
     };
     let mut out = None;
     for name in removable(s, key, &why) {

@@ -108,7 +108,7 @@ fn claim_at_startup(
     }
     // B1: split off to cocoon-macos (C14); never matched against cocoon's list.
     if spec.os == crate::spec::Os::Macos {
-        crate::macos::startup_pod(s, key, &macos_vms);
+        crate::macos::startup_pod(s, key, macos_vms);
         return;
     }
     let id = e

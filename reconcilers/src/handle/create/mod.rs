@@ -90,8 +90,6 @@ pub(super) fn fork_kept(spec: &VmSpec) -> String {
     )
 }
 
-/// C11: the outcome of the evidence check of a fresh bring-up.
-
 pub(super) fn set_step(s: &mut State, key: &PodKey, next: CreateStep, op: crate::action::OpId) {
     let now = s.now;
     if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
@@ -100,8 +98,6 @@ pub(super) fn set_step(s: &mut State, key: &PodKey, next: CreateStep, op: crate:
         c.step_since = now;
     }
 }
-
-/// U6: the copy on the node that pushed `<vm>:hibernate` comes before the registry, unless
 
 /// The next step of the bring-up under way.
 pub(super) fn step(s: &mut State, key: &PodKey, next: CreateStep, cmd: CocoonCmd) {

@@ -253,7 +253,7 @@ fn fork_save_done(
             key,
             spec,
             &CreateStep::SaveForkSnapshot { vm, save },
-            other,
+            *other,
         ),
     }
 }

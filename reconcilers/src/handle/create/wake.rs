@@ -364,6 +364,7 @@ pub(super) fn wake_registry(
     }
 }
 
+/// U6: the copy on the node that pushed `<vm>:hibernate` comes before the registry, unless
 /// that node is this one (its copy would have been found locally) or unknown.
 pub(super) fn from_peer_or_registry(
     s: &mut State,
