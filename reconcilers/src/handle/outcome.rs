@@ -46,6 +46,8 @@ pub fn cocoon_done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError
 /// The pod's one VM operation came back: to the step of the phase that sent it, which gets
 /// the phase it matched; an outcome no phase waits for is `unexpected`.
 fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonOk, CocoonError>) {
+    // Touched before the lookup: publishing skips a key that has no entry.
+    s.touched.insert(key);
     let Some(e) = s.pod(key) else {
         return unexpected(
             s,
@@ -83,7 +85,6 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
             );
         }
     };
-    s.touched.insert(key);
     match to {
         To::Create(c) => create::step_done(s, key, c, result),
         To::Task => vm_events::task_done(s, key, result),
@@ -157,6 +158,8 @@ fn pod_registry_done(
     op: OpId,
     result: Result<RegistryOk, RegistryError>,
 ) {
+    // Touched before the lookup: publishing skips a key that has no entry.
+    s.touched.insert(key);
     let Some(e) = s.pod(key) else {
         return unexpected(
             s,
@@ -184,7 +187,6 @@ fn pod_registry_done(
             );
         }
     };
-    s.touched.insert(key);
     match to {
         Pushed::Delete(d) => delete::push_done(s, key, d, result),
         Pushed::Hibernate(h) => hibernate::push_done(s, key, h, result),
