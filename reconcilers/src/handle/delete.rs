@@ -6,13 +6,13 @@ use crate::action::{Action, Counter, Level};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryOk};
-use crate::names;
 use crate::phase::{
     Call, Creating, DeleteStage, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase,
-    Terminal, VmTask,
+    SaveStep, Terminal, VmTask,
 };
 use crate::pod::PodKey;
 use crate::provider::{self, Op, Outcome};
+use crate::snapshot::Saving;
 use crate::state::{CocoonOwner, KubeOwner, Publish, RegistryOwner, State, Tracked, VmOwner};
 use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
@@ -152,26 +152,10 @@ fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
         .unwrap_or(true);
     let name = e.vm_name().map(str::to_string);
     if let (false, Some(name)) = (keep, name) {
-        remove_local_snapshots(s, key, &name);
+        snapshot::remove(s, key, snapshot::Removal::Copies(name));
     }
     let reason = if keep { "seat_release" } else { "no_vm" };
     finish_counted(s, key, object, Outcome::Skipped, reason)
-}
-
-pub(crate) fn remove_local_snapshots(s: &mut State, key: &PodKey, name: &str) {
-    // T1: another pod's snapshots under a name this pod only claimed are not this pod's.
-    if let Some(other) = crate::trust::name_holder(s, key, name) {
-        s.emit(Action::Log {
-            level: Level::Warn,
-            message: format!(
-                "pod {key}: local snapshots of {name} are left alone: the name belongs to pod {other}"
-            ),
-        });
-        return;
-    }
-    for snap in [name.to_string(), names::fork_snapshot(name)] {
-        snapshot::remove_detached(s, key, snap);
-    }
 }
 
 /// The pod is being deleted and has no VM: its delete is done.
@@ -203,7 +187,10 @@ fn snapshot_wanted(s: &mut State, key: &PodKey) -> bool {
 /// an unmanaged VM is only forgotten (D1).
 fn next_step(s: &mut State, key: &PodKey) {
     let Some(Phase::Deleting(d)) = s.pod(key).map(|e| &e.phase) else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: next_step found it not Deleting"),
+        );
     };
     let (vm, object, stage) = (d.vm.clone(), d.object, d.stage);
     if !vm.managed() {
@@ -217,7 +204,7 @@ fn next_step(s: &mut State, key: &PodKey) {
         DeleteStage::Snapshot | DeleteStage::Remove => DeleteStage::Remove,
     };
     match stage {
-        DeleteStage::Snapshot => save(s, key, false),
+        DeleteStage::Snapshot => save(s, key),
         DeleteStage::Remove => {
             let cmd = match macos {
                 true => CocoonCmd::MacosRm {
@@ -242,7 +229,7 @@ fn set_wait(s: &mut State, key: &PodKey, wait: DeleteWait, stage: Option<DeleteS
     if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
         d.wait = wait;
         if let Some(stage) = stage {
-            if d.stage != stage || matches!(wait, DeleteWait::Save(_)) {
+            if d.stage != stage || matches!(wait, DeleteWait::Save(SaveStep::Save, _)) {
                 d.since = now;
             }
             d.stage = stage;
@@ -250,44 +237,52 @@ fn set_wait(s: &mut State, key: &PodKey, wait: DeleteWait, stage: Option<DeleteS
     }
 }
 
-fn save(s: &mut State, key: &PodKey, again: bool) {
+/// D4: the save's first step (see `snapshot.rs`).
+fn save(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
-    let Phase::Deleting(d) = &e.phase else { return };
+    let Phase::Deleting(d) = &e.phase else {
+        return crate::outcome::unexpected(s, &format!("pod {key}: save found it not Deleting"));
+    };
     let Some(name) = e.vm_name().map(str::to_string) else {
         return;
     };
-    let cmd = CocoonCmd::SnapshotSave {
-        name,
-        vm: d.vm.record.id.clone(),
-    };
-    let op = s.run_cocoon(
-        CocoonOwner::Pod { key: key.clone() },
-        Some(key.clone()),
-        cmd,
-    );
-    let wait = match again {
-        false => DeleteWait::Save(op),
-        true => DeleteWait::SaveAgain(op),
-    };
+    let id = d.vm.record.id.clone();
+    let op = snapshot::save(s, key, &name, &id);
+    let wait = DeleteWait::Save(SaveStep::Save, op);
     set_wait(s, key, wait, Some(DeleteStage::Snapshot));
 }
 
-/// The outcome of the delete-time `snapshot save` (or of removing a holder of its name).
-pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Deleting(d) = &e.phase else { return };
-    let (wait, since) = (d.wait, d.since);
+/// The outcome of a step of the delete-time save (see `snapshot.rs`).
+pub(crate) fn save_done(
+    s: &mut State,
+    key: &PodKey,
+    d: Deleting,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let (wait, since, id) = (d.wait, d.since, d.vm.record.id);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
+    };
+    // Only a managed pod's delete saves its VM, and a managed pod's spec names it.
     let Some(name) = e.vm_name().map(str::to_string) else {
-        return;
+        return outcome::unexpected(
+            s,
+            &format!("pod {key}: a delete-time save without a VM name"),
+        );
     };
     let image = e
         .spec
         .as_ref()
         .map(|sp| sp.image.clone())
         .unwrap_or_default();
-    use CocoonErrorKind::{NotRunning, SnapshotNameTaken, SnapshotNotFound, VmNotFound};
-    match (wait, result) {
-        (DeleteWait::Save(_) | DeleteWait::SaveAgain(_), Ok(CocoonOk::Done)) => {
+    let DeleteWait::Save(save, _) = wait else {
+        let what = format!("pod {key}: a save outcome while the delete waits for {wait:?}");
+        return outcome::unexpected(s, &what);
+    };
+    use CocoonErrorKind::{NotRunning, VmNotFound};
+    match snapshot::save_done(s, key, save, &name, &id, result) {
+        Saving::Next(save, op) => set_wait(s, key, DeleteWait::Save(save, op), None),
+        Saving::Saved => {
             snapshot::saved(s, since);
             let call = snapshot::push_of(&name, "latest", image);
             let op = s.call_registry(
@@ -301,12 +296,12 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             }
         }
         // D4: a VM that is already gone or not running is removed without a snapshot.
-        (
-            DeleteWait::Save(_) | DeleteWait::SaveAgain(_),
-            Err(CocoonError {
+        Saving::Refused(
+            SaveStep::Save | SaveStep::SaveAgain,
+            CocoonError {
                 kind: kind @ (VmNotFound | NotRunning),
                 message,
-            }),
+            },
         ) => {
             let why = if kind == VmNotFound {
                 "is gone"
@@ -320,35 +315,7 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
             next_step(s, key);
         }
-        // F1: `snapshot save` refuses a taken name: remove the holder, then save once more.
-        (
-            DeleteWait::Save(_),
-            Err(CocoonError {
-                kind: SnapshotNameTaken,
-                message,
-            }),
-        ) => {
-            let holder = crate::create::taken_by(&message).unwrap_or(name);
-            let cmd = CocoonCmd::SnapshotRm { name: holder };
-            let op = s.run_cocoon(
-                CocoonOwner::Pod { key: key.clone() },
-                Some(key.clone()),
-                cmd,
-            );
-            set_wait(s, key, DeleteWait::RemoveTakenSave(op), None);
-        }
-        (
-            DeleteWait::RemoveTakenSave(_),
-            Ok(CocoonOk::Done)
-            | Err(CocoonError {
-                kind: SnapshotNotFound,
-                ..
-            }),
-        ) => save(s, key, true),
-        (
-            DeleteWait::Save(_) | DeleteWait::SaveAgain(_) | DeleteWait::RemoveTakenSave(_),
-            Err(err),
-        ) => snapshot_failed(
+        Saving::Refused(_, err) => snapshot_failed(
             s,
             key,
             Counter::SnapshotSave {
@@ -356,10 +323,7 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             },
             format!("snapshot save {name}: {}", err.message),
         ),
-        (
-            DeleteWait::Save(_) | DeleteWait::SaveAgain(_) | DeleteWait::RemoveTakenSave(_),
-            Ok(other),
-        ) => {
+        Saving::Unexpected(_, other) => {
             outcome::unexpected(
                 s,
                 &format!("pod {key}: snapshot save {name} answered {other:?}"),
@@ -373,18 +337,20 @@ pub(crate) fn save_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 format!("snapshot save {name}: unexpected answer from cocoon"),
             )
         }
-        (
-            DeleteWait::Task(_) | DeleteWait::Push(_) | DeleteWait::RemoveVm(_) | DeleteWait::Retry,
-            _,
-        ) => {}
     }
 }
 
 /// The outcome of the push to `<vm>:latest`.
-pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Deleting(d) = &e.phase else { return };
+pub(crate) fn push_done(
+    s: &mut State,
+    key: &PodKey,
+    d: Deleting,
+    result: Result<RegistryOk, RegistryError>,
+) {
     let since = d.since;
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
+    };
     let name = e.vm_name().unwrap_or_default().to_string();
     match result {
         Ok(RegistryOk::Pushed { .. }) => {
@@ -430,7 +396,10 @@ pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, 
 fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Deleting(d) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: snapshot_failed found it not Deleting"),
+        );
     };
     d.failures += 1;
     d.wait = DeleteWait::Retry;
@@ -464,10 +433,14 @@ pub(crate) fn task_done(s: &mut State, key: &PodKey) {
     next_step(s, key)
 }
 
-pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Deleting(d) = &mut e.phase else {
-        return;
+pub(crate) fn vm_removed(
+    s: &mut State,
+    key: &PodKey,
+    d: Deleting,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
     };
     match result {
         Ok(CocoonOk::Done)
@@ -485,17 +458,7 @@ pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, C
             tracking::forget(s, key, &vm);
             // D7: the local snapshots go unless the operator asked to keep them as a cache.
             if let (false, Some(name)) = (keep, name) {
-                for snap in [name.clone(), names::fork_snapshot(&name)] {
-                    let owner = CocoonOwner::Detached {
-                        what: format!("snapshot rm {snap}"),
-                        release: None,
-                    };
-                    s.run_cocoon(
-                        owner,
-                        Some(key.clone()),
-                        CocoonCmd::SnapshotRm { name: snap },
-                    );
-                }
+                snapshot::remove(s, key, snapshot::Removal::DeletedVm(name));
             }
             finish(s, key, object, "");
         }
@@ -511,7 +474,10 @@ pub(crate) fn vm_removed(s: &mut State, key: &PodKey, result: Result<CocoonOk, C
 fn removal_failed(s: &mut State, key: &PodKey, why: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Deleting(d) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: removal_failed found it not Deleting"),
+        );
     };
     d.failures += 1;
     d.wait = DeleteWait::Retry;
@@ -581,6 +547,7 @@ fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: Outcome<'
 
 /// After the final status is on the server, remove the object (grace 0, UID-bound).
 pub(crate) fn finalize(p: &mut Publish, key: &PodKey) {
+    // Publishing runs for every touched pod; only a Terminal one has an object to remove.
     let Phase::Terminal(t) = &p.entry.phase else {
         return;
     };

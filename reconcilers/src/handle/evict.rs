@@ -48,7 +48,7 @@ fn send(s: &mut State, key: &PodKey) {
     let op = s.kube_op(KubeOwner::Evict { key: key.clone() });
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Evicting(ev) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: send found it not Evicting"));
     };
     ev.tries += 1;
     ev.delete = Some(op);

@@ -7,7 +7,7 @@ use crate::action::{
     Action, CountHistogram, Counter, EventSource, EventType, Level, RegistryCall, SacNic, Timer,
 };
 use crate::cocoon::CocoonCmd;
-use crate::entry::PostClone;
+use crate::entry::FixupEnd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk, SacError, SacStage};
 use crate::fixup;
 use crate::keys;
@@ -119,7 +119,10 @@ pub(crate) fn start_fixup(s: &mut State, key: &PodKey, kind: FixupKind, wait: Ip
     let now = s.now;
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: start_fixup found it not Running"),
+        );
     };
     r.settle = Some(Settle::Fixup(Fixup {
         kind,
@@ -129,7 +132,8 @@ pub(crate) fn start_fixup(s: &mut State, key: &PodKey, kind: FixupKind, wait: Ip
         errors: Vec::new(),
         call: Call::Timer,
     }));
-    e.post_clone = Some(PostClone::Running);
+    // A new fix-up: how an earlier one ended no longer says anything.
+    e.post_clone = None;
     s.touched.insert(key);
     attempt(s, key);
 }
@@ -153,7 +157,7 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
 fn attempt(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
     let (Phase::Running(r), Ok(spec)) = (&e.phase, &e.spec) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: attempt found it not Running"));
     };
     let Some(Settle::Fixup(f)) = &r.settle else {
         return;
@@ -254,12 +258,15 @@ pub(crate) fn fixup_done(
 fn succeeded(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: succeeded found it not Running"),
+        );
     };
     let Some(Settle::Fixup(f)) = r.settle.take() else {
         return;
     };
-    e.post_clone = Some(PostClone::Done);
+    e.post_clone = Some(FixupEnd::Done);
     count(s, f.kind.as_str(), "ok", Some(f.attempts));
     if s.pod(key).is_some_and(owes_sac) {
         // C13 success, step 3: SAC before the success is announced.
@@ -279,14 +286,17 @@ fn exhausted(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let name = e.vm_name().unwrap_or_default().to_string();
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: exhausted found it not Running"),
+        );
     };
     let Some(Settle::Fixup(f)) = r.settle.take() else {
         return;
     };
     let hint = fixup::hint(f.kind, &name, &r.vm.record);
     let errors = lifecycle::truncate(f.errors.join("; "), keys::MESSAGE_LIMIT);
-    e.post_clone = Some(PostClone::Failed {
+    e.post_clone = Some(FixupEnd::Failed {
         hint: Some(hint),
         errors: errors.clone(),
     });
@@ -318,8 +328,9 @@ fn exhausted(s: &mut State, key: &PodKey) {
 
 /// C15: the static addresses of a Windows guest, set over its serial console.
 fn start_sac(s: &mut State, key: &PodKey, wait: IpWait, attempts: u32) {
-    let Some(e) = s.pod(key) else { return };
-    let Some(vm) = e.vm() else { return };
+    let Some(vm) = s.pod(key).and_then(|e| e.vm()) else {
+        return crate::outcome::unexpected(s, &format!("pod {key}: SAC owed without a VM"));
+    };
     let nics: Vec<SacNic> = vm
         .record
         .nics
@@ -415,7 +426,7 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
                 &format!("{op}: {msg}"),
             );
             if let Some(e) = s.pods.get_mut(&key) {
-                e.post_clone = Some(PostClone::Failed {
+                e.post_clone = Some(FixupEnd::Failed {
                     hint: None,
                     errors: lifecycle::truncate(err.message, keys::MESSAGE_LIMIT),
                 });
@@ -429,7 +440,7 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
 /// the lease wait.
 pub(crate) fn resume_after_fixup(s: &mut State, key: &PodKey, wait: IpWait) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    e.post_clone = Some(PostClone::Done);
+    e.post_clone = Some(FixupEnd::Done);
     match owes_sac(e) {
         true => start_sac(s, key, wait, 0),
         false => lease(s, key, wait),
@@ -483,7 +494,7 @@ fn event(s: &mut State, key: &PodKey, kind: EventType, reason: &str, message: &s
 pub(crate) fn lease(s: &mut State, key: &PodKey, wait: IpWait) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: lease found it not Running"));
     };
     r.settle = Some(Settle::Lease { wait });
     if r.vm.ip.is_some() {
@@ -566,7 +577,10 @@ pub(crate) fn nudged(s: &mut State, _key: &PodKey, result: Result<CocoonOk, Coco
 /// publisher's order of writes).
 pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
     let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: ip_arrived found it not Running"),
+        );
     };
     let Some(Settle::Lease { wait }) = r.settle else {
         return;
@@ -602,6 +616,8 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
         return;
     };
     let name = e.vm_name().unwrap_or_default().to_string();
+    // The pod left Running (deleted, evicted, hibernating) while the timer ran: the wait
+    // ended with it.
     let Phase::Running(r) = &mut e.phase else {
         return;
     };

@@ -7,8 +7,11 @@ use crate::action::{Action, Counter, EventType, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
-use crate::phase::{Failure, HibernateStep, Hibernating, NicStage, Object, Phase, Running};
+use crate::phase::{
+    Failure, HibernateStep, Hibernating, NicStage, Object, Phase, Running, SaveStep,
+};
 use crate::pod::PodKey;
+use crate::snapshot::Saving;
 use crate::spec::Os;
 use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
@@ -55,7 +58,9 @@ pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
 /// U3: lifecycle `hibernating`, then `snapshot save --name <vm>`.
 pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Running(r) = &e.phase else { return };
+    let Phase::Running(r) = &e.phase else {
+        return crate::outcome::unexpected(s, &format!("pod {key}: begin found it not Running"));
+    };
     let mut running = r.clone();
     // The guest steps end with this VM: a wake brings up a new one with its own, and a
     // rollback leaves the pod `failed`; an outcome of theirs that comes meanwhile is dropped,
@@ -67,19 +72,24 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     let id = running.vm.record.id.clone();
     let drops_nic = e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
     lifecycle::set(s, key, Lifecycle::Hibernating, None);
-    let (step, cmd) = match (running.vm.record.is_running(), drops_nic) {
-        (false, _) => (HibernateStep::Start, CocoonCmd::VmStart { id }),
-        (true, true) => (HibernateStep::ReleaseLease, guest(&id, "/release")),
-        (true, false) => (
-            HibernateStep::Save,
-            CocoonCmd::SnapshotSave { name, vm: id },
-        ),
+    let owner = CocoonOwner::Pod { key: key.clone() };
+    let (step, op) = match (running.vm.record.is_running(), drops_nic) {
+        (false, _) => {
+            let op = s.run_cocoon(owner, Some(key.clone()), CocoonCmd::VmStart { id });
+            (HibernateStep::Start, op)
+        }
+        (true, true) => {
+            let op = s.run_cocoon(owner, Some(key.clone()), guest(&id, "/release"));
+            (HibernateStep::ReleaseLease, op)
+        }
+        (true, false) => {
+            let save = SaveStep::Save;
+            (
+                HibernateStep::Save { save },
+                snapshot::save(s, key, &name, &id),
+            )
+        }
     };
-    let op = s.run_cocoon(
-        CocoonOwner::Pod { key: key.clone() },
-        Some(key.clone()),
-        cmd,
-    );
     let now = s.now;
     if let Some(e) = s.pods.get_mut(key) {
         e.phase = Phase::Hibernating(Hibernating {
@@ -118,11 +128,7 @@ fn nic_dropped(s: &State, key: &PodKey, step: &HibernateStep) -> bool {
         .is_some_and(|e| e.spec.as_ref().is_ok_and(|sp| sp.drops_nic()));
     drops
         && match step {
-            HibernateStep::Save
-            | HibernateStep::SaveAgain
-            | HibernateStep::RemoveTakenSave
-            | HibernateStep::Push
-            | HibernateStep::Remove => true,
+            HibernateStep::Save { .. } | HibernateStep::Push | HibernateStep::Remove => true,
             HibernateStep::Start
             | HibernateStep::ReleaseLease
             | HibernateStep::DropNic
@@ -148,21 +154,21 @@ fn count(s: &mut State, phase: &str, result: &str) {
     });
 }
 
-/// The outcome of the hibernate's cocoon call: the save, the removal of a taken name's
-/// holder, or the VM's removal.
-pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Hibernating(h) = &e.phase else {
-        return;
+/// The outcome of the hibernate's cocoon call: a step of the VM's save, of its NIC, or its
+/// removal.
+pub(crate) fn step_done(
+    s: &mut State,
+    key: &PodKey,
+    h: Hibernating,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let (step, since, cancel, id) = (h.step, h.since, h.cancel, h.running.vm.record.id);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
     };
-    let (step, since, cancel, id) = (
-        h.step.clone(),
-        h.since,
-        h.cancel,
-        h.running.vm.record.id.clone(),
-    );
+    // A pod hibernates only with a decoded spec, which names its VM.
     let Some(name) = e.vm_name().map(str::to_string) else {
-        return;
+        return outcome::unexpected(s, &format!("pod {key}: hibernating without a VM name"));
     };
     let image = e
         .spec
@@ -172,7 +178,97 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
     if let Some(object) = cancel {
         return hand_to_delete(s, key, object, step, &result);
     }
-    use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound, VmNotFound};
+    match step {
+        HibernateStep::Save { save } => {
+            let vm = Vm { name, id, image };
+            save_done(s, key, save, vm, since, result)
+        }
+        HibernateStep::RestoreNic { stage, failed } => {
+            restore_nic(s, key, &id, stage, failed, result)
+        }
+        HibernateStep::Start
+        | HibernateStep::ReleaseLease
+        | HibernateStep::DropNic
+        | HibernateStep::Remove => vm_step_done(s, key, step, &name, &id, result),
+        HibernateStep::Push => outcome::unexpected(
+            s,
+            &format!("pod {key}: a cocoon outcome for the hibernate push"),
+        ),
+    }
+}
+
+/// The VM being hibernated: its name, id and image.
+struct Vm {
+    name: String,
+    id: String,
+    image: String,
+}
+
+/// U3: a step of the save (see `snapshot.rs`); once saved, the push to `<vm>:hibernate`.
+fn save_done(
+    s: &mut State,
+    key: &PodKey,
+    save: SaveStep,
+    vm: Vm,
+    since: crate::time::Millis,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    let Vm { name, id, image } = vm;
+    match snapshot::save_done(s, key, save, &name, &id, result) {
+        Saving::Next(save, op) => next(s, key, HibernateStep::Save { save }, op),
+        Saving::Saved => {
+            count(s, "snapshot", "ok");
+            snapshot::saved(s, since);
+            let call = snapshot::push_of(&name, "hibernate", image);
+            let owner = RegistryOwner::Pod { key: key.clone() };
+            let op = s.call_registry(owner, Some(key.clone()), call);
+            next(s, key, HibernateStep::Push, op);
+        }
+        Saving::Refused(_, err) => {
+            count(s, "snapshot", "failed");
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: "failed".into(),
+                },
+            });
+            let msg = format!("hibernate: snapshot save {name}: {}", err.message);
+            roll_back(s, key, "HibernateSnapshotFailed", msg);
+        }
+        Saving::Unexpected(save, other) => {
+            let step = save_label(save);
+            outcome::unexpected(
+                s,
+                &format!("pod {key}: hibernate step {step} answered {other:?}"),
+            );
+            roll_back(
+                s,
+                key,
+                "HibernateSnapshotFailed",
+                format!("hibernate: {step}: unexpected answer from cocoon"),
+            );
+        }
+    }
+}
+
+/// How logs and messages name a save step.
+fn save_label(save: SaveStep) -> &'static str {
+    match save {
+        SaveStep::Save => "Save",
+        SaveStep::RemoveHolder => "RemoveTakenSave",
+        SaveStep::SaveAgain => "SaveAgain",
+    }
+}
+
+/// The steps on the VM around the save: its start (B9), the NIC's drop (U3), its removal.
+fn vm_step_done(
+    s: &mut State,
+    key: &PodKey,
+    step: HibernateStep,
+    name: &str,
+    id: &str,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    use CocoonErrorKind::VmNotFound;
     match (step, result) {
         (HibernateStep::Start, Ok(CocoonOk::Done)) => {
             let drops_nic = s
@@ -183,13 +279,8 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 h.running.vm.record.state = "running".into();
             }
             match drops_nic {
-                true => call(s, key, HibernateStep::ReleaseLease, guest(&id, "/release")),
-                false => call(
-                    s,
-                    key,
-                    HibernateStep::Save,
-                    CocoonCmd::SnapshotSave { name, vm: id },
-                ),
+                true => call(s, key, HibernateStep::ReleaseLease, guest(id, "/release")),
+                false => start_save(s, key, name, id),
             }
         }
         // Best effort: a guest that cannot give its lease back loses it with the NIC anyway.
@@ -199,6 +290,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 "dhcp_release",
                 if result.is_ok() { "ok" } else { "failed" },
             );
+            let id = id.to_string();
             call(
                 s,
                 key,
@@ -208,12 +300,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
         }
         (HibernateStep::DropNic, Ok(CocoonOk::Done)) => {
             count(s, "netresize", "ok");
-            call(
-                s,
-                key,
-                HibernateStep::Save,
-                CocoonCmd::SnapshotSave { name, vm: id },
-            );
+            start_save(s, key, name, id);
         }
         // The NIC is still there: only the released lease is renewed.
         (HibernateStep::DropNic, Err(err)) => {
@@ -226,72 +313,13 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 stage: NicStage::Renew,
                 failed,
             };
-            call(s, key, step, guest(&id, "/renew"));
-        }
-        (HibernateStep::RestoreNic { stage, failed }, result) => {
-            restore_nic(s, key, &id, stage, failed, result)
+            call(s, key, step, guest(id, "/renew"));
         }
         (HibernateStep::Start, Err(err)) => {
             // Not a phase of `cocoon_vk_hibernate_total`: the Warning and the update
             // failure count it.
             let msg = format!("hibernate: vm start {name}: {}", err.message);
             roll_back(s, key, "ResumeStartFailed", msg);
-        }
-        (HibernateStep::Save | HibernateStep::SaveAgain, Ok(CocoonOk::Done)) => {
-            count(s, "snapshot", "ok");
-            snapshot::saved(s, since);
-            let call = snapshot::push_of(&name, "hibernate", image);
-            let owner = RegistryOwner::Pod { key: key.clone() };
-            let op = s.call_registry(owner, Some(key.clone()), call);
-            next(s, key, HibernateStep::Push, op);
-        }
-        (
-            HibernateStep::Save,
-            Err(CocoonError {
-                kind: SnapshotNameTaken,
-                message,
-            }),
-        ) => {
-            let holder = create::taken_by(&message).unwrap_or(name);
-            let cmd = CocoonCmd::SnapshotRm { name: holder };
-            let op = s.run_cocoon(
-                CocoonOwner::Pod { key: key.clone() },
-                Some(key.clone()),
-                cmd,
-            );
-            next(s, key, HibernateStep::RemoveTakenSave, op);
-        }
-        (
-            HibernateStep::RemoveTakenSave,
-            Ok(CocoonOk::Done)
-            | Err(CocoonError {
-                kind: SnapshotNotFound,
-                ..
-            }),
-        ) => {
-            let Some(id) = s.pod(key).and_then(|e| e.vm()).map(|v| v.record.id.clone()) else {
-                return;
-            };
-            let cmd = CocoonCmd::SnapshotSave { name, vm: id };
-            let op = s.run_cocoon(
-                CocoonOwner::Pod { key: key.clone() },
-                Some(key.clone()),
-                cmd,
-            );
-            next(s, key, HibernateStep::SaveAgain, op);
-        }
-        (
-            HibernateStep::Save | HibernateStep::SaveAgain | HibernateStep::RemoveTakenSave,
-            Err(err),
-        ) => {
-            count(s, "snapshot", "failed");
-            s.emit(Action::Count {
-                counter: Counter::SnapshotSave {
-                    result: "failed".into(),
-                },
-            });
-            let msg = format!("hibernate: snapshot save {name}: {}", err.message);
-            roll_back(s, key, "HibernateSnapshotFailed", msg);
         }
         (
             HibernateStep::Remove,
@@ -307,7 +335,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             count(s, "remove", "failed");
             // U4: so nobody sees a finished hibernate while the VM lives, the tag goes.
             let call = RegistryCall::DeleteTag {
-                name: name.clone(),
+                name: name.to_string(),
                 tag: "hibernate".into(),
             };
             let owner = RegistryOwner::Detached {
@@ -318,12 +346,7 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
             roll_back(s, key, "HibernateRemoveFailed", msg);
         }
         (
-            step @ (HibernateStep::Start
-            | HibernateStep::DropNic
-            | HibernateStep::Save
-            | HibernateStep::SaveAgain
-            | HibernateStep::RemoveTakenSave
-            | HibernateStep::Remove),
+            step @ (HibernateStep::Start | HibernateStep::DropNic | HibernateStep::Remove),
             Ok(other),
         ) => {
             outcome::unexpected(
@@ -337,22 +360,36 @@ pub(crate) fn step_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, Co
                 format!("hibernate: {step:?}: unexpected answer from cocoon"),
             );
         }
-        (HibernateStep::Push, Ok(_) | Err(_)) => {
-            outcome::unexpected(
-                s,
-                &format!("pod {key}: a cocoon outcome for the hibernate push"),
-            );
-        }
+        (
+            step @ (HibernateStep::Save { .. }
+            | HibernateStep::Push
+            | HibernateStep::RestoreNic { .. }),
+            Ok(_) | Err(_),
+        ) => outcome::unexpected(
+            s,
+            &format!("pod {key}: hibernate step {step:?} routed as a VM step"),
+        ),
     }
 }
 
+/// The save's first step.
+fn start_save(s: &mut State, key: &PodKey, name: &str, id: &str) {
+    let op = snapshot::save(s, key, name, id);
+    let save = SaveStep::Save;
+    next(s, key, HibernateStep::Save { save }, op);
+}
+
 /// The outcome of the push to `<vm>:hibernate`.
-pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, RegistryError>) {
-    let Some(e) = s.pod(key) else { return };
-    let Phase::Hibernating(h) = &e.phase else {
-        return;
+pub(crate) fn push_done(
+    s: &mut State,
+    key: &PodKey,
+    h: Hibernating,
+    result: Result<RegistryOk, RegistryError>,
+) {
+    let (since, cancel, id) = (h.since, h.cancel, h.running.vm.record.id);
+    let Some(e) = s.pod(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
     };
-    let (since, cancel, id) = (h.since, h.cancel, h.running.vm.record.id.clone());
     let name = e.vm_name().unwrap_or_default().to_string();
     if let Some(object) = cancel {
         let result: Result<CocoonOk, CocoonError> = Ok(CocoonOk::Done);
@@ -401,12 +438,20 @@ pub(crate) fn push_done(s: &mut State, key: &PodKey, result: Result<RegistryOk, 
 /// U3 steps 7–10: the VM is gone; its lease goes back, the probe stops, the pod is Pending
 /// without container statuses, lifecycle `hibernated`, Normal `Hibernated`.
 fn hibernated(s: &mut State, key: &PodKey) {
-    let Some(e) = s.pods.get_mut(key) else { return };
-    let Phase::Hibernating(h) = std::mem::replace(&mut e.phase, Phase::Hibernated) else {
-        return;
+    let Some(e) = s.pods.get_mut(key) else {
+        return outcome::unexpected(s, &format!("pod {key}: hibernated a pod that is gone"));
     };
+    // Only a Hibernating pod becomes Hibernated: any other phase is kept as it is.
+    let Phase::Hibernating(h) = &e.phase else {
+        return outcome::unexpected(
+            s,
+            &format!("pod {key}: hibernated found it not Hibernating"),
+        );
+    };
+    let vm = h.running.vm.clone();
+    e.phase = Phase::Hibernated;
     let uid = e.pod.uid.clone();
-    tracking::forget(s, key, &h.running.vm);
+    tracking::forget(s, key, &vm);
     lifecycle::set(s, key, Lifecycle::Hibernated, None);
     s.emit(Action::RecordEvent {
         source: crate::action::EventSource::Vk,
@@ -503,7 +548,10 @@ fn restore_nic(
 fn rolled_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Hibernating(h) = &e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: rolled_back found it not Hibernating"),
+        );
     };
     let (running, attempts) = (h.running.clone(), h.attempts + 1);
     e.phase = Phase::Running(running);
@@ -553,7 +601,10 @@ fn hand_to_delete(
 ) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Hibernating(h) = &e.phase else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: hand_to_delete found it not Hibernating"),
+        );
     };
     let running: Running = h.running.clone();
     let removed = step == HibernateStep::Remove

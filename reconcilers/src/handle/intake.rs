@@ -5,17 +5,15 @@ use crate::action::{Action, Level};
 use crate::phase::{Failed, Gone, Object, Phase, Purpose, Retry};
 use crate::pod::{PodKey, PodView};
 use crate::spec::Os;
-use crate::state::{PodEntry, Startup, State};
+use crate::state::{PodEntry, State};
 use crate::{create, delete, lifecycle};
 
 pub fn relist_begin(s: &mut State) {
-    s.relist.in_progress = true;
     s.relist.seen.clear();
 }
 
 /// Known pods that the complete list no longer holds are gone (P4).
 pub fn relist_end(s: &mut State) {
-    s.relist.in_progress = false;
     s.relist.complete_once = true;
     let seen = std::mem::take(&mut s.relist.seen);
     let missing: Vec<(PodKey, String)> = s
@@ -56,7 +54,9 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
     let starts_deleting = pod.deletion_timestamp.is_some() && !e.phase.deleting();
     e.pod = pod;
     s.touched.insert(&key);
-    if s.startup != Startup::Done || matches!(e.phase, Phase::Gone(_)) {
+    if matches!(s.startup, crate::state::Startup::Waiting { .. })
+        || matches!(e.phase, Phase::Gone(_))
+    {
         return;
     }
     if starts_deleting {

@@ -15,7 +15,7 @@ use crate::phase::{VmStep, VmTask};
 use crate::pod::PodKey;
 use crate::provider::{self, Op, Outcome};
 use crate::spec::{Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, PodEntry, State, Tracked, VmOwner};
+use crate::state::{CocoonOwner, Lifecycle, MacosSweep, PodEntry, State, Tracked, VmOwner};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{create, delete, evict, lifecycle, outcome, probe, tracking};
 
@@ -317,7 +317,7 @@ fn cancelled(
 fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     let now = s.now;
     let Some(Phase::Creating(c)) = s.pod(key).map(|e| &e.phase) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: booted found it not Creating"));
     };
     let since = c.since;
     s.emit(Action::Observe {
@@ -447,8 +447,9 @@ pub(crate) fn leftover(s: &State, key: &PodKey) -> Option<Tracked> {
 
 /// R11: the sweep also lists the cocoon-macos guests, when vk tracks any.
 pub(crate) fn sweep(s: &mut State) {
-    if s.macos_sweep {
-        return;
+    match s.sweep.macos {
+        MacosSweep::Out => return,
+        MacosSweep::Idle => {}
     }
     let tracking = s
         .pods
@@ -458,7 +459,7 @@ pub(crate) fn sweep(s: &mut State) {
     if !tracking {
         return;
     }
-    s.macos_sweep = true;
+    s.sweep.macos = MacosSweep::Out;
     s.run_cocoon(CocoonOwner::MacosSweep, None, CocoonCmd::MacosList);
 }
 
@@ -466,7 +467,7 @@ pub(crate) fn sweep(s: &mut State) {
 /// guest's record is taken (pid, MAC, VNC display: the `vnc-port` annotation follows it); a
 /// dead one is started in place, rate-limited (R10); a missing one evicts the pod.
 pub(crate) fn swept(s: &mut State, result: Result<CocoonOk, CocoonError>) {
-    s.macos_sweep = false;
+    s.sweep.macos = MacosSweep::Idle;
     let vms = match result {
         Ok(CocoonOk::Vms { vms }) => vms,
         Ok(other) => {
@@ -522,7 +523,7 @@ pub(crate) fn swept(s: &mut State, result: Result<CocoonOk, CocoonError>) {
 /// The guest's fresher record replaces the tracked one; the IP stays until re-resolved.
 fn refresh(s: &mut State, key: &PodKey, vm: VmRecord) {
     let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: refresh found it not Running"));
     };
     let old = r.vm.clone();
     r.vm.record = vm;

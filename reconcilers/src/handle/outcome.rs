@@ -5,7 +5,7 @@
 
 use crate::action::{Action, Counter, Level, OpId};
 use crate::event::{CocoonOk, KubeError, KubeOk, RegistryError, RegistryOk};
-use crate::phase::{Call, DeleteWait, Phase, Running, VmTask};
+use crate::phase::{Call, Creating, DeleteWait, Deleting, Hibernating, Phase, Running, VmTask};
 use crate::pod::PodKey;
 use crate::state::{CocoonOwner, KubeOwner, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
@@ -43,32 +43,31 @@ pub fn cocoon_done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError
     }
 }
 
-/// The pod's one VM operation came back: to the step of the phase that sent it.
+/// The pod's one VM operation came back: to the step of the phase that sent it, which gets
+/// the phase it matched; an outcome no phase waits for is `unexpected`.
 fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonOk, CocoonError>) {
-    if s.pod(key).is_none() {
+    // Touched before the lookup: publishing skips a key that has no entry.
+    s.touched.insert(key);
+    let Some(e) = s.pod(key) else {
         return unexpected(
             s,
             &format!("cocoon operation #{op} of pod {key}, which is gone"),
         );
-    }
-    s.touched.insert(key);
-    let Some(e) = s.pod(key) else { return };
-    match &e.phase {
-        Phase::Creating(c) if c.op == Some(op) => create::step_done(s, key, result),
+    };
+    let to = match &e.phase {
+        Phase::Creating(c) if c.op == Some(op) => To::Create(c.clone()),
         Phase::Running(Running {
             task: Some(VmTask {
                 call: Call::Out(o), ..
             }),
             ..
-        }) if *o == op => vm_events::task_done(s, key, result),
-        Phase::Deleting(d) if d.wait == DeleteWait::Task(op) => delete::task_done(s, key),
-        Phase::Deleting(d) if d.wait == DeleteWait::RemoveVm(op) => {
-            delete::vm_removed(s, key, result)
+        }) if *o == op => To::Task,
+        Phase::Deleting(d) if d.wait == DeleteWait::Task(op) => To::DeleteTask,
+        Phase::Deleting(d) if d.wait == DeleteWait::RemoveVm(op) => To::DeleteRemove(d.clone()),
+        Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(_, o) if o == op) => {
+            To::DeleteSave(d.clone())
         }
-        Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(o) | DeleteWait::SaveAgain(o) | DeleteWait::RemoveTakenSave(o) if o == op) => {
-            delete::save_done(s, key, result)
-        }
-        Phase::Hibernating(h) if h.op == op => hibernate::step_done(s, key, result),
+        Phase::Hibernating(h) if h.op == op => To::Hibernate(h.clone()),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
@@ -80,12 +79,30 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
         | Phase::Terminal(_)
         | Phase::Gone(_) => {
             let phase = e.phase.name();
-            unexpected(
+            return unexpected(
                 s,
                 &format!("cocoon operation #{op} of pod {key} in phase {phase}"),
-            )
+            );
         }
+    };
+    match to {
+        To::Create(c) => create::step_done(s, key, c, result),
+        To::Task => vm_events::task_done(s, key, result),
+        To::DeleteTask => delete::task_done(s, key),
+        To::DeleteRemove(d) => delete::vm_removed(s, key, d, result),
+        To::DeleteSave(d) => delete::save_done(s, key, d, result),
+        To::Hibernate(h) => hibernate::step_done(s, key, h, result),
     }
+}
+
+/// The handler an outcome goes to, with the phase it matched.
+enum To {
+    Create(Creating),
+    Task,
+    DeleteTask,
+    DeleteRemove(Deleting),
+    DeleteSave(Deleting),
+    Hibernate(Hibernating),
 }
 
 fn detached(
@@ -141,18 +158,18 @@ fn pod_registry_done(
     op: OpId,
     result: Result<RegistryOk, RegistryError>,
 ) {
-    if s.pod(key).is_none() {
+    // Touched before the lookup: publishing skips a key that has no entry.
+    s.touched.insert(key);
+    let Some(e) = s.pod(key) else {
         return unexpected(
             s,
             &format!("registry operation #{op} of pod {key}, which is gone"),
         );
-    }
-    s.touched.insert(key);
-    let Some(e) = s.pod(key) else { return };
-    match &e.phase {
-        Phase::Deleting(d) if d.wait == DeleteWait::Push(op) => delete::push_done(s, key, result),
-        Phase::Hibernating(h) if h.op == op => hibernate::push_done(s, key, result),
-        Phase::Creating(c) if c.op == Some(op) => create::registry_step_done(s, key, result),
+    };
+    let to = match &e.phase {
+        Phase::Deleting(d) if d.wait == DeleteWait::Push(op) => Pushed::Delete(d.clone()),
+        Phase::Hibernating(h) if h.op == op => Pushed::Hibernate(h.clone()),
+        Phase::Creating(c) if c.op == Some(op) => Pushed::Create(c.clone()),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)
@@ -164,12 +181,24 @@ fn pod_registry_done(
         | Phase::Terminal(_)
         | Phase::Gone(_) => {
             let phase = e.phase.name();
-            unexpected(
+            return unexpected(
                 s,
                 &format!("registry operation #{op} of pod {key} in phase {phase}"),
-            )
+            );
         }
+    };
+    match to {
+        Pushed::Delete(d) => delete::push_done(s, key, d, result),
+        Pushed::Hibernate(h) => hibernate::push_done(s, key, h, result),
+        Pushed::Create(c) => create::registry_step_done(s, key, c, result),
     }
+}
+
+/// The handler a registry outcome goes to, with the phase it matched.
+enum Pushed {
+    Delete(Deleting),
+    Hibernate(Hibernating),
+    Create(Creating),
 }
 
 pub fn kube_done(s: &mut State, op: OpId, result: Result<KubeOk, KubeError>) {

@@ -44,7 +44,10 @@ pub fn stop(s: &mut State, key: &PodKey) {
 
 fn schedule(s: &mut State, key: &PodKey, after_ms: u64, standing: bool) {
     let Some(e) = s.pods.get_mut(key) else { return };
-    let Some(vm) = e.phase.vm() else { return };
+    // A pod whose VM went (deleted, hibernated) while its probe was due is not probed.
+    let Some(vm) = e.phase.vm() else {
+        return;
+    };
     let port = e.spec.as_ref().ok().and_then(|sp| sp.probe_port);
     let macos = e.spec.as_ref().is_ok_and(|sp| sp.os == Os::Macos);
     let check = match (port, macos) {

@@ -5,7 +5,7 @@
 use crate::action::{Action, Level};
 use crate::event::{Envelope, Event};
 use crate::pod::PodKey;
-use crate::state::State;
+use crate::state::{Startup, State};
 use crate::{dhcp, guest, intake, outcome, probe, publish, startup, sweep, timers, vm_events};
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
@@ -23,8 +23,12 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         Event::PodApplied { pod } => intake::pod_applied(state, pod),
         Event::PodDeleted { pod } => intake::pod_gone(state, &pod.key(), &pod.uid),
         Event::VmListed { vms } => {
-            if state.inventory.is_none() {
-                state.inventory = Some(vms);
+            // Only the first list is the startup inventory; later ones are the sweep's.
+            if let Startup::Waiting {
+                inventory: none @ None,
+            } = &mut state.startup
+            {
+                *none = Some(vms);
                 startup::try_start(state);
             }
         }

@@ -12,35 +12,23 @@ use crate::state::{CocoonOwner, Startup, State};
 use crate::{create, delete, intake};
 
 pub fn try_start(s: &mut State) {
-    if s.started() || !s.relist.complete_once {
+    // Both the relist and the first `cocoon vm list` must be complete (B1).
+    let listed = matches!(s.startup, Startup::Waiting { inventory: Some(_) });
+    if !listed || !s.relist.complete_once {
         return;
     }
-    let Some(vms) = s.inventory.clone() else {
-        return;
-    };
     // B2: a pod on this node that needs a CPU class the node lacks is fatal.
-    for (key, e) in s.pods.sorted() {
-        if e.pod.is_terminal() {
-            continue;
-        }
-        if let Ok(spec) = &e.spec {
-            if let Some(class) = &spec.cpu_class {
-                if s.config.cpu_class.as_deref() != Some(class.as_str()) {
-                    let message = format!(
-                        "pod {key} requires snapshot cpu class {class:?} but this node's class is {}; refusing to register",
-                        s.config.cpu_class.as_deref().map_or("unset".to_string(), |c| format!("{c:?}"))
-                    );
-                    s.emit(Action::Abort { message });
-                    return;
-                }
-            }
-        }
+    if let Some(message) = cpu_class_missing(s) {
+        return s.emit(Action::Abort { message });
     }
     // B1: managed macOS pods need cocoon-macos's own listing first.
     if !crate::macos::inventory_ready(s) {
         return;
     }
-    s.startup = Startup::Done;
+    let vms = match std::mem::replace(&mut s.startup, Startup::Started) {
+        Startup::Waiting { inventory } => inventory.unwrap_or_default(),
+        Startup::Started => Vec::new(),
+    };
     let macos_vms = crate::macos::take_inventory(s);
     // B3: records still `creating` are settled first and never enter the adoption index.
     let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.is_creating());
@@ -58,83 +46,116 @@ pub fn try_start(s: &mut State) {
         )
     });
     for key in &keys {
-        let e = &s.pods[key];
-        if e.pod.is_terminal() {
-            intake::intake(s, key);
-            continue;
-        }
-        let deleting = e.pod.deletion_timestamp.is_some();
-        let Ok(spec) = e.spec.clone() else {
-            intake::intake(s, key);
-            continue;
-        };
-        if !spec.managed {
-            // C5: vk does not run this VM, but it is someone's: never an orphan (B8), also
-            // while its pod is being deleted (D1).
-            for vm in vms.iter().filter(|v| {
-                spec.static_id.as_deref() == Some(v.id.as_str()) || v.name == spec.vm_name
-            }) {
-                claimed.insert(vm.id.clone());
-            }
-            intake::intake(s, key);
-            continue;
-        }
-        // B1: split off to cocoon-macos (C14); never matched against cocoon's list.
-        if spec.os == crate::spec::Os::Macos {
-            crate::macos::startup_pod(s, key, &macos_vms);
-            continue;
-        }
-        let id = e
-            .pod
-            .annotation(keys::VM_ID)
-            .map(str::to_string)
-            .filter(|i| !i.is_empty());
-        // T3: the id annotation alone is no claim: the VM must also carry the pod's VM name.
-        let by_id = id.as_ref().and_then(|id| {
-            vms.iter()
-                .find(|v| &v.id == id && v.name == spec.vm_name && !claimed.contains(&v.id))
-        });
-        let by_name = || {
-            vms.iter()
-                .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id))
-        };
-        let mut found = by_id;
-        if found.is_none() {
-            found = by_name();
-            if found.is_some() {
-                s.emit(Action::Count {
-                    counter: Counter::ReconcileAdoptByName,
-                });
-            }
-        }
-        if let Some(vm) = found {
-            claimed.insert(vm.id.clone());
-            if deleting {
-                // B11: the delete goes on with the VM, its snapshot first (D4).
-                delete::resume(s, key, vm.clone());
-            } else {
-                create::resume(s, key, vm.clone());
-                resume_hibernate(s, key);
-            }
-        } else if deleting {
-            intake::intake(s, key);
-        } else {
-            if let Some(id) = id {
-                s.emit(Action::Log {
-                    level: Level::Warn,
-                    message: format!(
-                        "pod {key}: VM {id} is not in the runtime list; it will be recreated"
-                    ),
-                });
-            }
-            intake::intake(s, key);
-        }
+        claim_at_startup(s, key, &vms, &macos_vms, &mut claimed);
     }
     for vm in vms.iter().filter(|v| !claimed.contains(&v.id)) {
         orphan(s, vm);
     }
     s.emit(Action::RegisterNode);
     crate::sweep::arm(s);
+}
+
+/// B2: the refusal when a pod on this node needs a CPU class the node lacks.
+fn cpu_class_missing(s: &State) -> Option<String> {
+    for (key, e) in s.pods.sorted() {
+        if e.pod.is_terminal() {
+            continue;
+        }
+        if let Ok(spec) = &e.spec {
+            if let Some(class) = &spec.cpu_class {
+                if s.config.cpu_class.as_deref() != Some(class.as_str()) {
+                    return Some(format!(
+                        "pod {key} requires snapshot cpu class {class:?} but this node's class is {}; refusing to register",
+                        s.config.cpu_class.as_deref().map_or("unset".to_string(), |c| format!("{c:?}"))
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// B4–B11 for one pod: its VM found by id, then by name (T3: `claimed` holds the VMs older
+/// pods took), resumed or handed to its delete; or, without one, taken in as new.
+fn claim_at_startup(
+    s: &mut State,
+    key: &PodKey,
+    vms: &[crate::vm::VmRecord],
+    macos_vms: &[crate::vm::VmRecord],
+    claimed: &mut BTreeSet<String>,
+) {
+    let e = &s.pods[key];
+    if e.pod.is_terminal() {
+        intake::intake(s, key);
+        return;
+    }
+    let deleting = e.pod.deletion_timestamp.is_some();
+    let Ok(spec) = e.spec.clone() else {
+        intake::intake(s, key);
+        return;
+    };
+    if !spec.managed {
+        // C5: vk does not run this VM, but it is someone's: never an orphan (B8), also
+        // while its pod is being deleted (D1).
+        for vm in vms
+            .iter()
+            .filter(|v| spec.static_id.as_deref() == Some(v.id.as_str()) || v.name == spec.vm_name)
+        {
+            claimed.insert(vm.id.clone());
+        }
+        intake::intake(s, key);
+        return;
+    }
+    // B1: split off to cocoon-macos (C14); never matched against cocoon's list.
+    if spec.os == crate::spec::Os::Macos {
+        crate::macos::startup_pod(s, key, macos_vms);
+        return;
+    }
+    let id = e
+        .pod
+        .annotation(keys::VM_ID)
+        .map(str::to_string)
+        .filter(|i| !i.is_empty());
+    // T3: the id annotation alone is no claim: the VM must also carry the pod's VM name.
+    let by_id = id.as_ref().and_then(|id| {
+        vms.iter()
+            .find(|v| &v.id == id && v.name == spec.vm_name && !claimed.contains(&v.id))
+    });
+    let by_name = || {
+        vms.iter()
+            .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id))
+    };
+    let mut found = by_id;
+    if found.is_none() {
+        found = by_name();
+        if found.is_some() {
+            s.emit(Action::Count {
+                counter: Counter::ReconcileAdoptByName,
+            });
+        }
+    }
+    if let Some(vm) = found {
+        claimed.insert(vm.id.clone());
+        if deleting {
+            // B11: the delete goes on with the VM, its snapshot first (D4).
+            delete::resume(s, key, vm.clone());
+        } else {
+            create::resume(s, key, vm.clone());
+            resume_hibernate(s, key);
+        }
+    } else if deleting {
+        intake::intake(s, key);
+    } else {
+        if let Some(id) = id {
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "pod {key}: VM {id} is not in the runtime list; it will be recreated"
+                ),
+            });
+        }
+        intake::intake(s, key);
+    }
 }
 
 /// B9: a pod still asked to hibernate that has its VM re-runs the hibernate.

@@ -29,11 +29,11 @@ pub(crate) fn start(s: &mut State, periodic: bool) {
         return;
     }
     crate::macos::sweep(s);
-    match &mut s.sweep {
+    match &mut s.sweep.cocoon {
         // The one out stands for this one; only the timer chain must go on.
         SweepState::Out { rearm } => *rearm |= periodic,
         SweepState::Idle => {
-            s.sweep = SweepState::Out { rearm: periodic };
+            s.sweep.cocoon = SweepState::Out { rearm: periodic };
             s.run_cocoon(CocoonOwner::Sweep, None, CocoonCmd::VmList);
         }
     }
@@ -47,7 +47,7 @@ pub(crate) fn stream_connected(s: &mut State) {
 }
 
 pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
-    if let SweepState::Out { rearm: true } = std::mem::take(&mut s.sweep) {
+    if let SweepState::Out { rearm: true } = std::mem::take(&mut s.sweep.cocoon) {
         arm(s);
     }
     let vms = match result {
@@ -66,6 +66,9 @@ pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
             })
         }
     };
+    // B8: an orphan that is no longer listed (someone removed it) is no longer adoptable.
+    s.unclaimed
+        .retain(|_, orphan| vms.iter().any(|v| v.id == orphan.id));
     // R11: every tracked DHCP VM's lease is looked up again; a lease that lapsed without the
     // file changing is noticed here, since a Ready pod's probes report nothing while it answers.
     let dhcp: Vec<PodKey> = s.dhcp_macs.values().cloned().collect();

@@ -81,7 +81,7 @@ pub(crate) fn hintable(e: &PodEntry) -> bool {
 /// W4: inspect the tracked VM before believing anything.
 pub fn hint(s: &mut State, key: &PodKey) {
     let Some(Phase::Running(r)) = s.pod(key).map(|e| &e.phase) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: hint found it not Running"));
     };
     let id = r.vm.record.id.clone();
     let step = VmStep::Recover {
@@ -111,7 +111,7 @@ fn task(s: &mut State, key: &PodKey, step: VmStep, cmd: CocoonCmd, hint_deferred
 fn wait(s: &mut State, key: &PodKey, step: VmStep, after_ms: u64, hint_deferred: bool) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Running(r) = &mut e.phase else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: wait found it not Running"));
     };
     r.task = Some(VmTask {
         step,
@@ -140,7 +140,10 @@ pub fn stream_closed(s: &mut State, clean: bool) {
 /// The outcome of the Running pod's task call (the router checked it is this task's).
 pub(crate) fn task_done(s: &mut State, key: &PodKey, result: Result<CocoonOk, CocoonError>) {
     let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
+        return crate::outcome::unexpected(
+            s,
+            &format!("pod {key}: task_done found it not Running"),
+        );
     };
     let Some(done) = r.task.take() else { return };
     let id = r.vm.record.id.clone();
@@ -299,7 +302,7 @@ fn not_running(s: &mut State, key: &PodKey, vm: VmRecord, deferred: bool) {
 /// The VM is fine: keep the fresher record (PID and NICs feed the stats).
 fn refresh(s: &mut State, key: &PodKey, vm: VmRecord) {
     let Some(Phase::Running(r)) = s.pods.get_mut(key).map(|e| &mut e.phase) else {
-        return;
+        return crate::outcome::unexpected(s, &format!("pod {key}: refresh found it not Running"));
     };
     if r.vm.record.id != vm.id {
         return;
@@ -350,6 +353,7 @@ pub(crate) fn recheck(s: &mut State, key: &PodKey, uid: &str) {
     let Some(e) = s.pods.incarnation(key, uid) else {
         return;
     };
+    // The pod left Running (deleted, evicted) while the timer ran: its task ended with it.
     let Phase::Running(r) = &mut e.phase else {
         return;
     };

@@ -72,15 +72,14 @@ impl<'a> Wanted<'a> {
         // C13: `failed` is sticky while the VM lives; a withdrawal ends that VM, and the next
         // one starts without a state.
         let failed_on_pod = e.pod.annotation(keys::POST_CLONE_STATE) == Some("failed");
-        let (post_clone, post_clone_failure) = match (withdrawn, failed_on_pod, &e.post_clone) {
+        let (post_clone, post_clone_failure) = match (withdrawn, failed_on_pod, e.post_clone()) {
             (true, _, _) => (Some(None), None),
             (false, true, _) | (false, false, None) => (None, None),
             (false, false, Some(PostClone::Running)) => (Some(Some("running")), None),
             (false, false, Some(PostClone::Done)) => (Some(Some("done")), None),
-            (false, false, Some(PostClone::Failed { hint, errors })) => (
-                Some(Some("failed")),
-                Some((hint.as_deref(), errors.as_str())),
-            ),
+            (false, false, Some(PostClone::Failed { hint, errors })) => {
+                (Some(Some("failed")), Some((hint, errors)))
+            }
         };
         Wanted {
             post_clone,

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::moments::Moments;
-use crate::phase::Phase;
+use crate::phase::{Phase, Settle};
 use crate::pod::PodView;
 use crate::spec::{SpecError, VmSpec};
 use crate::time::Millis;
@@ -23,26 +23,61 @@ pub struct PodEntry {
     pub writer: Writer,
     /// A new incarnation under the same name, taken in once this one is collected.
     pub successor: Option<PodView>,
-    /// The guest fix-up of the VM the pod holds, as `post-clone-state` shows it (C13);
-    /// `None`: vk has no word on it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub post_clone: Option<PostClone>,
+    /// How the guest fix-up of the VM the pod holds ended (C13); `None`: it did not end
+    /// (it runs, as `Running.settle` says, or vk has no word on it). `post_clone()` is what
+    /// `post-clone-state` shows.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "fixup_end"
+    )]
+    pub post_clone: Option<FixupEnd>,
     /// M6: the moments of this incarnation a user waits between.
     #[serde(default, skip_serializing_if = "Moments::is_empty")]
     pub moments: Moments,
 }
 
-/// The fix-up's progress as the pod's annotations carry it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum PostClone {
+/// The fix-up's progress as the pod's annotations carry it (`post-clone-state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostClone<'a> {
     Running,
     Done,
     /// Exhausted: the command a person can run (`hint`, base64) and what each attempt said.
     Failed {
+        hint: Option<&'a str>,
+        errors: &'a str,
+    },
+}
+
+/// How a fix-up ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum FixupEnd {
+    Done,
+    Failed {
         hint: Option<String>,
         errors: String,
     },
+}
+
+/// `post_clone` as journals hold it; format 5 also kept `running`, which `Running.settle`
+/// says instead.
+fn fixup_end<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<FixupEnd>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(tag = "state", rename_all = "snake_case")]
+    enum Wire {
+        Running,
+        Done,
+        Failed {
+            hint: Option<String>,
+            errors: String,
+        },
+    }
+    Ok(match Option::<Wire>::deserialize(d)? {
+        None | Some(Wire::Running) => None,
+        Some(Wire::Done) => Some(FixupEnd::Done),
+        Some(Wire::Failed { hint, errors }) => Some(FixupEnd::Failed { hint, errors }),
+    })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,6 +201,33 @@ impl PodEntry {
 
     pub fn vm(&self) -> Option<&Tracked> {
         self.phase.vm()
+    }
+
+    /// What `post-clone-state` says: `running` while the fix-up step is under way, else how
+    /// it ended, if vk knows.
+    pub fn post_clone(&self) -> Option<PostClone<'_>> {
+        let settle = match &self.phase {
+            Phase::Running(r) => r.settle.as_ref(),
+            Phase::Evicting(e) => e.running.settle.as_ref(),
+            Phase::Hibernating(h) => h.running.settle.as_ref(),
+            Phase::Waiting
+            | Phase::Failed(_)
+            | Phase::Creating(_)
+            | Phase::Hibernated
+            | Phase::Deleting(_)
+            | Phase::Terminal(_)
+            | Phase::Gone(_) => None,
+        };
+        if let Some(Settle::Fixup(_)) = settle {
+            return Some(PostClone::Running);
+        }
+        self.post_clone.as_ref().map(|end| match end {
+            FixupEnd::Done => PostClone::Done,
+            FixupEnd::Failed { hint, errors } => PostClone::Failed {
+                hint: hint.as_deref(),
+                errors,
+            },
+        })
     }
 }
 

@@ -147,14 +147,10 @@ pub enum CreateStep {
     InspectSnapshot {
         name: String,
     },
-    /// `again`: the name was taken and its holder removed; a second refusal is final.
+    /// C9: the fork source's VM `vm` saved as `fork-<source>` (see `snapshot.rs`).
     SaveForkSnapshot {
         vm: String,
-        again: bool,
-    },
-    /// `snapshot save` refuses a taken name: remove the holder, then save once more.
-    RemoveTakenFork {
-        vm: String,
+        save: SaveStep,
     },
     Clone,
     InspectNameTaken,
@@ -368,10 +364,10 @@ pub enum HibernateStep {
     ReleaseLease,
     /// U3, cloud-hypervisor + Windows: the NIC is hot-removed, so the snapshot has none.
     DropNic,
-    Save,
-    /// The name was taken and its holder removed: the second save, whose refusal is final.
-    SaveAgain,
-    RemoveTakenSave,
+    /// The VM saved as `<vm>` (see `snapshot.rs`).
+    Save {
+        save: SaveStep,
+    },
     Push,
     /// `vm rm`: the `id` and `ip` annotations are already withdrawn.
     Remove,
@@ -382,6 +378,20 @@ pub enum HibernateStep {
         stage: NicStage,
         failed: Failure,
     },
+}
+
+/// Where a save of a VM into a local snapshot is (F1): `snapshot save` refuses a name that
+/// is taken, so its holder is removed and the save tried once more; that second refusal is
+/// final. Create (the fork save), hibernate and delete each hold one; `snapshot.rs` runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SaveStep {
+    /// `snapshot save --name <snapshot> -- <vm>`.
+    Save,
+    /// `snapshot rm` of whatever holds the name the save was refused.
+    RemoveHolder,
+    /// The second `snapshot save`, whose refusal is final.
+    SaveAgain,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,11 +463,8 @@ pub enum DeleteStage {
 pub enum DeleteWait {
     /// A VM task's call was out when the delete came; its outcome starts the removal.
     Task(OpId),
-    /// `snapshot save --name <vm>`.
-    Save(OpId),
-    /// The name was taken and its holder removed: the second save, whose refusal is final.
-    SaveAgain(OpId),
-    RemoveTakenSave(OpId),
+    /// The VM saved as `<vm>` (see `snapshot.rs`).
+    Save(SaveStep, OpId),
     /// The push to `<vm>:latest`.
     Push(OpId),
     RemoveVm(OpId),

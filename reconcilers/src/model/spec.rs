@@ -192,28 +192,7 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         Some(m) if m.eq_ignore_ascii_case("run") => Mode::Run,
         _ => Mode::Clone,
     };
-    let os = match text(pod, keys::OS).map(str::to_ascii_lowercase).as_deref() {
-        None | Some("linux") => Os::Linux,
-        Some("windows") => Os::Windows,
-        Some("android") => Os::Android,
-        Some("macos") => Os::Macos,
-        Some(other) => {
-            return Err(err(
-                keys::OS,
-                format!("{other:?} is not one of linux, windows, android, macos"),
-            ))
-        }
-    };
-    let backend = match text(pod, keys::BACKEND) {
-        None | Some("cloud-hypervisor") => Backend::CloudHypervisor,
-        Some("firecracker") => Backend::Firecracker,
-        Some(other) => {
-            return Err(err(
-                keys::BACKEND,
-                format!("{other:?} is not cloud-hypervisor or firecracker"),
-            ))
-        }
-    };
+    let (os, backend) = os_and_backend(pod)?;
     let image = text(pod, keys::IMAGE).unwrap_or_default().to_string();
     if managed && !image.is_empty() && !names::valid_image_ref(&image) {
         return Err(err(
@@ -244,6 +223,92 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
         Some("main-only") => SnapshotPolicy::MainOnly,
         _ => SnapshotPolicy::Always,
     };
+    let (fork_from, clone_from_dir) = sources(pod, managed, mode)?;
+    let probe_port = match text(pod, keys::PROBE_PORT) {
+        None => None,
+        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+            err(
+                keys::PROBE_PORT,
+                format!("{p:?} is not a port number (1-65535)"),
+            )
+        })?),
+    };
+    if managed
+        && image.is_empty()
+        && clone_from_dir.is_none()
+        && fork_from.is_none()
+        && os != Os::Macos
+    {
+        return Err(missing(
+            keys::IMAGE,
+            "missing: a managed VM needs an image to run or clone",
+        ));
+    }
+    let (vcpus, memory_bytes, cpu) = resources(pod)?;
+    let (static_id, static_ip) = match managed {
+        true => (None, None),
+        false => unmanaged_vm(pod)?,
+    };
+    Ok(VmSpec {
+        vm_name: vm_name.to_string(),
+        managed,
+        mode,
+        image,
+        os,
+        backend,
+        storage_bytes,
+        network,
+        snapshot_policy,
+        force_pull: pod.flag(keys::FORCE_PULL),
+        no_direct_io: pod.flag(keys::NO_DIRECT_IO),
+        fork_from,
+        clone_from_dir,
+        probe_port,
+        hibernate: pod.flag(keys::HIBERNATE),
+        restore_from_hibernate: pod.flag(keys::RESTORE_FROM_HIBERNATE),
+        keep_snapshot_on_delete: pod.flag(keys::KEEP_SNAPSHOT_ON_DELETE),
+        cpu_class: pod.node_selector.get(keys::CPU_CLASS_SELECTOR).cloned(),
+        vcpus,
+        memory_bytes,
+        cpu,
+        static_id,
+        static_ip,
+    })
+}
+
+/// The guest OS and the hypervisor.
+fn os_and_backend(pod: &PodView) -> Result<(Os, Backend), SpecError> {
+    let os = match text(pod, keys::OS).map(str::to_ascii_lowercase).as_deref() {
+        None | Some("linux") => Os::Linux,
+        Some("windows") => Os::Windows,
+        Some("android") => Os::Android,
+        Some("macos") => Os::Macos,
+        Some(other) => {
+            return Err(err(
+                keys::OS,
+                format!("{other:?} is not one of linux, windows, android, macos"),
+            ))
+        }
+    };
+    let backend = match text(pod, keys::BACKEND) {
+        None | Some("cloud-hypervisor") => Backend::CloudHypervisor,
+        Some("firecracker") => Backend::Firecracker,
+        Some(other) => {
+            return Err(err(
+                keys::BACKEND,
+                format!("{other:?} is not cloud-hypervisor or firecracker"),
+            ))
+        }
+    };
+    Ok((os, backend))
+}
+
+/// `fork-from` and `clone-from-dir`, which exclude each other and `mode=run` (C3).
+fn sources(
+    pod: &PodView,
+    managed: bool,
+    mode: Mode,
+) -> Result<(Option<String>, Option<String>), SpecError> {
     let fork_from = match text(pod, keys::FORK_FROM) {
         None => None,
         Some(f) if names::valid_vm_name(f) => Some(f.to_string()),
@@ -277,78 +342,33 @@ pub fn decode(pod: &PodView) -> Result<VmSpec, SpecError> {
             ));
         }
     }
-    let probe_port = match text(pod, keys::PROBE_PORT) {
-        None => None,
-        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-            err(
-                keys::PROBE_PORT,
-                format!("{p:?} is not a port number (1-65535)"),
-            )
-        })?),
-    };
-    if managed
-        && image.is_empty()
-        && clone_from_dir.is_none()
-        && fork_from.is_none()
-        && os != Os::Macos
-    {
-        return Err(missing(
-            keys::IMAGE,
-            "missing: a managed VM needs an image to run or clone",
+    Ok((fork_from, clone_from_dir))
+}
+
+/// C5: the VM an unmanaged pod brings, by its `id` and `ip` annotations.
+fn unmanaged_vm(pod: &PodView) -> Result<(Option<String>, Option<String>), SpecError> {
+    let id = text(pod, keys::VM_ID).ok_or_else(|| {
+        missing(
+            keys::VM_ID,
+            "missing: an unmanaged pod must carry its VM id",
+        )
+    })?;
+    let ip = text(pod, keys::VM_IP).ok_or_else(|| {
+        missing(
+            keys::VM_IP,
+            "missing: an unmanaged pod must carry its VM ip",
+        )
+    })?;
+    if ip.parse::<core::net::Ipv4Addr>().is_err() {
+        return Err(err(keys::VM_IP, format!("{ip:?} is not an IPv4 address")));
+    }
+    if !crate::names::valid_vm_id(id) {
+        return Err(err(
+            keys::VM_ID,
+            format!("{id:?} is not a VM id (letters, digits, '.', '_', '-'; 63 at most)"),
         ));
     }
-    let (vcpus, memory_bytes, cpu) = resources(pod)?;
-    let (static_id, static_ip) = if managed {
-        (None, None)
-    } else {
-        let id = text(pod, keys::VM_ID).ok_or_else(|| {
-            missing(
-                keys::VM_ID,
-                "missing: an unmanaged pod must carry its VM id",
-            )
-        })?;
-        let ip = text(pod, keys::VM_IP).ok_or_else(|| {
-            missing(
-                keys::VM_IP,
-                "missing: an unmanaged pod must carry its VM ip",
-            )
-        })?;
-        if ip.parse::<core::net::Ipv4Addr>().is_err() {
-            return Err(err(keys::VM_IP, format!("{ip:?} is not an IPv4 address")));
-        }
-        if !crate::names::valid_vm_id(id) {
-            return Err(err(
-                keys::VM_ID,
-                format!("{id:?} is not a VM id (letters, digits, '.', '_', '-'; 63 at most)"),
-            ));
-        }
-        (Some(id.to_string()), Some(ip.to_string()))
-    };
-    Ok(VmSpec {
-        vm_name: vm_name.to_string(),
-        managed,
-        mode,
-        image,
-        os,
-        backend,
-        storage_bytes,
-        network,
-        snapshot_policy,
-        force_pull: pod.flag(keys::FORCE_PULL),
-        no_direct_io: pod.flag(keys::NO_DIRECT_IO),
-        fork_from,
-        clone_from_dir,
-        probe_port,
-        hibernate: pod.flag(keys::HIBERNATE),
-        restore_from_hibernate: pod.flag(keys::RESTORE_FROM_HIBERNATE),
-        keep_snapshot_on_delete: pod.flag(keys::KEEP_SNAPSHOT_ON_DELETE),
-        cpu_class: pod.node_selector.get(keys::CPU_CLASS_SELECTOR).cloned(),
-        vcpus,
-        memory_bytes,
-        cpu,
-        static_id,
-        static_ip,
-    })
+    Ok((Some(id.to_string()), Some(ip.to_string())))
 }
 
 /// Absolute and unchanged by path cleaning (no `.`/`..`/`//`/trailing `/`).

@@ -43,14 +43,13 @@ pub struct State {
     /// VMs found at startup that no pod claimed, by name, under `alert`/`keep` (B8): the next
     /// create of that name adopts instead of colliding.
     pub unclaimed: BTreeMap<String, VmRecord>,
-    /// `None` until the first `cocoon vm list` completed.
-    pub inventory: Option<Vec<VmRecord>>,
     pub relist: Relist,
+    /// Until the startup reconcile, with the first `cocoon vm list` it waits for.
     pub startup: Startup,
     /// cocoon-net's DHCP leases, by MAC.
     pub dhcp_leases: BTreeMap<SmallStr, DhcpLease>,
     pub dhcp_file: DhcpFile,
-    pub sweep: SweepState,
+    pub sweep: Sweep,
     pub stream: StreamState,
     /// DHCP MAC → pod, to route lease changes without scanning pods.
     pub dhcp_macs: BTreeMap<String, PodKey>,
@@ -69,9 +68,6 @@ pub struct State {
         skip_serializing_if = "crate::model::macos::Inventory::is_none"
     )]
     pub macos_inventory: crate::model::macos::Inventory,
-    /// R11: a `cocoon-macos vm list` of the sweep is out (one at a time).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub macos_sweep: bool,
     /// C14: the VNC displays of cocoon-macos guests no pod names (left alone, so their ports
     /// stay taken); renewed by every cocoon-macos listing.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
@@ -103,19 +99,62 @@ pub enum Making {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Relist {
-    pub in_progress: bool,
     pub complete_once: bool,
     pub seen: BTreeSet<PodKey>,
 }
 
 /// Destructive decisions wait for both the pod relist and `cocoon vm list`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "startup", rename_all = "snake_case", from = "StartupWire")]
 pub enum Startup {
-    #[default]
+    /// Before the startup reconcile; `inventory`: the first `cocoon vm list`, once it came.
+    Waiting { inventory: Option<Vec<VmRecord>> },
+    /// Startup reconcile done: adoption, orphan and delete decisions are allowed. The
+    /// inventory went into it and is not kept.
+    Started,
+}
+
+impl Default for Startup {
+    fn default() -> Self {
+        Startup::Waiting { inventory: None }
+    }
+}
+
+/// `Startup` as journals hold it: this shape, or the bare `pending`/`done` of journal format
+/// 5, whose inventory sat beside it (a header before startup had none yet).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StartupWire {
+    Tagged(StartupTagged),
+    Bare(StartupBare),
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "startup", rename_all = "snake_case")]
+enum StartupTagged {
+    Waiting { inventory: Option<Vec<VmRecord>> },
+    Started,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StartupBare {
     Pending,
-    /// Startup reconcile done: adoption, orphan and delete decisions are allowed.
     Done,
+}
+
+impl From<StartupWire> for Startup {
+    fn from(w: StartupWire) -> Self {
+        match w {
+            StartupWire::Tagged(StartupTagged::Waiting { inventory }) => {
+                Startup::Waiting { inventory }
+            }
+            StartupWire::Tagged(StartupTagged::Started) | StartupWire::Bare(StartupBare::Done) => {
+                Startup::Started
+            }
+            StartupWire::Bare(StartupBare::Pending) => Startup::Waiting { inventory: None },
+        }
+    }
 }
 
 /// Whether the lease file has been read: until then a cached IP is not evidence of loss.
@@ -127,7 +166,56 @@ pub enum DhcpFile {
     Read,
 }
 
-/// The `vm list` sweep (R11): one at a time.
+/// The sweep (R11): its `cocoon vm list` and its `cocoon-macos vm list`, each one at a time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "SweepWire")]
+pub struct Sweep {
+    pub cocoon: SweepState,
+    #[serde(default, skip_serializing_if = "MacosSweep::is_idle")]
+    pub macos: MacosSweep,
+}
+
+/// `Sweep` as journals hold it: this shape, or journal format 5's bare `SweepState` (its
+/// macOS listing was a separate flag, read as idle).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SweepWire {
+    Both {
+        cocoon: SweepState,
+        #[serde(default)]
+        macos: MacosSweep,
+    },
+    Cocoon(SweepState),
+}
+
+impl From<SweepWire> for Sweep {
+    fn from(w: SweepWire) -> Self {
+        match w {
+            SweepWire::Both { cocoon, macos } => Sweep { cocoon, macos },
+            SweepWire::Cocoon(cocoon) => Sweep {
+                cocoon,
+                macos: MacosSweep::Idle,
+            },
+        }
+    }
+}
+
+/// The sweep's `cocoon-macos vm list` (R10, R11).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MacosSweep {
+    #[default]
+    Idle,
+    Out,
+}
+
+impl MacosSweep {
+    pub fn is_idle(&self) -> bool {
+        *self == MacosSweep::Idle
+    }
+}
+
+/// The sweep's `cocoon vm list`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "sweep", rename_all = "snake_case")]
 pub enum SweepState {
@@ -162,19 +250,17 @@ impl State {
             vm_ids: BTreeMap::new(),
             vm_names: BTreeMap::new(),
             unclaimed: BTreeMap::new(),
-            inventory: None,
             relist: Relist::default(),
-            startup: Startup::Pending,
+            startup: Startup::default(),
             dhcp_leases: BTreeMap::new(),
             dhcp_file: DhcpFile::Unread,
-            sweep: SweepState::Idle,
+            sweep: Sweep::default(),
             stream: StreamState::Connected,
             dhcp_macs: BTreeMap::new(),
             restarts: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             snapshot_claims: BTreeMap::new(),
             macos_inventory: crate::model::macos::Inventory::None,
-            macos_sweep: false,
             macos_foreign: BTreeSet::new(),
             out: Vec::new(),
             touched: Touched::default(),
@@ -182,7 +268,10 @@ impl State {
     }
 
     pub fn started(&self) -> bool {
-        self.startup == Startup::Done
+        match self.startup {
+            Startup::Waiting { .. } => false,
+            Startup::Started => true,
+        }
     }
 
     pub(crate) fn emit(&mut self, a: Action) {

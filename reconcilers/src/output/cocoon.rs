@@ -134,113 +134,11 @@ impl CocoonCmd {
                 push("--");
                 push(image);
             }
-            CocoonCmd::VmRun {
-                name,
-                image,
-                cpu,
-                cpu_policy,
-                memory,
-                storage,
-                network,
-                windows,
-                fc,
-                no_direct_io,
-            } => {
-                for s in ["vm", "run", "--output", "json", "--name", name] {
-                    push(s);
-                }
-                if let Some(c) = cpu {
-                    push("--cpu");
-                    push(&c.to_string());
-                }
-                cpu_flags(&mut push, cpu_policy);
-                if let Some(m) = memory {
-                    push("--memory");
-                    push(&m.to_string());
-                }
-                if let Some(s) = storage {
-                    push("--storage");
-                    push(&s.to_string());
-                }
-                if let Some(n) = network {
-                    push("--network");
-                    push(n);
-                }
-                if *windows {
-                    push("--windows");
-                }
-                if *fc {
-                    push("--fc");
-                }
-                if *no_direct_io {
-                    push("--no-direct-io");
-                }
-                push("--");
-                push(image);
-            }
-            CocoonCmd::VmClone {
-                name,
-                source,
-                network,
-                no_direct_io,
-                pull,
-                restore_mode,
-                cpu_policy,
-                nics,
-            } => {
-                for s in ["vm", "clone", "--output", "json", "--name", name] {
-                    push(s);
-                }
-                if let Some(n) = nics {
-                    push("--nics");
-                    push(&n.to_string());
-                }
-                if let Some(n) = network {
-                    push("--network");
-                    push(n);
-                }
-                if *no_direct_io {
-                    push("--no-direct-io");
-                }
-                if *pull {
-                    push("--pull");
-                }
-                if let Some(m) = restore_mode {
-                    push("--restore-mode");
-                    push(m.as_str());
-                }
-                cpu_flags(&mut push, cpu_policy);
-                match source {
-                    CloneSource::Snapshot(s) => {
-                        push("--");
-                        push(s);
-                    }
-                    CloneSource::FromDir(d) => {
-                        push("--from-dir");
-                        push(d);
-                    }
-                }
-            }
-            CocoonCmd::VmInspect { vm } => {
-                for s in ["vm", "inspect", "--", vm] {
-                    push(s);
-                }
-            }
-            CocoonCmd::VmList => {
-                for s in ["vm", "list", "-o", "json"] {
-                    push(s);
-                }
-            }
-            CocoonCmd::VmRm { id } => {
-                for s in ["vm", "rm", "--force", "--", id] {
-                    push(s);
-                }
-            }
-            CocoonCmd::VmStart { id } => {
-                for s in ["vm", "start", "--", id] {
-                    push(s);
-                }
-            }
+            CocoonCmd::VmRun { .. } | CocoonCmd::VmClone { .. } => boot_argv(self, &mut push),
+            CocoonCmd::VmInspect { vm } => words(&mut push, &["vm", "inspect", "--", vm]),
+            CocoonCmd::VmList => words(&mut push, &["vm", "list", "-o", "json"]),
+            CocoonCmd::VmRm { id } => words(&mut push, &["vm", "rm", "--force", "--", id]),
+            CocoonCmd::VmStart { id } => words(&mut push, &["vm", "start", "--", id]),
             // The one verb whose REF comes before `--`: cocoon splits REF from the guest's
             // argv at the dash. REF is a VM id the core took from cocoon itself.
             CocoonCmd::VmExec { id, argv } => {
@@ -251,31 +149,21 @@ impl CocoonCmd {
                     push(s);
                 }
             }
-            CocoonCmd::VmNet { id, nics } => {
-                for s in ["vm", "net", "--nics", &nics.to_string(), "--", id] {
-                    push(s);
-                }
-            }
+            CocoonCmd::VmNet { id, nics } => words(
+                &mut push,
+                &["vm", "net", "--nics", &nics.to_string(), "--", id],
+            ),
             CocoonCmd::SnapshotInspect { name } => {
-                for s in ["snapshot", "inspect", "--", name] {
-                    push(s);
-                }
+                words(&mut push, &["snapshot", "inspect", "--", name])
             }
-            CocoonCmd::SnapshotRm { name } => {
-                for s in ["snapshot", "rm", "--", name] {
-                    push(s);
-                }
-            }
+            CocoonCmd::SnapshotRm { name } => words(&mut push, &["snapshot", "rm", "--", name]),
             CocoonCmd::SnapshotSave { name, vm } => {
-                for s in ["snapshot", "save", "--name", name, "--", vm] {
-                    push(s);
-                }
+                words(&mut push, &["snapshot", "save", "--name", name, "--", vm])
             }
-            CocoonCmd::ReconcileStaleCreate { id } => {
-                for s in ["vm", "reconcile-stale-create", "-o", "json", "--", id] {
-                    push(s);
-                }
-            }
+            CocoonCmd::ReconcileStaleCreate { id } => words(
+                &mut push,
+                &["vm", "reconcile-stale-create", "-o", "json", "--", id],
+            ),
             CocoonCmd::MacosImagePull { .. }
             | CocoonCmd::MacosRun { .. }
             | CocoonCmd::MacosInspect { .. }
@@ -363,6 +251,123 @@ impl Binary {
             Binary::Cocoon => "cocoon",
             Binary::CocoonMacos => "cocoon-macos",
         }
+    }
+}
+
+/// The argv of the two commands that boot a VM (`vm run`, `vm clone`); `argv` writes every
+/// other command's itself.
+fn boot_argv(cmd: &CocoonCmd, push: &mut impl FnMut(&str)) {
+    match cmd {
+        CocoonCmd::VmRun {
+            name,
+            image,
+            cpu,
+            cpu_policy,
+            memory,
+            storage,
+            network,
+            windows,
+            fc,
+            no_direct_io,
+        } => {
+            for s in ["vm", "run", "--output", "json", "--name", name] {
+                push(s);
+            }
+            if let Some(c) = cpu {
+                push("--cpu");
+                push(&c.to_string());
+            }
+            cpu_flags(push, cpu_policy);
+            if let Some(m) = memory {
+                push("--memory");
+                push(&m.to_string());
+            }
+            if let Some(s) = storage {
+                push("--storage");
+                push(&s.to_string());
+            }
+            if let Some(n) = network {
+                push("--network");
+                push(n);
+            }
+            if *windows {
+                push("--windows");
+            }
+            if *fc {
+                push("--fc");
+            }
+            if *no_direct_io {
+                push("--no-direct-io");
+            }
+            push("--");
+            push(image);
+        }
+        CocoonCmd::VmClone {
+            name,
+            source,
+            network,
+            no_direct_io,
+            pull,
+            restore_mode,
+            cpu_policy,
+            nics,
+        } => {
+            for s in ["vm", "clone", "--output", "json", "--name", name] {
+                push(s);
+            }
+            if let Some(n) = nics {
+                push("--nics");
+                push(&n.to_string());
+            }
+            if let Some(n) = network {
+                push("--network");
+                push(n);
+            }
+            if *no_direct_io {
+                push("--no-direct-io");
+            }
+            if *pull {
+                push("--pull");
+            }
+            if let Some(m) = restore_mode {
+                push("--restore-mode");
+                push(m.as_str());
+            }
+            cpu_flags(push, cpu_policy);
+            match source {
+                CloneSource::Snapshot(s) => {
+                    push("--");
+                    push(s);
+                }
+                CloneSource::FromDir(d) => {
+                    push("--from-dir");
+                    push(d);
+                }
+            }
+        }
+        CocoonCmd::ImagePull { .. }
+        | CocoonCmd::VmInspect { .. }
+        | CocoonCmd::VmList
+        | CocoonCmd::VmRm { .. }
+        | CocoonCmd::VmStart { .. }
+        | CocoonCmd::VmExec { .. }
+        | CocoonCmd::VmNet { .. }
+        | CocoonCmd::SnapshotInspect { .. }
+        | CocoonCmd::SnapshotRm { .. }
+        | CocoonCmd::SnapshotSave { .. }
+        | CocoonCmd::ReconcileStaleCreate { .. }
+        | CocoonCmd::MacosImagePull { .. }
+        | CocoonCmd::MacosRun { .. }
+        | CocoonCmd::MacosInspect { .. }
+        | CocoonCmd::MacosList
+        | CocoonCmd::MacosStart { .. }
+        | CocoonCmd::MacosRm { .. } => {}
+    }
+}
+
+fn words(push: &mut impl FnMut(&str), words: &[&str]) {
+    for w in words {
+        push(w);
     }
 }
 

@@ -150,23 +150,7 @@ pub fn action(a: &Action) -> String {
             status: s,
             annotations,
             ..
-        } => {
-            let mut line = format!("patch #{op} {key}");
-            if let Some(s) = s {
-                line += &format!(" status {}", status(s));
-            }
-            if !annotations.is_empty() {
-                let kv: Vec<String> = annotations
-                    .iter()
-                    .map(|(k, v)| match v {
-                        Some(v) => format!("{}={}", short_key(k), v),
-                        None => format!("{}=null", short_key(k)),
-                    })
-                    .collect();
-                line += &format!(" annotate {}", kv.join(" "));
-            }
-            line
-        }
+        } => patch(*op, key, s.as_ref(), annotations),
         Action::ReleaseDhcpLease { op, mac } => format!("release-lease #{op} {mac}"),
         Action::DeletePod {
             op,
@@ -214,21 +198,7 @@ pub fn action(a: &Action) -> String {
         Action::StopProbe { key } => format!("stop-probe {key}"),
         Action::ArmTimer { timer: t, after_ms } => format!("timer {} after={after_ms}ms", timer(t)),
         Action::Count { counter: c } => format!("count {}", counter(c)),
-        Action::Observe { histogram, millis } => match histogram {
-            Histogram::VmBootDuration { mode, backend } => {
-                format!("observe vm_boot_duration{{mode={mode},backend={backend}}} {millis}ms")
-            }
-            Histogram::SnapshotSaveDuration => format!("observe snapshot_save_duration {millis}ms"),
-            Histogram::SnapshotPushDuration => format!("observe snapshot_push_duration {millis}ms"),
-            Histogram::SnapshotPullDuration => format!("observe snapshot_pull_duration {millis}ms"),
-            Histogram::SnapshotPeerRestoreDuration => {
-                format!("observe snapshot_peer_restore_duration {millis}ms")
-            }
-            Histogram::PodStartup { stage } => {
-                format!("observe pod_startup{{stage={}}} {millis}ms", stage.as_str())
-            }
-            Histogram::VmEventToStatus => format!("observe vm_event_status {millis}ms"),
-        },
+        Action::Observe { histogram, millis } => observe(histogram, *millis),
         Action::ObserveCount { histogram, count } => match histogram {
             CountHistogram::PostCloneRetryAttempts { result } => {
                 format!("observe postclone_retry_attempts{{result={result}}} {count}")
@@ -257,6 +227,47 @@ pub fn action(a: &Action) -> String {
         Action::RegisterNode => "register-node".into(),
         Action::Abort { message } => format!("fatal {}", q(message)),
     }
+}
+
+fn observe(histogram: &Histogram, millis: u64) -> String {
+    match histogram {
+        Histogram::VmBootDuration { mode, backend } => {
+            format!("observe vm_boot_duration{{mode={mode},backend={backend}}} {millis}ms")
+        }
+        Histogram::SnapshotSaveDuration => format!("observe snapshot_save_duration {millis}ms"),
+        Histogram::SnapshotPushDuration => format!("observe snapshot_push_duration {millis}ms"),
+        Histogram::SnapshotPullDuration => format!("observe snapshot_pull_duration {millis}ms"),
+        Histogram::SnapshotPeerRestoreDuration => {
+            format!("observe snapshot_peer_restore_duration {millis}ms")
+        }
+        Histogram::PodStartup { stage } => {
+            format!("observe pod_startup{{stage={}}} {millis}ms", stage.as_str())
+        }
+        Histogram::VmEventToStatus => format!("observe vm_event_status {millis}ms"),
+    }
+}
+
+fn patch(
+    op: crate::action::OpId,
+    key: &crate::pod::PodKey,
+    s: Option<&crate::status::PodStatus>,
+    annotations: &std::collections::BTreeMap<String, Option<String>>,
+) -> String {
+    let mut line = format!("patch #{op} {key}");
+    if let Some(s) = s {
+        line += &format!(" status {}", status(s));
+    }
+    if !annotations.is_empty() {
+        let kv: Vec<String> = annotations
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => format!("{}={}", short_key(k), v),
+                None => format!("{}=null", short_key(k)),
+            })
+            .collect();
+        line += &format!(" annotate {}", kv.join(" "));
+    }
+    line
 }
 
 fn cocoon_ok(ok: &CocoonOk) -> String {

@@ -51,7 +51,7 @@ use reconcilers::event::{
     CocoonOk, Envelope, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome, VmEventKind,
 };
 use reconcilers::keys;
-use reconcilers::phase::{DeleteWait, Phase};
+use reconcilers::phase::{DeleteWait, HibernateStep, Phase, SaveStep};
 use reconcilers::pod::{PodKey, PodView};
 use reconcilers::status;
 use reconcilers::testkit::{self, render, World};
@@ -908,13 +908,25 @@ fn busy(phase: &Phase) -> String {
         Phase::Deleting(d) => match d.wait {
             DeleteWait::RemoveVm(_) => "remove_vm".into(),
             DeleteWait::Task(_) => "task".into(),
-            DeleteWait::Save(_) | DeleteWait::SaveAgain(_) => "save".into(),
-            DeleteWait::RemoveTakenSave(_) => "remove_taken_save".into(),
+            DeleteWait::Save(SaveStep::Save | SaveStep::SaveAgain, _) => "save".into(),
+            DeleteWait::Save(SaveStep::RemoveHolder, _) => "remove_taken_save".into(),
             DeleteWait::Push(_) => "push".into(),
             DeleteWait::Retry => "-".into(),
         },
         Phase::Evicting(e) if e.delete.is_none() => "remove_for_evict".into(),
-        Phase::Hibernating(h) => format!("hibernate_{:?}", h.step).to_lowercase(),
+        Phase::Hibernating(h) => match h.step {
+            HibernateStep::Save { save } => match save {
+                SaveStep::Save => "hibernate_save".into(),
+                SaveStep::RemoveHolder => "hibernate_removetakensave".into(),
+                SaveStep::SaveAgain => "hibernate_saveagain".into(),
+            },
+            ref step @ (HibernateStep::Start
+            | HibernateStep::ReleaseLease
+            | HibernateStep::DropNic
+            | HibernateStep::Push
+            | HibernateStep::Remove
+            | HibernateStep::RestoreNic { .. }) => format!("hibernate_{step:?}").to_lowercase(),
+        },
         Phase::Hibernated => "hibernated".into(),
         Phase::Waiting
         | Phase::Failed(_)
