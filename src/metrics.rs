@@ -152,24 +152,13 @@ impl Metrics {
 
     /// M6: the outcome series a dashboard and its alerts rate over exist at 0 from the start,
     /// so a node where nothing has failed yet shows a flat line rather than no data, and a
-    /// first failure is a rise a `rate` can see.
+    /// first failure is a rise a `rate` can see. Each label value comes from its enum's `ALL`.
     fn zeroed(self) -> Self {
-        let c = &self.core;
-        for result in Outcome::ALL.iter().map(|r| r.as_str()) {
-            for family in [
-                &c.snapshot_save,
-                &c.snapshot_push,
-                &c.snapshot_pull,
-                &c.wake,
-            ] {
-                family.with_label_values(&[result]);
-            }
-            for phase in HibernatePhase::ALL {
-                c.hibernate.with_label_values(&[phase.as_str(), result]);
-            }
-            for kind in PostCloneKind::ALL {
-                c.postclone.with_label_values(&[kind.as_str(), result]);
-            }
+        for c in labels::zeroed_counters() {
+            self.series(&c);
+        }
+        for h in labels::zeroed_count_histograms() {
+            self.count_series(&h);
         }
         for reason in DropReason::ALL {
             self.events_dropped.with_label_values(&[reason.as_str()]);
@@ -233,66 +222,62 @@ impl Metrics {
     }
 
     pub fn count(&self, c: &Counter) {
+        self.series(c).inc()
+    }
+
+    /// The one series a core counter moves, created at 0 if it is not there yet.
+    fn series(&self, c: &Counter) -> IntCounter {
+        let core = &self.core;
         match c {
-            Counter::PodLifecycle { op, result, reason } => self
-                .core
+            Counter::PodLifecycle { op, result, reason } => core
                 .pod_lifecycle
-                .with_label_values(&[op, result, reason])
-                .inc(),
-            Counter::OrphanVm => self.core.orphan_vm.inc(),
-            Counter::VmInspectTransientFail => self.core.inspect_transient.inc(),
-            Counter::PodEvictFailure => self.core.evict_failure.inc(),
-            Counter::ReconcileAdoptByName => self.core.adopt_by_name.inc(),
+                .with_label_values(&[op.as_str(), result.as_str(), reason.as_str()]),
+            Counter::OrphanVm => core.orphan_vm.clone(),
+            Counter::VmInspectTransientFail => core.inspect_transient.clone(),
+            Counter::PodEvictFailure => core.evict_failure.clone(),
+            Counter::ReconcileAdoptByName => core.adopt_by_name.clone(),
             Counter::StaleCreateReconcile { outcome } => {
-                self.core.stale_create.with_label_values(&[outcome]).inc()
+                core.stale_create.with_label_values(&[outcome.as_str()])
             }
             Counter::WakeIpWait { result } => {
-                self.core.wake_ip_wait.with_label_values(&[result]).inc()
+                core.wake_ip_wait.with_label_values(&[result.as_str()])
             }
             Counter::SnapshotPull { result } => {
-                self.core.snapshot_pull.with_label_values(&[result]).inc()
+                core.snapshot_pull.with_label_values(&[result.as_str()])
             }
             Counter::CloneFromDir { result } => {
-                self.core.clone_from_dir.with_label_values(&[result]).inc()
+                core.clone_from_dir.with_label_values(&[result.as_str()])
             }
-            Counter::StartupResume { op } => {
-                self.core.startup_resume.with_label_values(&[op]).inc()
-            }
+            Counter::StartupResume { op } => core.startup_resume.with_label_values(&[op.as_str()]),
             Counter::LeaseRelease { result } => {
-                self.core.lease_release.with_label_values(&[result]).inc()
+                core.lease_release.with_label_values(&[result.as_str()])
             }
-            Counter::UnexpectedOutcome => self.unexpected_outcome.inc(),
+            Counter::UnexpectedOutcome => self.unexpected_outcome.clone(),
             Counter::SnapshotSave { result } => {
-                self.core.snapshot_save.with_label_values(&[result]).inc()
+                core.snapshot_save.with_label_values(&[result.as_str()])
             }
             Counter::SnapshotPush { result } => {
-                self.core.snapshot_push.with_label_values(&[result]).inc()
+                core.snapshot_push.with_label_values(&[result.as_str()])
             }
-            Counter::Hibernate { phase, result } => self
-                .core
+            Counter::Hibernate { phase, result } => core
                 .hibernate
-                .with_label_values(&[phase, result])
-                .inc(),
-            Counter::Wake { result } => self.core.wake.with_label_values(&[result]).inc(),
+                .with_label_values(&[phase.as_str(), result.as_str()]),
+            Counter::Wake { result } => core.wake.with_label_values(&[result.as_str()]),
             Counter::SnapshotVerify { result } => {
-                self.core.snapshot_verify.with_label_values(&[result]).inc()
+                core.snapshot_verify.with_label_values(&[result.as_str()])
             }
-            Counter::HibernateEvidence { verdict } => self
-                .core
+            Counter::HibernateEvidence { verdict } => core
                 .hibernate_evidence
-                .with_label_values(&[verdict])
-                .inc(),
+                .with_label_values(&[verdict.as_str()]),
             Counter::SnapshotPeerRestore { result } => {
-                self.core.peer_restore.with_label_values(&[result]).inc()
+                core.peer_restore.with_label_values(&[result.as_str()])
             }
-            Counter::WakeRenewNudge { result } => self
-                .core
-                .wake_renew_nudge
-                .with_label_values(&[result])
-                .inc(),
-            Counter::PostClone { kind, result } => {
-                self.core.postclone.with_label_values(&[kind, result]).inc()
+            Counter::WakeRenewNudge { result } => {
+                core.wake_renew_nudge.with_label_values(&[result.as_str()])
             }
+            Counter::PostClone { kind, result } => core
+                .postclone
+                .with_label_values(&[kind.as_str(), result.as_str()]),
         }
     }
 
@@ -328,12 +313,15 @@ impl Metrics {
     }
 
     pub fn observe_count(&self, h: &CountHistogram, count: u64) {
+        self.count_series(h).observe(count as f64)
+    }
+
+    fn count_series(&self, h: &CountHistogram) -> Histogram {
         match h {
             CountHistogram::PostCloneRetryAttempts { result } => self
                 .times
                 .postclone_attempts
-                .with_label_values(&[result])
-                .observe(count as f64),
+                .with_label_values(&[result.as_str()]),
         }
     }
 

@@ -21,7 +21,7 @@ pub use model::{
     quantity, small_str, spec, state, status, time, vm, writer,
 };
 pub(crate) use output::macos_cmd;
-pub use output::{action, cocoon, fixup, render};
+pub use output::{action, cocoon, fixup, labels, render};
 
 pub use handle::dhcp;
 pub use handle::lifecycle;

@@ -1,9 +1,15 @@
-//! The label values of the daemon's metrics, one enum per label. What the shell counts itself
-//! takes one of these, never a string; the series that exist at 0 from the start
-//! (`Metrics::zeroed`) are derived from each enum's `ALL`, so a new value gets its series with
-//! no second list to update. The core's `Counter` carries its labels as strings, which
-//! `Metrics::count` passes through unchanged. The strings are a contract with dashboards and
-//! alerts.
+//! The label values of the daemon's metrics. What the core counts carries the core's own label
+//! enums (`reconcilers::labels`), re-exported here where the shell names them too; what only
+//! the shell counts takes the enums below. Either way a count takes an enum, never a string,
+//! and the series that exist at 0 from the start (`Metrics::zeroed`) are derived from each
+//! enum's `ALL`, so a new value gets its series with no second list to update. The strings
+//! are a contract with dashboards and alerts.
+
+use reconcilers::action::{CountHistogram, Counter};
+use reconcilers::labels::{
+    EvidenceVerdict, IpWaitResult, LeaseReleaseResult, ResumeOp, StaleCreateOutcome, VerifyResult,
+};
+pub use reconcilers::labels::{HibernatePhase, Outcome, PostCloneKind};
 
 macro_rules! label {
     ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
@@ -23,32 +29,6 @@ macro_rules! label {
             }
         }
     };
-}
-
-label! {
-    /// `result` of the operations whose dashboards rate failures against successes.
-    Outcome { Ok => "ok", Failed => "failed" }
-}
-
-label! {
-    /// `phase` of `cocoon_vk_hibernate_total`: the hibernate steps the core counts.
-    HibernatePhase {
-        DhcpRelease => "dhcp_release",
-        Netresize => "netresize",
-        Snapshot => "snapshot",
-        Push => "push",
-        Remove => "remove",
-    }
-}
-
-label! {
-    /// `kind` of `cocoon_vk_postclone_total`: a fix-up's kind, or the SAC dialog.
-    PostCloneKind {
-        Windows => "windows",
-        LinuxFc => "linux_fc",
-        LinuxStatic => "linux_static",
-        Sac => "sac",
-    }
 }
 
 label! {
@@ -78,6 +58,74 @@ label! {
     }
 }
 
+/// Every labelled series of the core's counters that exists at 0 from the start: each label
+/// value crossed with the others of its family. `pod_lifecycle_total` is left out: its `reason`
+/// belongs to one `op` and `result` at a time, so the cross product would export series no
+/// pod can ever move.
+pub(super) fn zeroed_counters() -> Vec<Counter> {
+    let mut all = Vec::new();
+    for &result in Outcome::ALL {
+        all.extend([
+            Counter::SnapshotPull { result },
+            Counter::SnapshotSave { result },
+            Counter::SnapshotPush { result },
+            Counter::CloneFromDir { result },
+            Counter::Wake { result },
+            Counter::SnapshotPeerRestore { result },
+            Counter::WakeRenewNudge { result },
+        ]);
+        all.extend(
+            HibernatePhase::ALL
+                .iter()
+                .map(|&phase| Counter::Hibernate { phase, result }),
+        );
+        all.extend(
+            PostCloneKind::ALL
+                .iter()
+                .map(|&kind| Counter::PostClone { kind, result }),
+        );
+    }
+    all.extend(
+        StaleCreateOutcome::ALL
+            .iter()
+            .map(|&outcome| Counter::StaleCreateReconcile { outcome }),
+    );
+    all.extend(
+        IpWaitResult::ALL
+            .iter()
+            .map(|&result| Counter::WakeIpWait { result }),
+    );
+    all.extend(
+        ResumeOp::ALL
+            .iter()
+            .map(|&op| Counter::StartupResume { op }),
+    );
+    all.extend(
+        LeaseReleaseResult::ALL
+            .iter()
+            .map(|&result| Counter::LeaseRelease { result }),
+    );
+    all.extend(
+        VerifyResult::ALL
+            .iter()
+            .map(|&result| Counter::SnapshotVerify { result }),
+    );
+    all.extend(
+        EvidenceVerdict::ALL
+            .iter()
+            .map(|&verdict| Counter::HibernateEvidence { verdict }),
+    );
+    all
+}
+
+/// The count histograms' series that exist at 0 from the start.
+pub(super) fn zeroed_count_histograms() -> Vec<CountHistogram> {
+    Outcome::ALL
+        .iter()
+        .map(|&result| CountHistogram::PostCloneRetryAttempts { result })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,10 +133,10 @@ mod tests {
     #[test]
     fn every_value_is_a_distinct_prometheus_label() {
         let all: Vec<&str> = [
-            Outcome::ALL.iter().map(|v| v.as_str()).collect::<Vec<_>>(),
-            HibernatePhase::ALL.iter().map(|v| v.as_str()).collect(),
-            PostCloneKind::ALL.iter().map(|v| v.as_str()).collect(),
-            DropReason::ALL.iter().map(|v| v.as_str()).collect(),
+            DropReason::ALL
+                .iter()
+                .map(|v| v.as_str())
+                .collect::<Vec<_>>(),
             ApiWrite::ALL.iter().map(|v| v.as_str()).collect(),
             ActionSlot::ALL.iter().map(|v| v.as_str()).collect(),
         ]
@@ -99,6 +147,5 @@ mod tests {
                 "{v}"
             );
         }
-        assert_eq!(HibernatePhase::ALL.len(), 5);
     }
 }

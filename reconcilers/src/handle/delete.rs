@@ -6,6 +6,7 @@ use crate::action::{Action, Counter, Level};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryOk};
+use crate::labels::{self, LifecycleReason};
 use crate::phase::{
     Call, Creating, DeleteStage, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase,
     SaveStep, Terminal, VmTask,
@@ -154,13 +155,17 @@ fn hibernated_deleted(s: &mut State, key: &PodKey, object: Object) {
     if let (false, Some(name)) = (keep, name) {
         snapshot::remove(s, key, snapshot::Removal::Copies(name));
     }
-    let reason = if keep { "seat_release" } else { "no_vm" };
+    let reason = if keep {
+        LifecycleReason::SeatRelease
+    } else {
+        LifecycleReason::NoVm
+    };
     finish_counted(s, key, object, Outcome::Skipped, reason)
 }
 
 /// The pod is being deleted and has no VM: its delete is done.
 pub(crate) fn without_vm(s: &mut State, key: &PodKey, object: Object) {
-    finish_counted(s, key, object, Outcome::Skipped, "no_vm")
+    finish_counted(s, key, object, Outcome::Skipped, LifecycleReason::NoVm)
 }
 
 /// D4: whether this pod's VM is saved and pushed to `<vm>:latest` before it is removed.
@@ -195,7 +200,7 @@ fn next_step(s: &mut State, key: &PodKey) {
     let (vm, object, stage) = (d.vm.clone(), d.object, d.stage);
     if !vm.managed() {
         tracking::unindex(s, key, &vm);
-        return finish(s, key, object, "unmanaged");
+        return finish(s, key, object, LifecycleReason::Unmanaged);
     }
     // D2: a macOS guest is removed by cocoon-macos, without a snapshot.
     let macos = s.pod(key).is_some_and(crate::macos::is_macos);
@@ -319,7 +324,7 @@ pub(crate) fn save_done(
             s,
             key,
             Counter::SnapshotSave {
-                result: "failed".into(),
+                result: labels::Outcome::Failed,
             },
             format!("snapshot save {name}: {}", err.message),
         ),
@@ -332,7 +337,7 @@ pub(crate) fn save_done(
                 s,
                 key,
                 Counter::SnapshotSave {
-                    result: "failed".into(),
+                    result: labels::Outcome::Failed,
                 },
                 format!("snapshot save {name}: unexpected answer from cocoon"),
             )
@@ -372,7 +377,7 @@ pub(crate) fn push_done(
                 s,
                 key,
                 Counter::SnapshotPush {
-                    result: "failed".into(),
+                    result: labels::Outcome::Failed,
                 },
                 why,
             )
@@ -383,7 +388,7 @@ pub(crate) fn push_done(
                 s,
                 key,
                 Counter::SnapshotPush {
-                    result: "failed".into(),
+                    result: labels::Outcome::Failed,
                 },
                 why,
             )
@@ -413,7 +418,13 @@ fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
     let uid = e.pod.uid.clone();
     s.touched.insert(key);
     s.emit(Action::Count { counter });
-    provider::outcome(s, key, Op::Delete, Outcome::Failed(&message), "snapshot");
+    provider::outcome(
+        s,
+        key,
+        Op::Delete,
+        Outcome::Failed(&message),
+        LifecycleReason::Snapshot,
+    );
     s.emit(Action::Log {
         level: Level::Warn,
         message: format!("pod {key}: {message}"),
@@ -460,7 +471,7 @@ pub(crate) fn vm_removed(
             if let (false, Some(name)) = (keep, name) {
                 snapshot::remove(s, key, snapshot::Removal::DeletedVm(name));
             }
-            finish(s, key, object, "");
+            finish(s, key, object, LifecycleReason::None);
         }
         Ok(other) => {
             let what = format!("pod {key}: vm rm answered {other:?}");
@@ -493,7 +504,7 @@ fn removal_failed(s: &mut State, key: &PodKey, why: String) {
         key,
         Op::Delete,
         Outcome::Failed(&format!("vm rm failed: {why}")),
-        "vm_rm",
+        LifecycleReason::VmRm,
     );
     s.emit(Action::ArmTimer {
         timer: crate::action::Timer::DeleteRetry {
@@ -526,11 +537,17 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
 
 /// The VM is handled: the pod ends Succeeded (D8), or, its object gone, the entry waits to
 /// be collected.
-fn finish(s: &mut State, key: &PodKey, object: Object, reason: &str) {
+fn finish(s: &mut State, key: &PodKey, object: Object, reason: LifecycleReason) {
     finish_counted(s, key, object, Outcome::Ok, reason)
 }
 
-fn finish_counted(s: &mut State, key: &PodKey, object: Object, result: Outcome<'_>, reason: &str) {
+fn finish_counted(
+    s: &mut State,
+    key: &PodKey,
+    object: Object,
+    result: Outcome<'_>,
+    reason: LifecycleReason,
+) {
     let Some(e) = s.pods.get_mut(key) else { return };
     s.touched.insert(key);
     match object {

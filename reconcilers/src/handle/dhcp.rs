@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::action::{Action, Counter, Level, OpId};
 use crate::event::DhcpLease;
+use crate::labels::LeaseReleaseResult;
 use crate::pod::PodKey;
 use crate::small_str::SmallStr;
 use crate::state::{DhcpFile, State, Tracked};
@@ -176,19 +177,17 @@ pub(crate) fn released(s: &mut State, op: OpId, result: Result<(), String>) {
         );
     };
     let outcome = match result {
-        Ok(()) => "ok",
+        Ok(()) => LeaseReleaseResult::Ok,
         Err(why) => {
             s.emit(Action::Log {
                 level: Level::Warn,
                 message: format!("lease release of {mac} failed (it expires on its own): {why}"),
             });
-            "error"
+            LeaseReleaseResult::Error
         }
     };
     s.emit(Action::Count {
-        counter: Counter::LeaseRelease {
-            result: outcome.into(),
-        },
+        counter: Counter::LeaseRelease { result: outcome },
     });
 }
 

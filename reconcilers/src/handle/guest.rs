@@ -11,6 +11,7 @@ use crate::entry::FixupEnd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk, SacError, SacStage};
 use crate::fixup;
 use crate::keys;
+use crate::labels::{IpWaitResult, Outcome, PostCloneKind};
 use crate::phase::{Call, Fixup, FixupKind, IpWait, Phase, Running, Settle};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Os, VmSpec};
@@ -267,7 +268,7 @@ fn succeeded(s: &mut State, key: &PodKey) {
         return;
     };
     e.post_clone = Some(FixupEnd::Done);
-    count(s, f.kind.as_str(), "ok", Some(f.attempts));
+    count(s, f.kind.into(), Outcome::Ok, Some(f.attempts));
     if s.pod(key).is_some_and(owes_sac) {
         // C13 success, step 3: SAC before the success is announced.
         return start_sac(s, key, f.wait, f.attempts);
@@ -300,12 +301,12 @@ fn exhausted(s: &mut State, key: &PodKey) {
         hint: Some(hint),
         errors: errors.clone(),
     });
-    count(s, f.kind.as_str(), "failed", Some(f.attempts));
+    count(s, f.kind.into(), Outcome::Failed, Some(f.attempts));
     let op = op_word(f.wait);
     if f.wait == IpWait::Wake {
         s.emit(Action::Count {
             counter: Counter::Wake {
-                result: "failed".into(),
+                result: Outcome::Failed,
             },
         });
     }
@@ -390,7 +391,7 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
     }
     match result {
         Ok(()) => {
-            count(s, "sac", "ok", None);
+            count(s, PostCloneKind::Sac, Outcome::Ok, None);
             announce(s, &key, FixupKind::Windows, attempts);
             lease(s, &key, wait);
         }
@@ -409,11 +410,11 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
                 reason,
                 &format!("{op}: {}", err.message),
             );
-            count(s, "sac", "failed", None);
+            count(s, PostCloneKind::Sac, Outcome::Failed, None);
             if wait == IpWait::Wake {
                 s.emit(Action::Count {
                     counter: Counter::Wake {
-                        result: "failed".into(),
+                        result: Outcome::Failed,
                     },
                 });
             }
@@ -459,18 +460,13 @@ fn op_word(wait: IpWait) -> &'static str {
     }
 }
 
-fn count(s: &mut State, kind: &str, result: &str, attempts: Option<u32>) {
+fn count(s: &mut State, kind: PostCloneKind, result: Outcome, attempts: Option<u32>) {
     s.emit(Action::Count {
-        counter: Counter::PostClone {
-            kind: kind.into(),
-            result: result.into(),
-        },
+        counter: Counter::PostClone { kind, result },
     });
     if let Some(n) = attempts {
         s.emit(Action::ObserveCount {
-            histogram: CountHistogram::PostCloneRetryAttempts {
-                result: result.into(),
-            },
+            histogram: CountHistogram::PostCloneRetryAttempts { result },
             count: n as u64,
         });
     }
@@ -568,7 +564,7 @@ pub(crate) fn renew_nudge(s: &mut State, key: &PodKey, uid: &str) {
 pub(crate) fn nudged(s: &mut State, _key: &PodKey, result: Result<CocoonOk, CocoonError>) {
     s.emit(Action::Count {
         counter: Counter::WakeRenewNudge {
-            result: if result.is_ok() { "ok" } else { "failed" }.into(),
+            result: Outcome::from(result.is_ok()),
         },
     });
 }
@@ -589,14 +585,14 @@ pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
     if wait.has_deadline() {
         s.emit(Action::Count {
             counter: Counter::WakeIpWait {
-                result: "ok".into(),
+                result: IpWaitResult::Ok,
             },
         });
     }
     if wait == IpWait::Wake {
         s.emit(Action::Count {
             counter: Counter::Wake {
-                result: "ok".into(),
+                result: Outcome::Ok,
             },
         });
         event(
@@ -634,7 +630,7 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
     );
     s.emit(Action::Count {
         counter: Counter::WakeIpWait {
-            result: "timeout".into(),
+            result: IpWaitResult::Timeout,
         },
     });
     let reason = match wait {
@@ -644,7 +640,7 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
     if wait == IpWait::Wake {
         s.emit(Action::Count {
             counter: Counter::Wake {
-                result: "failed".into(),
+                result: Outcome::Failed,
             },
         });
     }

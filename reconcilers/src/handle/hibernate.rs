@@ -7,6 +7,7 @@ use crate::action::{Action, Counter, EventType, Level, RegistryCall, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
+use crate::labels::{HibernatePhase, Outcome};
 use crate::phase::{
     Failure, HibernateStep, Hibernating, NicStage, Object, Phase, Running, SaveStep,
 };
@@ -145,12 +146,9 @@ fn next(s: &mut State, key: &PodKey, step: HibernateStep, op: crate::action::OpI
     }
 }
 
-fn count(s: &mut State, phase: &str, result: &str) {
+fn count(s: &mut State, phase: HibernatePhase, result: Outcome) {
     s.emit(Action::Count {
-        counter: Counter::Hibernate {
-            phase: phase.into(),
-            result: result.into(),
-        },
+        counter: Counter::Hibernate { phase, result },
     });
 }
 
@@ -217,7 +215,7 @@ fn save_done(
     match snapshot::save_done(s, key, save, &name, &id, result) {
         Saving::Next(save, op) => next(s, key, HibernateStep::Save { save }, op),
         Saving::Saved => {
-            count(s, "snapshot", "ok");
+            count(s, HibernatePhase::Snapshot, Outcome::Ok);
             snapshot::saved(s, since);
             let call = snapshot::push_of(&name, "hibernate", image);
             let owner = RegistryOwner::Pod { key: key.clone() };
@@ -225,10 +223,10 @@ fn save_done(
             next(s, key, HibernateStep::Push, op);
         }
         Saving::Refused(_, err) => {
-            count(s, "snapshot", "failed");
+            count(s, HibernatePhase::Snapshot, Outcome::Failed);
             s.emit(Action::Count {
                 counter: Counter::SnapshotSave {
-                    result: "failed".into(),
+                    result: Outcome::Failed,
                 },
             });
             let msg = format!("hibernate: snapshot save {name}: {}", err.message);
@@ -285,11 +283,7 @@ fn vm_step_done(
         }
         // Best effort: a guest that cannot give its lease back loses it with the NIC anyway.
         (HibernateStep::ReleaseLease, result) => {
-            count(
-                s,
-                "dhcp_release",
-                if result.is_ok() { "ok" } else { "failed" },
-            );
+            count(s, HibernatePhase::DhcpRelease, result.is_ok().into());
             let id = id.to_string();
             call(
                 s,
@@ -299,12 +293,12 @@ fn vm_step_done(
             );
         }
         (HibernateStep::DropNic, Ok(CocoonOk::Done)) => {
-            count(s, "netresize", "ok");
+            count(s, HibernatePhase::Netresize, Outcome::Ok);
             start_save(s, key, name, id);
         }
         // The NIC is still there: only the released lease is renewed.
         (HibernateStep::DropNic, Err(err)) => {
-            count(s, "netresize", "failed");
+            count(s, HibernatePhase::Netresize, Outcome::Failed);
             let failed = Failure {
                 reason: "HibernateNetResizeFailed".into(),
                 message: format!("hibernate: vm net --nics 0 {name}: {}", err.message),
@@ -328,11 +322,11 @@ fn vm_step_done(
                 kind: VmNotFound, ..
             }),
         ) => {
-            count(s, "remove", "ok");
+            count(s, HibernatePhase::Remove, Outcome::Ok);
             hibernated(s, key);
         }
         (HibernateStep::Remove, Err(err)) => {
-            count(s, "remove", "failed");
+            count(s, HibernatePhase::Remove, Outcome::Failed);
             // U4: so nobody sees a finished hibernate while the VM lives, the tag goes.
             let call = RegistryCall::DeleteTag {
                 name: name.to_string(),
@@ -397,7 +391,7 @@ pub(crate) fn push_done(
     }
     match result {
         Ok(RegistryOk::Pushed { .. }) => {
-            count(s, "push", "ok");
+            count(s, HibernatePhase::Push, Outcome::Ok);
             snapshot::pushed(s, since);
             // The `id` and `ip` annotations are withdrawn with this step (the wake gate must
             // not see a VM that is about to vanish), then the VM goes.
@@ -414,7 +408,7 @@ pub(crate) fn push_done(
                 s,
                 &format!("pod {key}: push of {name}:hibernate answered {other:?}"),
             );
-            count(s, "push", "failed");
+            count(s, HibernatePhase::Push, Outcome::Failed);
             roll_back(
                 s,
                 key,
@@ -423,10 +417,10 @@ pub(crate) fn push_done(
             );
         }
         Err(err) => {
-            count(s, "push", "failed");
+            count(s, HibernatePhase::Push, Outcome::Failed);
             s.emit(Action::Count {
                 counter: Counter::SnapshotPush {
-                    result: "failed".into(),
+                    result: Outcome::Failed,
                 },
             });
             let msg = format!("hibernate: push {name}:hibernate: {}", err.message);
@@ -466,7 +460,7 @@ fn hibernated(s: &mut State, key: &PodKey) {
         key,
         crate::provider::Op::Update,
         crate::provider::Outcome::Ok,
-        "hibernate",
+        crate::labels::LifecycleReason::Hibernate,
     );
 }
 
@@ -565,7 +559,7 @@ fn rolled_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
         key,
         crate::provider::Op::Update,
         crate::provider::Outcome::Failed(&msg),
-        "hibernate",
+        crate::labels::LifecycleReason::Hibernate,
     );
     s.emit(Action::Log {
         level: Level::Warn,

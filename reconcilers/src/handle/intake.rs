@@ -144,9 +144,9 @@ pub fn intake(s: &mut State, key: &PodKey) {
         // pod waits for a change instead.
         Err(err) if err.key == crate::keys::VM_NAME => {
             let reason = if err.missing {
-                "missing_vmname"
+                crate::labels::LifecycleReason::MissingVmName
             } else {
-                "invalid_vmname"
+                crate::labels::LifecycleReason::InvalidVmName
             };
             let msg = err.to_string();
             reject(s, key, msg, reason);
@@ -165,7 +165,12 @@ pub fn intake(s: &mut State, key: &PodKey) {
                 "pod requires snapshot cpu class {class:?}, node {} has {node:?}",
                 s.config.node_name
             );
-            reject(s, key, msg, "snapshot_cpu_class_mismatch");
+            reject(
+                s,
+                key,
+                msg,
+                crate::labels::LifecycleReason::SnapshotCpuClassMismatch,
+            );
             return;
         }
     }
@@ -193,7 +198,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
         // A new attempt (L3, ANN-4.2.5): `creating` first, so a failed earlier attempt does not
         // hold the adopted VM's `ready` back.
         lifecycle::set(s, key, crate::state::Lifecycle::Creating, None);
-        create::adopt(s, key, record, "adopted");
+        create::adopt(s, key, record, crate::labels::LifecycleReason::Adopted);
         return;
     }
     if spec.restore_from_hibernate {
@@ -205,7 +210,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
 }
 
 /// An input-validation reject (C1): counter and status only, no Event, no lifecycle write.
-fn reject(s: &mut State, key: &PodKey, message: String, reason: &str) {
+fn reject(s: &mut State, key: &PodKey, message: String, reason: crate::labels::LifecycleReason) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let attempts = e.phase.prior_failure().0;
     e.phase = Phase::Failed(Failed {

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use crate::action::{Action, Histogram, Level};
 use crate::cocoon::CocoonCmd;
 use crate::event::CocoonOk;
+use crate::labels::LifecycleReason;
 use crate::model::macos::{Inventory, MacosStep, Then, RESTART_INTERVAL_MS, VNC_DISPLAYS};
 use crate::phase::{Call, CreateStep, Creating, EvictReason, IpWait, Object, Phase, Purpose};
 use crate::phase::{VmStep, VmTask};
@@ -221,7 +222,7 @@ pub(crate) fn step_done(
         }
         (MacosStep::Inspect { then, .. }, Ok(CocoonOk::Vm { vm })) if alive(&vm) => match then {
             Then::Boot => booted(s, key, vm),
-            Then::Adopt => create::adopt(s, key, vm, "adopted"),
+            Then::Adopt => create::adopt(s, key, vm, LifecycleReason::Adopted),
             Then::Resume => create::resume(s, key, vm),
         },
         // A dead guest under the pod's name is started in place, once.
@@ -332,7 +333,7 @@ fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     }
     create::enter_running(s, key, tracked(vm));
     probe::start(s, key);
-    provider::outcome(s, key, Op::Create, Outcome::Ok, "");
+    provider::outcome(s, key, Op::Create, Outcome::Ok, LifecycleReason::None);
     crate::guest::lease(s, key, IpWait::Run);
 }
 

@@ -4,29 +4,14 @@
 //! delete with nothing to do, and evictions are counted only (E3).
 
 use crate::action::{Action, Counter, EventSource, EventType};
+use crate::labels::{LifecycleReason, LifecycleResult};
 use crate::pod::PodKey;
 use crate::state::State;
 
 /// What the outcome was for, in the counter's words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
-    Create,
-    /// A wake: the pod's update that asked for its VM back.
-    Wake,
-    Update,
-    Delete,
-}
+pub(crate) use crate::labels::LifecycleOp as Op;
 
 impl Op {
-    fn as_str(self) -> &'static str {
-        match self {
-            Op::Create => "create",
-            Op::Wake => "wake",
-            Op::Update => "update",
-            Op::Delete => "delete",
-        }
-    }
-
     /// The Event reasons and success text of the pod controller's report.
     fn report(self) -> (&'static str, &'static str, &'static str) {
         match self {
@@ -61,18 +46,20 @@ pub(crate) enum Outcome<'a> {
     Skipped,
 }
 
-pub(crate) fn outcome(s: &mut State, key: &PodKey, op: Op, outcome: Outcome<'_>, reason: &str) {
+pub(crate) fn outcome(
+    s: &mut State,
+    key: &PodKey,
+    op: Op,
+    outcome: Outcome<'_>,
+    reason: LifecycleReason,
+) {
     let result = match outcome {
-        Outcome::Ok => "ok",
-        Outcome::Failed(_) | Outcome::Rejected => "failed",
-        Outcome::Skipped => "skipped",
+        Outcome::Ok => LifecycleResult::Ok,
+        Outcome::Failed(_) | Outcome::Rejected => LifecycleResult::Failed,
+        Outcome::Skipped => LifecycleResult::Skipped,
     };
     s.emit(Action::Count {
-        counter: Counter::PodLifecycle {
-            op: op.as_str().into(),
-            result: result.into(),
-            reason: reason.into(),
-        },
+        counter: Counter::PodLifecycle { op, result, reason },
     });
     let (ok, failed, done) = op.report();
     let (kind, reason, message) = match outcome {

@@ -190,7 +190,7 @@ pub(crate) fn drop_scratch(s: &mut State, key: &PodKey, scratch: Scratch) {
 pub(crate) fn saved(s: &mut State, since: Millis) {
     s.emit(Action::Count {
         counter: Counter::SnapshotSave {
-            result: "ok".into(),
+            result: crate::labels::Outcome::Ok,
         },
     });
     s.emit(Action::Observe {
@@ -203,7 +203,7 @@ pub(crate) fn saved(s: &mut State, since: Millis) {
 pub(crate) fn pushed(s: &mut State, since: Millis) {
     s.emit(Action::Count {
         counter: Counter::SnapshotPush {
-            result: "ok".into(),
+            result: crate::labels::Outcome::Ok,
         },
     });
     s.emit(Action::Observe {

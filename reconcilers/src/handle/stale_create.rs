@@ -10,6 +10,7 @@ use crate::action::{Action, Counter, Level, Timer};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
 use crate::event::{CocoonOk, StaleOutcome};
+use crate::labels::StaleCreateOutcome;
 use crate::state::{CocoonOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 
@@ -98,11 +99,9 @@ pub(crate) fn fired(s: &mut State, id: &str, name: &str, attempt: u32) {
     Watch { id, name, attempt }.call(s, Call::Inspect);
 }
 
-fn count(s: &mut State, outcome: &str) {
+fn count(s: &mut State, outcome: StaleCreateOutcome) {
     s.emit(Action::Count {
-        counter: Counter::StaleCreateReconcile {
-            outcome: outcome.to_string(),
-        },
+        counter: Counter::StaleCreateReconcile { outcome },
     });
 }
 
@@ -125,7 +124,7 @@ fn answered(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
     match result {
         Ok(CocoonOk::StaleCreate { outcome }) => {
             let said = outcome.as_str();
-            count(s, said);
+            count(s, outcome.into());
             match outcome {
                 StaleOutcome::Collected | StaleOutcome::NotFound => {
                     w.say(s, Level::Info, &format!(": {said}, the name is free"))
@@ -135,15 +134,15 @@ fn answered(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
             }
         }
         Ok(other) => {
-            count(s, "error");
+            count(s, StaleCreateOutcome::Error);
             w.later(s, &format!("an unexpected answer ({other:?})"));
         }
         Err(e) if e.kind == CocoonErrorKind::VmNotFound => {
-            count(s, "not-found");
+            count(s, StaleCreateOutcome::NotFound);
             w.say(s, Level::Info, ": not found, the name is free");
         }
         Err(e) if e.kind == CocoonErrorKind::Unsupported => {
-            count(s, "error");
+            count(s, StaleCreateOutcome::Error);
             let text = format!(
                 " failed: {}; this cocoon lacks the verb, the record is left alone",
                 e.message
@@ -151,7 +150,7 @@ fn answered(s: &mut State, w: Watch, result: Result<CocoonOk, CocoonError>) {
             w.say(s, Level::Warn, &text);
         }
         Err(e) => {
-            count(s, "error");
+            count(s, StaleCreateOutcome::Error);
             w.later(s, &format!("failing ({})", e.message));
         }
     }

@@ -168,7 +168,7 @@ fn resume_hibernate(s: &mut State, key: &PodKey) {
     };
     s.emit(Action::Count {
         counter: Counter::StartupResume {
-            op: "hibernate".into(),
+            op: crate::labels::ResumeOp::Hibernate,
         },
     });
     s.emit(Action::RecordEvent {

@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cocoon::CocoonCmd;
+use crate::labels::{
+    EvidenceVerdict, HibernatePhase, IpWaitResult, LeaseReleaseResult, LifecycleOp,
+    LifecycleReason, LifecycleResult, Outcome, PostCloneKind, ResumeOp, StaleCreateOutcome,
+    VerifyResult,
+};
 use crate::pod::PodKey;
 use crate::status::PodStatus;
 
@@ -93,68 +98,68 @@ pub enum Level {
     Error,
 }
 
-/// The counters of M3 that decisions move.
+/// The counters of M3 that decisions move, each label one of its vocabulary's values.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum Counter {
     PodLifecycle {
-        op: String,
-        result: String,
-        reason: String,
+        op: LifecycleOp,
+        result: LifecycleResult,
+        reason: LifecycleReason,
     },
     OrphanVm,
     VmInspectTransientFail,
     PodEvictFailure,
     ReconcileAdoptByName,
     StaleCreateReconcile {
-        outcome: String,
+        outcome: StaleCreateOutcome,
     },
     WakeIpWait {
-        result: String,
+        result: IpWaitResult,
     },
     SnapshotPull {
-        result: String,
+        result: Outcome,
     },
     CloneFromDir {
-        result: String,
+        result: Outcome,
     },
     StartupResume {
-        op: String,
+        op: ResumeOp,
     },
     LeaseRelease {
-        result: String,
+        result: LeaseReleaseResult,
     },
     /// An operation's outcome the core could not place (a contract mismatch or a core bug).
     UnexpectedOutcome,
     SnapshotSave {
-        result: String,
+        result: Outcome,
     },
     SnapshotPush {
-        result: String,
+        result: Outcome,
     },
     Hibernate {
-        phase: String,
-        result: String,
+        phase: HibernatePhase,
+        result: Outcome,
     },
     Wake {
-        result: String,
+        result: Outcome,
     },
     SnapshotVerify {
-        result: String,
+        result: VerifyResult,
     },
     HibernateEvidence {
-        verdict: String,
+        verdict: EvidenceVerdict,
     },
     SnapshotPeerRestore {
-        result: String,
+        result: Outcome,
     },
     WakeRenewNudge {
-        result: String,
+        result: Outcome,
     },
     /// C13, C15: `kind` is the fix-up's kind, or `sac`.
     PostClone {
-        kind: String,
-        result: String,
+        kind: PostCloneKind,
+        result: Outcome,
     },
 }
 
@@ -163,7 +168,7 @@ pub enum Counter {
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum CountHistogram {
     /// C13: the attempts a fix-up used.
-    PostCloneRetryAttempts { result: String },
+    PostCloneRetryAttempts { result: Outcome },
 }
 
 /// C15: one static NIC for the SAC dialog. `position` is the NIC's index in the VM record;

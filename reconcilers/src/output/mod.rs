@@ -4,5 +4,6 @@
 pub mod action;
 pub mod cocoon;
 pub mod fixup;
+pub mod labels;
 pub(crate) mod macos_cmd;
 pub mod render;

@@ -2,6 +2,7 @@
 //! after a restart (B4, B5, B9).
 
 use crate::action::{Action, Counter, EventType, Histogram};
+use crate::labels::{self, LifecycleReason, ResumeOp};
 use crate::phase::{IpWait, Phase, Purpose, Running};
 use crate::pod::PodKey;
 use crate::provider::{self, Op, Outcome};
@@ -37,7 +38,7 @@ pub(super) fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     if clone_path && from_dir {
         s.emit(Action::Count {
             counter: Counter::CloneFromDir {
-                result: "ok".into(),
+                result: labels::Outcome::Ok,
             },
         });
     }
@@ -62,7 +63,7 @@ pub(super) fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
     enter_running(s, key, tracked);
     probe::start(s, key);
     let op = if woken { Op::Wake } else { Op::Create };
-    provider::outcome(s, key, op, Outcome::Ok, "");
+    provider::outcome(s, key, op, Outcome::Ok, LifecycleReason::None);
     let wait = match (woken, clone_path) {
         (true, _) => IpWait::Wake,
         (false, true) => IpWait::Clone,
@@ -86,7 +87,7 @@ pub(crate) fn enter_running(s: &mut State, key: &PodKey, vm: Tracked) {
 }
 
 /// C4: a VM of this name is already here: take it over instead of creating another.
-pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: &str) {
+pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: LifecycleReason) {
     let now = s.now;
     let tracked = Tracked {
         record: vm,
@@ -124,7 +125,7 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
     }
     probe::start(s, key);
     lifecycle::set(s, key, Lifecycle::Ready, None);
-    provider::outcome(s, key, Op::Create, Outcome::Ok, "unmanaged");
+    provider::outcome(s, key, Op::Create, Outcome::Ok, LifecycleReason::Unmanaged);
 }
 
 /// B4/B5: re-attach a pod to its VM after a restart, keeping what the server already shows
@@ -200,22 +201,24 @@ pub(super) fn resume_guest_step(s: &mut State, key: &PodKey, uid: &str) {
         state.is_none() && wait == IpWait::Clone && spec.drops_nic() && s.config.registry.is_some();
     let (op, message) = match (state, needed) {
         _ if classify => (
-            "classify_drop_nic",
+            ResumeOp::ClassifyDropNic,
             "reconcile: finding out whether the VM was restored from its hibernate snapshot",
         ),
         (Some("done"), _) => (
-            "ready_wait",
+            ResumeOp::ReadyWait,
             "reconcile: the guest fix-up was done; resuming the steps after it",
         ),
-        (Some("running"), Some(_)) | (None, Some(_)) => {
-            ("post_clone", "reconcile: running the guest fix-up again")
-        }
-        (Some(_), _) | (None, None) => {
-            ("ready_wait", "reconcile: resuming the wait for the VM's IP")
-        }
+        (Some("running"), Some(_)) | (None, Some(_)) => (
+            ResumeOp::PostClone,
+            "reconcile: running the guest fix-up again",
+        ),
+        (Some(_), _) | (None, None) => (
+            ResumeOp::ReadyWait,
+            "reconcile: resuming the wait for the VM's IP",
+        ),
     };
     s.emit(Action::Count {
-        counter: Counter::StartupResume { op: op.into() },
+        counter: Counter::StartupResume { op },
     });
     s.emit(Action::RecordEvent {
         source: crate::action::EventSource::Vk,

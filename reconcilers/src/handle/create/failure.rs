@@ -3,6 +3,7 @@
 use super::wake::restore;
 use crate::action::{Action, EventType, Level, Timer};
 use crate::backoff::Backoff;
+use crate::labels::LifecycleReason;
 use crate::phase::{CreateStep, Creating, Failed, Phase, Purpose, Retry};
 use crate::pod::PodKey;
 use crate::provider::{self, Op, Outcome};
@@ -110,8 +111,8 @@ pub(super) fn fail_as(
     warn_event(s, key, reason, &format!("{verb}: {msg}"));
     lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
     let counted = match retry {
-        Retry::Timer => "bring_up",
-        Retry::OnChange => "invalid_spec",
+        Retry::Timer => LifecycleReason::BringUp,
+        Retry::OnChange => LifecycleReason::InvalidSpec,
     };
     provider::outcome(s, key, op, Outcome::Failed(&msg), counted);
     let retry = match retry {

@@ -166,7 +166,7 @@ fn boot_done(
         (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm }))
             if vm.is_running() && vm.name == spec.vm_name =>
         {
-            adopt(s, key, vm, "adopted")
+            adopt(s, key, vm, crate::labels::LifecycleReason::Adopted)
         }
         (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm })) => fail(
             s,
@@ -282,7 +282,7 @@ pub(super) fn count_clone_from_dir_failure(
     if matches!(step, CreateStep::Clone) && spec.clone_from_dir.is_some() {
         s.emit(Action::Count {
             counter: Counter::CloneFromDir {
-                result: "failed".into(),
+                result: crate::labels::Outcome::Failed,
             },
         });
     }
@@ -320,7 +320,7 @@ pub(super) fn first_source_step(s: &mut State, key: &PodKey, spec: &VmSpec) {
         if let Some(msg) = crate::trust::from_dir_refused(s, dir) {
             s.emit(Action::Count {
                 counter: Counter::CloneFromDir {
-                    result: "failed".into(),
+                    result: crate::labels::Outcome::Failed,
                 },
             });
             return fail_permanently(s, key, msg);
@@ -430,7 +430,7 @@ pub(super) fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
     if s.config.registry.is_none() {
         s.emit(Action::Count {
             counter: Counter::SnapshotPull {
-                result: "failed".into(),
+                result: crate::labels::Outcome::Failed,
             },
         });
         let msg = format!(
@@ -609,7 +609,7 @@ fn pulled(
             );
             s.emit(Action::Count {
                 counter: Counter::SnapshotPull {
-                    result: "failed".into(),
+                    result: crate::labels::Outcome::Failed,
                 },
             });
             fail(
@@ -621,7 +621,7 @@ fn pulled(
         Err(err) => {
             s.emit(Action::Count {
                 counter: Counter::SnapshotPull {
-                    result: "failed".into(),
+                    result: crate::labels::Outcome::Failed,
                 },
             });
             let msg = match err.kind {
@@ -658,7 +658,7 @@ pub(super) fn snapshot_found(
     if spec.fork_from.is_none() {
         s.emit(Action::Count {
             counter: Counter::SnapshotPull {
-                result: "ok".into(),
+                result: crate::labels::Outcome::Ok,
             },
         });
     }

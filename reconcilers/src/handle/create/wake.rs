@@ -7,6 +7,7 @@ use super::{clone_cmd, fork_kept, remove_fork, set_step, step};
 use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
+use crate::labels::{EvidenceVerdict, Outcome, VerifyResult};
 use crate::names;
 use crate::phase::{CreateStep, Creating, Phase, Purpose, Retry, Scratch};
 use crate::pod::PodKey;
@@ -24,9 +25,9 @@ pub(super) fn evidence(
     spec: &VmSpec,
     result: Result<RegistryOk, RegistryError>,
 ) {
-    let verdict = |s: &mut State, v: &str| {
+    let verdict = |s: &mut State, verdict: EvidenceVerdict| {
         s.emit(Action::Count {
-            counter: Counter::HibernateEvidence { verdict: v.into() },
+            counter: Counter::HibernateEvidence { verdict },
         })
     };
     let name = spec.vm_name.clone();
@@ -37,7 +38,7 @@ pub(super) fn evidence(
         },
         Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
             if spec.clone_from_dir.is_some() || spec.fork_from.is_some() {
-                verdict(s, "source_conflict");
+                verdict(s, EvidenceVerdict::SourceConflict);
                 let msg = format!("{name}:hibernate exists, but the pod also asks for clone-from-dir or fork-from; delete the tag or the annotation");
                 return fail_as(
                     s,
@@ -49,7 +50,7 @@ pub(super) fn evidence(
             }
             if let Some(base) = r.base_image.as_deref().filter(|b| *b != spec.image) {
                 let msg = format!("{name}:hibernate was taken from image {base:?}, the pod asks for {:?}; delete the tag to boot fresh", spec.image);
-                verdict(s, "image_conflict");
+                verdict(s, EvidenceVerdict::ImageConflict);
                 return fail_as(
                     s,
                     key,
@@ -58,7 +59,7 @@ pub(super) fn evidence(
                     Retry::OnChange,
                 );
             }
-            verdict(s, "restored");
+            verdict(s, EvidenceVerdict::Restored);
             if let Some(e) = s.pod(key) {
                 let uid = e.pod.uid.clone();
                 s.emit(Action::RecordEvent {
@@ -79,7 +80,7 @@ pub(super) fn evidence(
                 s,
                 &format!("pod {key}: evidence check of {name} answered {other:?}"),
             );
-            verdict(s, "unavailable");
+            verdict(s, EvidenceVerdict::Unavailable);
             fail_as(
                 s,
                 key,
@@ -90,7 +91,7 @@ pub(super) fn evidence(
         }
         // Fail closed: a registry that cannot answer never gets a fresh boot.
         Err(err) => {
-            verdict(s, "unavailable");
+            verdict(s, EvidenceVerdict::Unavailable);
             let msg = format!(
                 "cannot tell whether {name}:hibernate exists, so the VM is not booted fresh: {}",
                 err.message
@@ -173,7 +174,7 @@ pub(super) fn wake_source(
         }
         // No registry: the local copy is all there is, and counts as verified.
         (CreateStep::InspectLocal { name }, Ok(CocoonOk::Snapshot { snapshot })) => {
-            verified(s, "ok");
+            verified(s, VerifyResult::Ok);
             clone_local(s, key, spec, name, !snapshot.image.is_empty());
         }
         // A restore checks the tag's identity before pulling it (C11); a wake pulls at once.
@@ -291,25 +292,25 @@ pub(super) fn wake_registry(
                 Some(r) if local_id.is_empty() => from_peer_or_registry(s, key, name, r),
                 None if local_id.is_empty() => pull_hibernate(s, key, name),
                 Some(r) if r.snapshot_id == local_id => {
-                    verified(s, "ok");
+                    verified(s, VerifyResult::Ok);
                     clone_local(s, key, spec, name, !local_image.is_empty())
                 }
                 // Stale: the tag holds another save; the local copies go.
                 Some(r) => {
-                    verified(s, "stale");
+                    verified(s, VerifyResult::Stale);
                     crate::snapshot::remove(s, key, Removal::Copies(name.clone()));
                     from_peer_or_registry(s, key, name, r)
                 }
                 // Stale: the tag is gone, so no peer can be checked against it either.
                 None => {
-                    verified(s, "stale");
+                    verified(s, VerifyResult::Stale);
                     crate::snapshot::remove(s, key, Removal::Copies(name.clone()));
                     pull_hibernate(s, key, name)
                 }
             }
         }
         (CreateStep::PeerRestore { staging, .. }, Ok(RegistryOk::Staged { dir })) => {
-            peer_restored(s, "ok", since);
+            peer_restored(s, Outcome::Ok, since);
             if let Some(Phase::Creating(c)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
                 c.scratch = Some(Scratch::Staging(staging));
             }
@@ -318,7 +319,7 @@ pub(super) fn wake_registry(
         }
         // Any failure of the peer falls through to the registry.
         (CreateStep::PeerRestore { name, node, .. }, Err(err)) => {
-            peer_restored(s, "failed", since);
+            peer_restored(s, Outcome::Failed, since);
             s.emit(Action::Log {
                 level: Level::Warn,
                 message: format!(
@@ -330,7 +331,7 @@ pub(super) fn wake_registry(
         }
         (CreateStep::VerifyRemote { name, .. }, Err(err)) => {
             // An unverified local copy is never used.
-            verified(s, "error");
+            verified(s, VerifyResult::Error);
             wake_failed(
                 s,
                 key,
@@ -401,11 +402,9 @@ pub(super) fn from_peer_or_registry(
     );
 }
 
-pub(super) fn peer_restored(s: &mut State, result: &str, since: Millis) {
+pub(super) fn peer_restored(s: &mut State, result: Outcome, since: Millis) {
     s.emit(Action::Count {
-        counter: Counter::SnapshotPeerRestore {
-            result: result.into(),
-        },
+        counter: Counter::SnapshotPeerRestore { result },
     });
     s.emit(Action::Observe {
         histogram: Histogram::SnapshotPeerRestoreDuration,
@@ -413,11 +412,9 @@ pub(super) fn peer_restored(s: &mut State, result: &str, since: Millis) {
     });
 }
 
-pub(super) fn verified(s: &mut State, result: &str) {
+pub(super) fn verified(s: &mut State, result: VerifyResult) {
     s.emit(Action::Count {
-        counter: Counter::SnapshotVerify {
-            result: result.into(),
-        },
+        counter: Counter::SnapshotVerify { result },
     });
 }
 
@@ -464,7 +461,7 @@ pub(super) fn pull_hibernate(s: &mut State, key: &PodKey, name: String) {
 pub(super) fn image_conflict(s: &mut State, key: &PodKey, name: &str, base: &str, image: &str) {
     s.emit(Action::Count {
         counter: Counter::HibernateEvidence {
-            verdict: "image_conflict".into(),
+            verdict: EvidenceVerdict::ImageConflict,
         },
     });
     let msg = format!("restore {name}: {name}:hibernate was taken from image {base:?}, the pod asks for {image:?}; delete the tag to boot fresh");
@@ -474,7 +471,7 @@ pub(super) fn image_conflict(s: &mut State, key: &PodKey, name: &str, base: &str
 pub(super) fn wake_failed(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     s.emit(Action::Count {
         counter: Counter::Wake {
-            result: "failed".into(),
+            result: Outcome::Failed,
         },
     });
     fail_as(s, key, Some(reason), msg, Retry::Timer)
