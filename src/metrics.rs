@@ -418,6 +418,72 @@ mod tests {
         }
     }
 
+    /// Every labelled counter of the core's has its series at 0 before anything is counted,
+    /// one per value of its labels' enums; of those only the lifecycle counter waits for its
+    /// first count (`labels::zeroed_counters`).
+    #[test]
+    fn every_labelled_core_family_but_the_lifecycle_exists_at_zero() {
+        let m = Metrics::new();
+        let scraped: BTreeSet<String> = m
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect();
+        let absent: Vec<String> = m
+            .families()
+            .into_iter()
+            .filter(|f| !scraped.contains(f))
+            .collect();
+        assert_eq!(
+            absent,
+            [
+                // The shell's own, and the core's timings: not outcomes a dashboard rates.
+                "cocoon_vk_action_queue_wait_seconds",
+                "cocoon_vk_api_writes_total",
+                "cocoon_vk_lease_renew_age_seconds",
+                "cocoon_vk_pod_lifecycle_total",
+                "cocoon_vk_pod_startup_seconds",
+                "cocoon_vk_vm_boot_duration_seconds",
+            ],
+            "families without a series at start"
+        );
+        let text = m.render();
+        for series in [
+            r#"cocoon_vk_stale_create_reconcile_total{outcome="not-creating"} 0"#,
+            r#"cocoon_vk_wake_ip_wait_total{result="timeout"} 0"#,
+            r#"cocoon_vk_snapshot_verify_total{result="stale"} 0"#,
+            r#"cocoon_vk_lease_release_total{result="error"} 0"#,
+            r#"cocoon_vk_hibernate_evidence_total{verdict="source_conflict"} 0"#,
+            r#"cocoon_vk_startup_resume_total{op="classify_drop_nic"} 0"#,
+            r#"cocoon_vk_postclone_retry_attempts_count{result="failed"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_count_lands_on_the_series_its_labels_name() {
+        use reconcilers::labels::{LifecycleOp, LifecycleReason, LifecycleResult};
+        let m = Metrics::new();
+        m.count(&Counter::PodLifecycle {
+            op: LifecycleOp::Delete,
+            result: LifecycleResult::Skipped,
+            reason: LifecycleReason::SeatRelease,
+        });
+        m.count(&Counter::Hibernate {
+            phase: HibernatePhase::Netresize,
+            result: Outcome::Failed,
+        });
+        let text = m.render();
+        for series in [
+            r#"cocoon_vk_pod_lifecycle_total{op="delete",reason="seat_release",result="skipped"} 1"#,
+            r#"cocoon_vk_hibernate_total{phase="netresize",result="failed"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
+    }
+
     #[test]
     fn families_list_what_a_scrape_shows_and_what_has_no_series_yet() {
         let m = Metrics::new();
