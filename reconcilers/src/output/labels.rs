@@ -232,7 +232,12 @@ mod tests {
     #[test]
     fn journaled_counters_round_trip_byte_for_byte() {
         let lines = [
+            // The counters `packaging/sample/demo.journal` holds.
             r#"{"name":"pod_lifecycle","op":"create","result":"ok","reason":""}"#,
+            r#"{"name":"pod_lifecycle","op":"delete","result":"ok","reason":""}"#,
+            r#"{"name":"snapshot_pull","result":"ok"}"#,
+            r#"{"name":"wake_ip_wait","result":"ok"}"#,
+            // And one of every other kind of label.
             r#"{"name":"pod_lifecycle","op":"delete","result":"skipped","reason":"seat_release"}"#,
             r#"{"name":"pod_lifecycle","op":"create","result":"failed","reason":"missing_vmname"}"#,
             r#"{"name":"stale_create_reconcile","outcome":"not-creating"}"#,
