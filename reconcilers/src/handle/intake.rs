@@ -184,15 +184,12 @@ pub fn intake(s: &mut State, key: &PodKey) {
         let Some(e) = s.pods.get_mut(key) else { return };
         e.phase = Phase::Hibernated;
         s.touched.insert(key);
-        if e.intent.state == Some(crate::state::Lifecycle::Hibernating) {
-            lifecycle::set(s, key, crate::state::Lifecycle::Hibernated, None);
-        }
         return;
     }
     if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
         // A new attempt (L3, ANN-4.2.5): `creating` first, so a failed earlier attempt does not
         // hold the adopted VM's `ready` back.
-        lifecycle::set(s, key, crate::state::Lifecycle::Creating, None);
+        lifecycle::attempt(s, key);
         create::adopt(s, key, record, "adopted");
         return;
     }
