@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::entry::{Lifecycle, PodEntry};
 use crate::keys;
-use crate::model::macos::{MacosStep, Then};
-use crate::phase::{CreateStep, IpWait, Phase, Running, Settle};
+use crate::phase::{IpWait, Phase, Running, Settle};
 use crate::pod::PodView;
 
 /// What the lifecycle annotation needs that the phase cannot tell.
@@ -83,29 +82,24 @@ impl PodEntry {
             let message = self.pod.annotation(keys::LIFECYCLE_MESSAGE);
             Some((state, generation, message))
         };
+        // A restart's resume (B4, B9) is no attempt of this process's: while the keys are the
+        // previous process's, a phase that only resumes what it began keeps them.
+        let begun = |state| match self.sticky.inherited {
+            true => kept(),
+            false => at(state),
+        };
         let running = |r: &Running| match &r.settle {
             None => at(Lifecycle::Ready),
-            // An adopted VM's lease wait is no bring-up of this process's: the pod keeps what
-            // it shows (`creating` when the adoption was taken in as a new attempt).
             Some(Settle::Lease {
                 wait: IpWait::Adopt,
-            }) => kept(),
+            }) => begun(Lifecycle::Creating),
             Some(Settle::Classify { .. } | Settle::Fixup(_) | Settle::Sac { .. })
             | Some(Settle::Lease {
                 wait: IpWait::Clone | IpWait::Run | IpWait::Wake,
             }) => at(Lifecycle::Creating),
         };
         let phased = match &self.phase {
-            Phase::Creating(c) => match &c.step {
-                // B4 for a macOS guest: the restart's inspect resumes, it does not bring up.
-                CreateStep::Macos {
-                    macos:
-                        MacosStep::Inspect {
-                            then: Then::Resume, ..
-                        },
-                } => kept(),
-                _ => at(Lifecycle::Creating),
-            },
+            Phase::Creating(_) => begun(Lifecycle::Creating),
             Phase::Running(r) => running(r),
             Phase::Evicting(v) => running(&v.running),
             Phase::Hibernating(_) => at(Lifecycle::Hibernating),
@@ -114,8 +108,7 @@ impl PodEntry {
                 Some((Lifecycle::Hibernating | Lifecycle::Hibernated, _, _)) => {
                     at(Lifecycle::Hibernated)
                 }
-                shown if self.sticky.inherited => shown,
-                Some(_) | None => at(Lifecycle::Hibernated),
+                Some(_) | None => begun(Lifecycle::Hibernated),
             },
             // A rejected pod gets no lifecycle write (C1); a failed bring-up's is its failure.
             Phase::Failed(_)
@@ -163,5 +156,128 @@ impl<'de> Deserialize<'de> for Sticky {
             failure,
             inherited: w.inherited.unwrap_or(w.state.is_none()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{Tracked, VmOwner};
+    use crate::vm::VmRecord;
+
+    fn pod(annotations: &[(&str, &str)]) -> PodView {
+        PodView {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: "u1".into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..PodView::default()
+        }
+    }
+
+    fn running(settle: Option<Settle>) -> Phase {
+        Phase::Running(Running {
+            vm: Tracked {
+                record: VmRecord::default(),
+                ip: None,
+                owner: VmOwner::Vk,
+            },
+            task: None,
+            settle,
+        })
+    }
+
+    const ADOPT_LEASE: Option<Settle> = Some(Settle::Lease {
+        wait: IpWait::Adopt,
+    });
+
+    #[test]
+    fn a_resumed_pod_keeps_what_the_previous_process_said() {
+        let mut e = PodEntry::new(pod(&[
+            (keys::LIFECYCLE_STATE, "hibernated"),
+            (keys::LIFECYCLE_GENERATION, "3"),
+        ]));
+        e.phase = running(ADOPT_LEASE);
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 3, None)));
+        // An adoption this process began as a new attempt is `creating` until the lease.
+        e.sticky.inherited = false;
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Creating, 3, None)));
+        e.phase = running(None);
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Ready, 3, None)));
+    }
+
+    #[test]
+    fn a_pod_no_process_gave_a_lifecycle_gets_none_until_one_begins() {
+        let mut e = PodEntry::new(pod(&[]));
+        e.phase = running(ADOPT_LEASE);
+        assert_eq!(e.lifecycle(), None);
+        e.phase = Phase::Hibernated;
+        assert_eq!(e.lifecycle(), None);
+        e.sticky.inherited = false;
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 0, None)));
+    }
+
+    #[test]
+    fn a_failure_outlives_a_settled_vm_until_a_higher_generation() {
+        let mut e = PodEntry::new(pod(&[(keys::GENERATION, "2")]));
+        e.sticky = Sticky {
+            failure: Some(Failure {
+                message: "hibernate: push failed".into(),
+                generation: 2,
+            }),
+            inherited: false,
+        };
+        e.phase = running(None);
+        let failed = Some((Lifecycle::Failed, 2, Some("hibernate: push failed")));
+        assert_eq!(e.lifecycle(), failed);
+        e.phase = Phase::Hibernated;
+        assert_eq!(e.lifecycle(), failed);
+        e.pod
+            .annotations
+            .insert(keys::GENERATION.into(), "3".into());
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 3, None)));
+    }
+
+    #[test]
+    fn a_seeded_failure_is_sticky() {
+        let e = PodEntry::new(pod(&[
+            (keys::LIFECYCLE_STATE, "failed"),
+            (keys::LIFECYCLE_GENERATION, "1"),
+            (keys::LIFECYCLE_MESSAGE, "boom"),
+        ]));
+        assert_eq!(
+            e.sticky.failure,
+            Some(Failure {
+                message: "boom".into(),
+                generation: 1
+            })
+        );
+    }
+
+    #[test]
+    fn a_journal_intent_decodes_into_sticky() {
+        let old: Sticky =
+            serde_json::from_str(r#"{"state":"failed","generation":4,"message":"boom"}"#)
+                .expect("decodes");
+        assert_eq!(
+            old,
+            Sticky {
+                failure: Some(Failure {
+                    message: "boom".into(),
+                    generation: 4
+                }),
+                inherited: false,
+            }
+        );
+        let none: Sticky = serde_json::from_str(r#"{"state":null,"generation":0,"message":null}"#)
+            .expect("decodes");
+        assert!(none.inherited && none.failure.is_none());
+        let ready: Sticky = serde_json::from_str(r#"{"state":"ready","generation":1}"#).unwrap();
+        assert_eq!(ready, Sticky::default());
+        let new = serde_json::to_string(&old).expect("encodes");
+        assert_eq!(serde_json::from_str::<Sticky>(&new).expect("decodes"), old);
     }
 }
