@@ -607,7 +607,7 @@ pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
             "wake: the VM is back from its hibernate snapshot",
         );
     }
-    s.touched.insert(key);
+    lifecycle::stamp(s, key);
 }
 
 /// C16: no lease within 45 s.

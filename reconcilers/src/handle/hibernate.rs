@@ -452,7 +452,7 @@ fn hibernated(s: &mut State, key: &PodKey) {
     e.phase = Phase::Hibernated;
     let uid = e.pod.uid.clone();
     tracking::forget(s, key, &vm);
-    s.touched.insert(key);
+    lifecycle::stamp(s, key);
     s.emit(Action::RecordEvent {
         source: crate::action::EventSource::Vk,
         key: key.clone(),

@@ -184,6 +184,13 @@ pub fn intake(s: &mut State, key: &PodKey) {
         let Some(e) = s.pods.get_mut(key) else { return };
         e.phase = Phase::Hibernated;
         s.touched.insert(key);
+        // A hibernate that had begun is done: `hibernated` at the pod's generation.
+        if matches!(
+            e.lifecycle(),
+            Some((crate::state::Lifecycle::Hibernated, _, _))
+        ) {
+            lifecycle::stamp(s, key);
+        }
         return;
     }
     if let Some(record) = s.unclaimed.remove(&spec.vm_name) {

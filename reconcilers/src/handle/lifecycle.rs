@@ -3,7 +3,7 @@
 //! published (`PodEntry::lifecycle`, written as one unit by `annotations::sync`).
 
 use crate::keys::MESSAGE_LIMIT;
-use crate::model::lifecycle::{stamp_on, Failure};
+use crate::model::lifecycle::Failure;
 use crate::pod::PodKey;
 use crate::state::State;
 
@@ -13,6 +13,14 @@ pub fn attempt(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     e.sticky.failure = None;
     e.sticky.inherited = false;
+    stamp(s, key);
+}
+
+/// A transition the phase shows (a bring-up settled, a hibernate done): the triple is
+/// re-stamped with the pod's generation.
+pub fn stamp(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.sticky.generation = e.lifecycle_generation();
     s.touched.insert(key);
 }
 
@@ -30,6 +38,7 @@ pub fn failed(s: &mut State, key: &PodKey, message: String) {
         generation,
     });
     e.sticky.inherited = false;
+    e.sticky.generation = generation;
     s.touched.insert(key);
 }
 
@@ -38,11 +47,11 @@ pub fn failed(s: &mut State, key: &PodKey, message: String) {
 pub fn follow_generation(s: &mut State, key: &PodKey) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let g = e.pod.generation();
-    let shown = e.lifecycle().is_some();
-    if let Some(f) = &mut e.sticky.failure {
-        f.generation = f.generation.max(g);
-    }
-    if shown && g > stamp_on(&e.pod) {
+    if e.lifecycle().is_some() && g > e.sticky.generation {
+        e.sticky.generation = g;
+        if let Some(f) = &mut e.sticky.failure {
+            f.generation = f.generation.max(g);
+        }
         s.touched.insert(key);
     }
 }

@@ -21,6 +21,10 @@ pub struct Sticky {
     /// moved them, so a phase that cannot tell (a restart's resume, a hibernated pod taken in)
     /// neither rewinds nor rewrites them.
     pub inherited: bool,
+    /// The generation stamp the triple carries (ANN-4.2.2): seeded from the keys, raised to
+    /// the pod's by each transition and by a generation-only update (ANN-4.2.6), so a restart
+    /// does not re-stamp what the previous process wrote (L1).
+    pub generation: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +55,7 @@ impl Sticky {
                 generation: stamp_on(pod),
             }),
             inherited: true,
+            generation: stamp_on(pod),
         }
     }
 }
@@ -63,15 +68,15 @@ pub fn stamp_on(pod: &PodView) -> i64 {
 }
 
 impl PodEntry {
-    /// The generation a lifecycle write carries (ANN-4.2.2, 4.2.4: never lower than the one
-    /// the pod shows).
+    /// The generation a transition of this process's stamps (ANN-4.2.2, 4.2.4: never lower
+    /// than the stamp so far).
     pub fn lifecycle_generation(&self) -> i64 {
-        self.pod.generation().max(stamp_on(&self.pod))
+        self.pod.generation().max(self.sticky.generation)
     }
 
     /// The lifecycle triple the pod should show; `None`: none (a pod no process gave one).
     pub fn lifecycle(&self) -> Option<Shown<'_>> {
-        let generation = self.lifecycle_generation();
+        let generation = self.sticky.generation;
         let at = |state| Some((state, generation, None));
         // What the pod shows, re-stamped: a generation-only update republishes it (L3).
         let kept = || {
@@ -155,6 +160,7 @@ impl<'de> Deserialize<'de> for Sticky {
         Ok(Sticky {
             failure,
             inherited: w.inherited.unwrap_or(w.state.is_none()),
+            generation: w.generation,
         })
     }
 }
@@ -229,6 +235,7 @@ mod tests {
                 generation: 2,
             }),
             inherited: false,
+            generation: 2,
         };
         e.phase = running(None);
         let failed = Some((Lifecycle::Failed, 2, Some("hibernate: push failed")));
@@ -238,7 +245,8 @@ mod tests {
         e.pod
             .annotations
             .insert(keys::GENERATION.into(), "3".into());
-        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 3, None)));
+        // Replaced, at the stamp the next transition raises (`lifecycle::stamp`).
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 2, None)));
     }
 
     #[test]
@@ -270,13 +278,21 @@ mod tests {
                     generation: 4
                 }),
                 inherited: false,
+                generation: 4,
             }
         );
         let none: Sticky = serde_json::from_str(r#"{"state":null,"generation":0,"message":null}"#)
             .expect("decodes");
         assert!(none.inherited && none.failure.is_none());
         let ready: Sticky = serde_json::from_str(r#"{"state":"ready","generation":1}"#).unwrap();
-        assert_eq!(ready, Sticky::default());
+        assert_eq!(
+            ready,
+            Sticky {
+                failure: None,
+                inherited: false,
+                generation: 1
+            }
+        );
         let new = serde_json::to_string(&old).expect("encodes");
         assert_eq!(serde_json::from_str::<Sticky>(&new).expect("decodes"), old);
     }

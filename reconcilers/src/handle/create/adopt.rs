@@ -123,7 +123,7 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
         e.started_at = e.started_at.or(Some(now));
     }
     probe::start(s, key);
-    s.touched.insert(key);
+    crate::lifecycle::stamp(s, key);
     provider::outcome(s, key, Op::Create, Outcome::Ok, "unmanaged");
 }
 
