@@ -32,7 +32,8 @@ pub struct Failure {
     /// Truncated to `MESSAGE_LIMIT` (ANN-4.2.9).
     pub message: String,
     /// The generation it was recorded at, following generation-only updates (ANN-4.2.6): a
-    /// settled VM at a higher one replaces it (ANN-4.2.5).
+    /// transition the phase shows (`ready`, `hibernated`) stamped higher replaces it
+    /// (ANN-4.2.5).
     pub generation: i64,
 }
 
@@ -124,7 +125,7 @@ impl PodEntry {
         };
         match (&self.sticky.failure, phased) {
             (Some(f), settled @ Some((Lifecycle::Ready | Lifecycle::Hibernated, _, _)))
-                if self.pod.generation() > f.generation =>
+                if self.sticky.generation > f.generation =>
             {
                 settled
             }
@@ -245,8 +246,13 @@ mod tests {
         e.pod
             .annotations
             .insert(keys::GENERATION.into(), "3".into());
-        // Replaced, at the stamp the next transition raises (`lifecycle::stamp`).
-        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 2, None)));
+        // A higher generation alone does not end it: the transition stamped with it does.
+        assert_eq!(
+            e.lifecycle(),
+            Some((Lifecycle::Failed, 2, Some("hibernate: push failed")))
+        );
+        e.sticky.generation = e.lifecycle_generation();
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 3, None)));
     }
 
     #[test]
