@@ -15,7 +15,7 @@ use crate::labels::{IpWaitResult, Outcome, PostCloneKind};
 use crate::phase::{Call, Fixup, FixupKind, IpWait, Phase, Running, Settle};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
+use crate::state::{CocoonOwner, RegistryOwner, State};
 use crate::time::Millis;
 use crate::vm::{CocoonError, VmRecord};
 use crate::{create, lifecycle};
@@ -324,7 +324,7 @@ fn exhausted(s: &mut State, key: &PodKey) {
         "PostCloneExecExhausted",
         &format!("{op}: {msg}"),
     );
-    lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+    lifecycle::failed(s, key, msg);
 }
 
 /// C15: the static addresses of a Windows guest, set over its serial console.
@@ -432,7 +432,7 @@ pub(crate) fn sac_done(s: &mut State, op: crate::action::OpId, result: Result<()
                     errors: lifecycle::truncate(err.message, keys::MESSAGE_LIMIT),
                 });
             }
-            lifecycle::set(s, &key, Lifecycle::Failed, Some(msg));
+            lifecycle::failed(s, &key, msg);
         }
     }
 }
@@ -603,7 +603,7 @@ pub(crate) fn ip_arrived(s: &mut State, key: &PodKey) {
             "wake: the VM is back from its hibernate snapshot",
         );
     }
-    lifecycle::set(s, key, Lifecycle::Ready, None);
+    lifecycle::stamp(s, key);
 }
 
 /// C16: no lease within 45 s.
@@ -645,5 +645,5 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
         });
     }
     create::warn_event(s, key, reason, &format!("{}: {msg}", op_word(wait)));
-    lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+    lifecycle::failed(s, key, msg);
 }

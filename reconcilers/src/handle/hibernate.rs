@@ -14,7 +14,7 @@ use crate::phase::{
 use crate::pod::PodKey;
 use crate::snapshot::Saving;
 use crate::spec::Os;
-use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
+use crate::state::{CocoonOwner, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
 use crate::{create, delete, lifecycle, outcome, probe, snapshot, tracking};
 
@@ -36,9 +36,9 @@ pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
     }
     if spec.os == Os::Macos {
         let msg = "hibernate: macOS guests cannot hibernate".to_string();
-        if e.intent.state != Some(Lifecycle::Failed) {
+        if e.sticky.failure.is_none() {
             create::warn_event(s, key, "HibernateUnsupported", &msg);
-            lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+            lifecycle::failed(s, key, msg);
         }
         return false;
     }
@@ -47,9 +47,9 @@ pub(crate) fn wanted(s: &mut State, key: &PodKey) -> bool {
         let msg = "hibernate: OCI_REGISTRY is not set, so the VM's state has nowhere to go; \
                    the VM keeps running"
             .to_string();
-        if e.intent.state != Some(Lifecycle::Failed) {
+        if e.sticky.failure.is_none() {
             create::warn_event(s, key, "HibernatePushFailed", &msg);
-            lifecycle::set(s, key, Lifecycle::Failed, Some(msg));
+            lifecycle::failed(s, key, msg);
         }
         return false;
     }
@@ -72,7 +72,7 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     };
     let id = running.vm.record.id.clone();
     let drops_nic = e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
-    lifecycle::set(s, key, Lifecycle::Hibernating, None);
+    lifecycle::attempt(s, key);
     let owner = CocoonOwner::Pod { key: key.clone() };
     let (step, op) = match (running.vm.record.is_running(), drops_nic) {
         (false, _) => {
@@ -446,7 +446,7 @@ fn hibernated(s: &mut State, key: &PodKey) {
     e.phase = Phase::Hibernated;
     let uid = e.pod.uid.clone();
     tracking::forget(s, key, &vm);
-    lifecycle::set(s, key, Lifecycle::Hibernated, None);
+    lifecycle::stamp(s, key);
     s.emit(Action::RecordEvent {
         source: crate::action::EventSource::Vk,
         key: key.clone(),
@@ -553,7 +553,7 @@ fn rolled_back(s: &mut State, key: &PodKey, reason: &str, msg: String) {
     // The VM may have come back with another NIC (U4): index what it has now.
     tracking::indexed(s, key);
     create::warn_event(s, key, reason, &msg);
-    lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
+    lifecycle::failed(s, key, msg.clone());
     crate::provider::outcome(
         s,
         key,

@@ -189,15 +189,19 @@ pub fn intake(s: &mut State, key: &PodKey) {
         let Some(e) = s.pods.get_mut(key) else { return };
         e.phase = Phase::Hibernated;
         s.touched.insert(key);
-        if e.intent.state == Some(crate::state::Lifecycle::Hibernating) {
-            lifecycle::set(s, key, crate::state::Lifecycle::Hibernated, None);
+        // A hibernate that had begun is done: `hibernated` at the pod's generation.
+        if matches!(
+            e.lifecycle(),
+            Some((crate::state::Lifecycle::Hibernated, _, _))
+        ) {
+            lifecycle::stamp(s, key);
         }
         return;
     }
     if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
         // A new attempt (L3, ANN-4.2.5): `creating` first, so a failed earlier attempt does not
         // hold the adopted VM's `ready` back.
-        lifecycle::set(s, key, crate::state::Lifecycle::Creating, None);
+        lifecycle::attempt(s, key);
         create::adopt(s, key, record, crate::labels::LifecycleReason::Adopted);
         return;
     }

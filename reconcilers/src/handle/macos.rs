@@ -16,7 +16,7 @@ use crate::phase::{VmStep, VmTask};
 use crate::pod::PodKey;
 use crate::provider::{self, Op, Outcome};
 use crate::spec::{Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, MacosSweep, PodEntry, State, Tracked, VmOwner};
+use crate::state::{CocoonOwner, MacosSweep, PodEntry, State, Tracked, VmOwner};
 use crate::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use crate::{create, delete, evict, lifecycle, outcome, probe, tracking};
 
@@ -44,7 +44,7 @@ pub(crate) fn begin(s: &mut State, key: &PodKey) {
         return create::fail_permanently(s, key, msg);
     }
     let (attempts, last_failure) = e.phase.prior_failure();
-    lifecycle::set(s, key, Lifecycle::Creating, None);
+    lifecycle::attempt(s, key);
     let vnc = match allocate(s, key) {
         Ok(vnc) => vnc,
         Err(msg) => return create::fail(s, key, msg),

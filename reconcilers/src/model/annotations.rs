@@ -62,11 +62,11 @@ impl<'a> Wanted<'a> {
             | Phase::Terminal(_)
             | Phase::Gone(_) => false,
         };
-        let lifecycle = e.intent.state.map(|state| {
+        let lifecycle = e.lifecycle().map(|(state, stamp, message)| {
             (
                 state.as_str(),
-                generation.format(e.intent.generation),
-                e.intent.message.as_deref().filter(|m| !m.is_empty()),
+                generation.format(stamp),
+                message.filter(|m| !m.is_empty()),
             )
         });
         // C13: `failed` is sticky while the VM lives; a withdrawal ends that VM, and the next

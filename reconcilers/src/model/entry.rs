@@ -1,8 +1,9 @@
 //! What the core knows of one pod: the pod as the API shows it, its decoded spec, its phase,
-//! its lifecycle intent, its probe agent and its writer.
+//! what its lifecycle annotation needs beyond the phase, its probe agent and its writer.
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::lifecycle::Sticky;
 use crate::moments::Moments;
 use crate::phase::{Phase, Settle};
 use crate::pod::PodView;
@@ -16,7 +17,10 @@ pub struct PodEntry {
     pub pod: PodView,
     pub spec: Result<VmSpec, SpecError>,
     pub phase: Phase,
-    pub intent: Intent,
+    /// What the lifecycle annotation needs that the phase cannot tell; the journal's
+    /// `intent` of format 5 and before is read into it.
+    #[serde(alias = "intent", default)]
+    pub sticky: Sticky,
     pub probe: ProbeState,
     pub started_at: Option<Millis>,
     pub ready_changed_at: Option<Millis>,
@@ -139,13 +143,6 @@ impl Lifecycle {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Intent {
-    pub state: Option<Lifecycle>,
-    pub generation: i64,
-    pub message: Option<String>,
-}
-
 /// The pod's probe agent: which result is awaited and the debounced readiness (R3, R4).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbeState {
@@ -175,12 +172,12 @@ pub enum Agent {
 impl PodEntry {
     pub fn new(pod: PodView) -> Self {
         let spec = crate::spec::decode(&pod);
-        let intent = Intent::seeded(&pod);
+        let sticky = Sticky::seeded(&pod);
         Self {
             pod,
             spec,
             phase: Phase::Waiting,
-            intent,
+            sticky,
             probe: ProbeState::default(),
             started_at: None,
             ready_changed_at: None,
@@ -228,23 +225,5 @@ impl PodEntry {
                 errors,
             },
         })
-    }
-}
-
-impl Intent {
-    /// Seeded from the annotations already on the pod (L1), so a restart neither rewinds nor
-    /// rewrites what the previous process said.
-    pub fn seeded(pod: &PodView) -> Self {
-        use crate::keys;
-        Self {
-            state: pod
-                .annotation(keys::LIFECYCLE_STATE)
-                .and_then(Lifecycle::parse),
-            generation: pod
-                .annotation(keys::LIFECYCLE_GENERATION)
-                .and_then(|g| g.parse().ok())
-                .unwrap_or(0),
-            message: pod.annotation(keys::LIFECYCLE_MESSAGE).map(str::to_string),
-        }
     }
 }

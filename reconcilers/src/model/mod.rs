@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod config;
 pub mod entry;
 pub mod keys;
+pub mod lifecycle;
 pub mod macos;
 pub mod moments;
 pub mod names;

@@ -14,7 +14,7 @@ use crate::small_str::SmallStr;
 use crate::time::Millis;
 use crate::vm::VmRecord;
 
-pub use crate::entry::{Agent, Intent, Lifecycle, PodEntry, ProbeState, Tracked, VmOwner};
+pub use crate::entry::{Agent, Lifecycle, PodEntry, ProbeState, Tracked, VmOwner};
 pub use crate::ops::{CocoonOwner, KubeOwner, RegistryOwner};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

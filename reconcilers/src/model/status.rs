@@ -217,7 +217,8 @@ impl<'a> Desired<'a> {
                 container: None,
             };
         };
-        let ready = e.probe.ready && e.intent.state == Some(Lifecycle::Ready);
+        let ready =
+            e.probe.ready && e.lifecycle().map(|(state, _, _)| state) == Some(Lifecycle::Ready);
         // D4: a delete held by a failed snapshot says why on the pod.
         let message = match &e.phase {
             Phase::Deleting(d) => d.blocked.as_deref(),

@@ -879,10 +879,9 @@ impl Runner {
             .map(|(k, e)| {
                 let vm = e.vm().map_or("-".into(), |v| v.record.id.clone());
                 let busy = busy(&e.phase);
-                let life = e.intent.state.map_or("-", |s| s.as_str());
+                let (life, stamp) = e.lifecycle().map_or(("-", 0), |(s, g, _)| (s.as_str(), g));
                 format!(
-                    "{k} vm={vm} busy={busy} lifecycle={life}@{} probe={}",
-                    e.intent.generation,
+                    "{k} vm={vm} busy={busy} lifecycle={life}@{stamp} probe={}",
                     if e.probe.ready { "ready" } else { "not-ready" }
                 )
             })

@@ -9,7 +9,7 @@ use crate::provider::{self, Op, Outcome};
 use crate::spec::{Mode, VmSpec};
 use crate::state::{Lifecycle, State, Tracked, VmOwner};
 use crate::vm::VmRecord;
-use crate::{delete, keys, lifecycle, probe, tracking};
+use crate::{delete, keys, probe, tracking};
 
 /// C12: the VM is up. Track it, probe it, and wait for the IP that `ready` needs — or, when
 /// a delete came meanwhile, hand it to the delete, which removes it.
@@ -124,7 +124,7 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
         e.started_at = e.started_at.or(Some(now));
     }
     probe::start(s, key);
-    lifecycle::set(s, key, Lifecycle::Ready, None);
+    crate::lifecycle::stamp(s, key);
     provider::outcome(s, key, Op::Create, Outcome::Ok, LifecycleReason::Unmanaged);
 }
 
@@ -154,10 +154,17 @@ pub fn resume(s: &mut State, key: &PodKey, vm: VmRecord) {
         e.probe.ready = ready;
         e.ready_changed_at = since;
     }
-    let intent = e.intent.state;
+    // What the previous process said (L1): a failure stays, a bring-up resumes its guest step.
+    let shown = match &e.sticky.failure {
+        Some(_) => Some(Lifecycle::Failed),
+        None => e
+            .pod
+            .annotation(keys::LIFECYCLE_STATE)
+            .and_then(Lifecycle::parse),
+    };
     let uid = e.pod.uid.clone();
     probe::start(s, key);
-    match intent {
+    match shown {
         Some(Lifecycle::Failed) => {}
         Some(Lifecycle::Creating) => resume_guest_step(s, key, &uid),
         // Seeded `ready` stays as the server has it: no rewrite, no flap.

@@ -7,7 +7,7 @@ use crate::labels::LifecycleReason;
 use crate::phase::{CreateStep, Creating, Failed, Phase, Purpose, Retry};
 use crate::pod::PodKey;
 use crate::provider::{self, Op, Outcome};
-use crate::state::{Lifecycle, State};
+use crate::state::State;
 use crate::{delete, lifecycle};
 
 /// P3: a failed bring-up is retried 5 ms doubling to 1000 s, 20 attempts in all.
@@ -109,7 +109,7 @@ pub(super) fn fail_as(
         Op::Wake | Op::Update | Op::Delete => "wake",
     };
     warn_event(s, key, reason, &format!("{verb}: {msg}"));
-    lifecycle::set(s, key, Lifecycle::Failed, Some(msg.clone()));
+    lifecycle::failed(s, key, msg.clone());
     let counted = match retry {
         Retry::Timer => LifecycleReason::BringUp,
         Retry::OnChange => LifecycleReason::InvalidSpec,

@@ -23,7 +23,7 @@ use crate::names;
 use crate::phase::{CreateStep, Creating, Phase, Purpose};
 use crate::pod::PodKey;
 use crate::spec::{Backend, Os, VmSpec};
-use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
+use crate::state::{CocoonOwner, RegistryOwner, State};
 use crate::vm::CocoonError;
 use claims::settle_snapshot_claim;
 use steps::{advance, registry_advance};
@@ -45,7 +45,7 @@ pub fn begin(s: &mut State, key: &PodKey) {
         return fail(s, key, msg);
     }
     let (attempts, last_failure) = e.phase.prior_failure();
-    lifecycle::set(s, key, Lifecycle::Creating, None);
+    lifecycle::attempt(s, key);
     let owner = || RegistryOwner::Pod { key: key.clone() };
     // C11 (evidence): with a registry, a fresh boot first asks whether the VM has a hibernate
     // snapshot, so a wake lost to a restart restores instead of booting over it.

@@ -13,7 +13,7 @@ use crate::phase::{CreateStep, Creating, Phase, Purpose, Retry, Scratch};
 use crate::pod::PodKey;
 use crate::snapshot::Removal;
 use crate::spec::VmSpec;
-use crate::state::{CocoonOwner, Lifecycle, RegistryOwner, State};
+use crate::state::{CocoonOwner, RegistryOwner, State};
 use crate::time::Millis;
 use crate::vm::{CocoonError, CocoonErrorKind};
 use crate::{lifecycle, outcome};
@@ -120,7 +120,7 @@ pub(crate) fn restore(s: &mut State, key: &PodKey, purpose: Purpose) {
         return;
     };
     let (attempts, last_failure) = e.phase.prior_failure();
-    lifecycle::set(s, key, Lifecycle::Creating, None);
+    lifecycle::attempt(s, key);
     let cmd = CocoonCmd::SnapshotInspect { name: name.clone() };
     let op = s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
