@@ -167,7 +167,14 @@ pub fn plumb(ns: &str, veth: &str, mac: &str, addr: Option<(&String, i64)>) -> R
     }
     inside.push("link set eth0 up".into());
     inside.push("link set lo up".into());
-    ip_batch(Some(ns), &inside)
+    ip_batch(Some(ns), &inside)?;
+    if let Some((ip_addr, _)) = addr {
+        // The host may still hold this address's neighbour entry from the guest that had it
+        // before (another VM, maybe of another root): until that entry is probed again
+        // (seconds), the host would send this guest's traffic to a MAC no port has.
+        let _ = ip_ok(&["neigh", "flush", "to", ip_addr, "dev", BRIDGE]);
+    }
+    Ok(())
 }
 
 pub fn teardown(ns: &str, veth: &str) {
