@@ -265,16 +265,23 @@ fn replay_identical(w: &World) -> Result<(), String> {
     Ok(())
 }
 
-proptest! {
-    // Seeds of failures found once live in reconcilers/proptest-regressions/ and are
-    // replayed first on every run (cargo runs tests from the crate directory).
-    #![proptest_config(ProptestConfig {
-        cases: 96,
+/// `cases` runs, with the seeds of failures found once kept in
+/// reconcilers/proptest-regressions/ and replayed first on every run (cargo runs tests from
+/// the crate directory).
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
         failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/properties.txt"),
+            proptest::test_runner::FileFailurePersistence::Direct(
+                "proptest-regressions/properties.txt",
+            ),
         )),
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+proptest! {
+    #![proptest_config(config(96))]
 
     #[test]
     fn random_runs_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op(), 1..40)) {
@@ -285,13 +292,7 @@ proptest! {
 proptest! {
     // Fewer cases than the first property, so the whole file runs about as long as that
     // property did alone.
-    #![proptest_config(ProptestConfig {
-        cases: 48,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/properties.txt"),
-        )),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(48))]
 
     #[test]
     fn reordered_outcomes_keep_the_invariants(inv in inventory(), ops in prop::collection::vec(op_reordered(), 1..40)) {
