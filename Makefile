@@ -123,6 +123,7 @@ lint:
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets --all-features -- -D warnings
 	bash docs/check-rule-ids.sh
 	python3 docs/check-module-cycles.py
+	python3 docs/check-sizes.py
 
 -include e2e/testbed.mk
 
