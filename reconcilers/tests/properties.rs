@@ -380,19 +380,21 @@ fn rm(op: u64, key: Option<PodKey>, id: &str) -> Action {
     }
 }
 
+/// The model named a violation containing `what`.
+fn assert_refused(model: &Reference, what: &str) {
+    let all = model.violations.join("\n");
+    assert!(
+        all.contains(what),
+        "no violation naming {what:?} in:\n{all}"
+    );
+}
+
 #[test]
 fn the_model_refuses_removing_a_vm_its_pod_is_entitled_to() {
     let (mut w, mut model, id) = running_p0();
     emit(&mut w, vec![rm(9_000, Some(key(0)), &id)]);
     model.catch_up(&w);
-    assert!(
-        model
-            .violations
-            .iter()
-            .any(|v| v.contains("still entitled")),
-        "{:?}",
-        model.violations
-    );
+    assert_refused(&model, "still entitled");
 }
 
 #[test]
@@ -400,14 +402,7 @@ fn the_model_refuses_removing_an_orphan_it_keeps() {
     let (mut w, mut model, _) = running_p0();
     emit(&mut w, vec![rm(9_000, None, "ORPH0")]);
     model.catch_up(&w);
-    assert!(
-        model
-            .violations
-            .iter()
-            .any(|v| v.contains("orphan under Alert")),
-        "{:?}",
-        model.violations
-    );
+    assert_refused(&model, "orphan under Alert");
 }
 
 #[test]
@@ -440,9 +435,8 @@ fn the_model_refuses_a_vm_for_a_deleting_pod_and_two_operations_at_once() {
     }
     emit(&mut w, vec![run, create]);
     model.catch_up(&w);
-    let all = model.violations.join("\n");
-    assert!(all.contains("which is deleting"), "{all}");
-    assert!(all.contains("VM operations in flight"), "{all}");
+    assert_refused(&model, "which is deleting");
+    assert_refused(&model, "VM operations in flight");
 }
 
 #[test]

@@ -564,9 +564,18 @@ fn finish_counted(
 
 /// After the final status is on the server, remove the object (grace 0, UID-bound).
 pub(crate) fn finalize(p: &mut Publish, key: &PodKey) {
-    // Publishing runs for every touched pod; only a Terminal one has an object to remove.
-    let Phase::Terminal(t) = &p.entry.phase else {
-        return;
+    let t = match &p.entry.phase {
+        Phase::Terminal(t) => t,
+        // Publishing runs for every touched pod; only a Terminal one has an object to remove.
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Running(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Gone(_) => return,
     };
     if t.object != ObjectDelete::Asked || !p.entry.writer.can_write() {
         return;

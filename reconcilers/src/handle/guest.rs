@@ -612,10 +612,19 @@ pub(crate) fn ip_wait_expired(s: &mut State, key: &PodKey, uid: &str) {
         return;
     };
     let name = e.vm_name().unwrap_or_default().to_string();
-    // The pod left Running (deleted, evicted, hibernating) while the timer ran: the wait
-    // ended with it.
-    let Phase::Running(r) = &mut e.phase else {
-        return;
+    let r = match &mut e.phase {
+        Phase::Running(r) => r,
+        // The pod left Running (deleted, evicted, hibernating) while the timer ran: the wait
+        // ended with it.
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => return,
     };
     if r.vm.ip.is_some() {
         return;

@@ -353,9 +353,18 @@ pub(crate) fn recheck(s: &mut State, key: &PodKey, uid: &str) {
     let Some(e) = s.pods.incarnation(key, uid) else {
         return;
     };
-    // The pod left Running (deleted, evicted) while the timer ran: its task ended with it.
-    let Phase::Running(r) = &mut e.phase else {
-        return;
+    let r = match &mut e.phase {
+        Phase::Running(r) => r,
+        // The pod left Running (deleted, evicted) while the timer ran: its task ended with it.
+        Phase::Waiting
+        | Phase::Failed(_)
+        | Phase::Creating(_)
+        | Phase::Hibernating(_)
+        | Phase::Hibernated
+        | Phase::Evicting(_)
+        | Phase::Deleting(_)
+        | Phase::Terminal(_)
+        | Phase::Gone(_) => return,
     };
     let Some(VmTask {
         step: step @ VmStep::Recover { .. },
