@@ -17,7 +17,7 @@ use prometheus::{
 use reconcilers::action::{CountHistogram, Counter, Histogram as CoreHistogram};
 
 use families::{CoreCounters, CoreHistograms, Reg, ShellFamilies};
-pub use labels::{ActionSlot, ApiWrite, DropReason, HibernatePhase, Outcome, PostCloneKind};
+pub use labels::{ActionSlot, ApiWrite, Cap, DropReason, HibernatePhase, Outcome, PostCloneKind};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -34,6 +34,8 @@ pub struct Metrics {
     pub api_writes: IntCounterVec,
     /// F4: Kubernetes Events not delivered, by `reason` ([`DropReason`]).
     pub events_dropped: IntCounterVec,
+    /// What each cap on a tenant's or caller's spending refused or cut, by `cap` ([`Cap`]).
+    pub cap_refusals: IntCounterVec,
     /// M4: registered only while a journal is configured (`enable_journal`), so a node that
     /// runs without one on purpose shows no journal series and raises no journal alert.
     pub journal: JournalMetrics,
@@ -140,6 +142,7 @@ impl Metrics {
             probe_degraded: shell.probe_degraded,
             api_writes: shell.api_writes,
             events_dropped: shell.events_dropped,
+            cap_refusals: shell.cap_refusals,
             journal: JournalMetrics::new(),
             reduce_duration: shell.reduce_duration,
             action_wait: shell.action_wait,
@@ -162,6 +165,9 @@ impl Metrics {
         }
         for reason in DropReason::ALL {
             self.events_dropped.with_label_values(&[reason.as_str()]);
+        }
+        for cap in Cap::ALL {
+            self.cap_refusals.with_label_values(&[cap.as_str()]);
         }
         self
     }
@@ -187,6 +193,11 @@ impl Metrics {
     /// One write to the Kubernetes API.
     pub fn api_write(&self, kind: ApiWrite) {
         self.api_writes.with_label_values(&[kind.as_str()]).inc();
+    }
+
+    /// A cap refused or cut something (a connection, a stream, a review, bytes).
+    pub fn cap_refused(&self, cap: Cap) {
+        self.cap_refusals.with_label_values(&[cap.as_str()]).inc();
     }
 
     /// M6: started when an action is handed over, recorded when its call starts.

@@ -241,6 +241,7 @@ pub(super) struct ShellFamilies {
     pub probe_degraded: Gauge,
     pub api_writes: IntCounterVec,
     pub events_dropped: IntCounterVec,
+    pub cap_refusals: IntCounterVec,
     pub reduce_duration: Histogram,
     pub action_wait: HistogramVec,
     pub lease_interval: Histogram,
@@ -268,6 +269,11 @@ impl ShellFamilies {
                 "cocoon_vk_events_dropped_total",
                 "Kubernetes Events not delivered: their lane was full, the API did not answer in time, or it refused them",
                 &["reason"],
+            ),
+            cap_refusals: r.counter_vec(
+                "cocoon_vk_cap_refusals_total",
+                "Requests, connections or bytes a cap refused or cut, by cap",
+                &["cap"],
             ),
             reduce_duration: r.seconds(
                 "cocoon_vk_reduce_duration_seconds",

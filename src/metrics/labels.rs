@@ -41,6 +41,19 @@ label! {
 }
 
 label! {
+    /// `cap` of `cocoon_vk_cap_refusals_total`: the limit on what a tenant or a caller can make
+    /// the root daemon spend that refused or cut something.
+    Cap {
+        TlsHandshake => "tls_handshake",
+        PortForwardStreams => "port_forward_streams",
+        TokenReviews => "token_reviews",
+        GuestOutput => "guest_output",
+        RegistryChunk => "registry_chunk",
+        PeerRequests => "peer_requests",
+    }
+}
+
+label! {
     /// `kind` of `cocoon_vk_api_writes_total`: what a write to the Kubernetes API was for.
     ApiWrite {
         Pod => "pod",
