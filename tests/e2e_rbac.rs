@@ -24,6 +24,20 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// The testbed's kubeconfig with its client certificate swapped for a bearer token.
 fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> Result<()> {
+    swap_auth(admin, out, |auth| {
+        auth.token = Some(token.to_string().into())
+    })
+}
+
+/// The same with the token read from a file, as a systemd host's kubeconfig names it (the
+/// client reads the file again every minute, so a rotated token needs no restart).
+fn token_file_kubeconfig(admin: &Path, token_file: &Path, out: &Path) -> Result<()> {
+    swap_auth(admin, out, |auth| {
+        auth.token_file = Some(token_file.display().to_string())
+    })
+}
+
+fn swap_auth(admin: &Path, out: &Path, set: impl Fn(&mut kube::config::AuthInfo)) -> Result<()> {
     let mut kc = Kubeconfig::read_from(admin)?;
     for user in &mut kc.auth_infos {
         let auth = user.auth_info.as_mut().context("user without auth")?;
@@ -31,7 +45,7 @@ fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> Result<()> {
         auth.client_certificate_data = None;
         auth.client_key = None;
         auth.client_key_data = None;
-        auth.token = Some(token.to_string().into());
+        set(auth);
     }
     // JSON is YAML: kubeconfig readers take it as it is.
     std::fs::write(out, serde_json::to_vec_pretty(&kc)?)?;
@@ -98,8 +112,11 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
         &["--bound-object-kind", "Node", "--bound-object-name", NODE],
     )
     .await?;
+    // Without its trailing newline, which no bearer header may carry.
+    let token_file = tb.run_dir().join("vk-cocoon.token");
+    std::fs::write(&token_file, &token)?;
     let kubeconfig = tb.run_dir().join("vk-cocoon-sa.kubeconfig");
-    token_kubeconfig(tb.kubeconfig()?, token.trim(), &kubeconfig)?;
+    token_file_kubeconfig(tb.kubeconfig()?, &token_file, &kubeconfig)?;
 
     let journal = tb.run_dir().join("journal-rbac").join("events.journal");
     let opts = DaemonOptions {

@@ -131,3 +131,64 @@ fn systemd_unit_runs_the_daemon_and_keeps_vms_on_stop() {
     // Only the daemon gets the signal; VMs (and their cocoon children) are not its cgroup's to kill.
     assert!(unit.contains("KillMode=process"));
 }
+
+/// The quoted annotation keys in the `keys` variable of packaging/annotation-policy.yaml.
+fn protected_keys() -> BTreeSet<String> {
+    let text = std::fs::read_to_string("packaging/annotation-policy.yaml").unwrap();
+    let start = text
+        .find("- name: keys")
+        .expect("the policy's keys variable");
+    let end = start + text[start..].find(']').expect("the end of the key list");
+    text[start..end]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// T9: the stateful-annotation policy guards every key of the VMSpec the daemon reads, plus
+/// the create-time inputs, spelled as the daemon spells them; none of the keys the daemon
+/// writes itself is among them, or its own status patches would be refused.
+#[test]
+fn annotation_policy_guards_the_vm_spec_and_leaves_vks_own_keys() {
+    use reconcilers::keys as k;
+    let guarded: BTreeSet<String> = [
+        k::VM_NAME,
+        k::MODE,
+        k::IMAGE,
+        k::OS,
+        k::STORAGE,
+        k::MANAGED,
+        k::SNAPSHOT_POLICY,
+        k::NETWORK,
+        k::FORCE_PULL,
+        k::BACKEND,
+        k::NO_DIRECT_IO,
+        k::PROBE_PORT,
+        k::FORK_FROM,
+        k::CLONE_FROM_DIR,
+        k::RESTORE_FROM_HIBERNATE,
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    assert_eq!(protected_keys(), guarded);
+    let written_by_vk = [
+        k::VM_ID,
+        k::VM_IP,
+        k::VNC_PORT,
+        k::POST_CLONE_STATE,
+        k::POST_CLONE_HINT,
+        k::POST_CLONE_ERRORS,
+        k::LIFECYCLE_STATE,
+        k::LIFECYCLE_GENERATION,
+        k::LIFECYCLE_MESSAGE,
+    ];
+    for key in written_by_vk {
+        assert!(
+            !protected_keys().contains(key),
+            "{key} is vk-cocoon's to write"
+        );
+    }
+}
