@@ -278,6 +278,28 @@ async fn nodes_and_leases(who: &Who) -> Result<()> {
         "A strips its node's virtual-kubelet label",
         mine,
     )?;
+    // Isolation labels are the administrator's: set by the admin, kept by the host's writes.
+    let isolation = "node-restriction.kubernetes.io/tenant";
+    let claim = merge(json!({"metadata": {"labels": {isolation: "team-a"}}}));
+    let restricted = "may not set, change or remove node-restriction.kubernetes.io/ labels";
+    refused(
+        a_nodes.patch("host-a-cocoon", &ppatch, &claim).await,
+        "A labels itself into a tenant's placement",
+        restricted,
+    )?;
+    Api::<Node>::all(who.admin.clone())
+        .patch("host-a-cocoon", &ppatch, &claim)
+        .await?;
+    a_nodes.patch("host-a-cocoon", &ppatch, &label).await?;
+    a_nodes
+        .patch_status("host-a-cocoon", &ppatch, &status)
+        .await?;
+    let drop = merge(json!({"metadata": {"labels": {isolation: null}}}));
+    refused(
+        a_nodes.patch("host-a-cocoon", &ppatch, &drop).await,
+        "A drops an isolation label",
+        restricted,
+    )?;
     let nobody: Api<Node> = Api::all(who.nobody.clone());
     refused(
         nobody.patch("host-a-cocoon", &ppatch, &label).await,
@@ -497,6 +519,28 @@ async fn tenants_and_the_operator(who: &Who) -> Result<()> {
         "the operator's change did not land"
     );
     op.create(&pp, &pod("op-new", None, vm_spec("vk-team-a-op-new"))?)
+        .await?;
+    // A binding's annotations are copied onto the pod: a scheduler's (none) passes, one
+    // carrying a stateful key does not, whoever sends it.
+    let admin: Api<Pod> = Api::namespaced(who.admin.clone(), TEAM);
+    admin.create(&pp, &pod("unbound", None, json!({}))?).await?;
+    let binding = |annotations: Value| {
+        json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": "unbound", "namespace": TEAM, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "host-a-cocoon"}
+        })
+    };
+    let named = binding(json!({"vm.cocoonstack.io/name": "vk-team-a-pb"}));
+    refused(
+        admin
+            .create_subresource::<_, Value>("binding", "unbound", &pp, &named)
+            .await,
+        "a binding names a VM",
+        &format!("vm.cocoonstack.io/name {STATEFUL}"),
+    )?;
+    admin
+        .create_subresource::<_, Value>("binding", "unbound", &pp, &binding(json!({})))
         .await?;
     Ok(())
 }
