@@ -2,7 +2,8 @@
 //! from (T9), against the real apiserver with the packaged policies applied
 //! (`packaging/daemonset.yaml`, `packaging/annotation-policy.yaml`). Host A's ServiceAccount
 //! token, bound to its Node as a systemd host's is, writes its own virtual node, Lease and pods
-//! and nothing of host B's, nor a leader-election Lease; a token naming no node writes nothing.
+//! and nothing of host B's, nor a leader-election Lease; the token of the DaemonSet's pod on A
+//! leaves A's kubelet its Lease and pods; a token naming no node writes nothing.
 //! A tenant with pod rights in its namespace can neither create a pod carrying a stateful
 //! annotation nor add or change one, while the operator's ServiceAccount can; the daemon's
 //! runtime annotations still go through.
@@ -44,11 +45,16 @@ async fn token_client(tb: &Testbed, name: &str, token: &str) -> Result<Client> {
     e2e::kube::client(&out).await
 }
 
-/// A token of `account` in `ns`, bound to the Node `node` when one is named.
-async fn token(tb: &Testbed, ns: &str, account: &str, node: Option<&str>) -> Result<String> {
+/// A token of `account` in `ns`, bound to the object `(kind, name)` when one is named.
+async fn token(
+    tb: &Testbed,
+    ns: &str,
+    account: &str,
+    bound: Option<(&str, &str)>,
+) -> Result<String> {
     let mut args = vec!["create", "token", account, "-n", ns, "--duration=1h"];
-    if let Some(node) = node {
-        args.extend(["--bound-object-kind", "Node", "--bound-object-name", node]);
+    if let Some((kind, name)) = bound {
+        args.extend(["--bound-object-kind", kind, "--bound-object-name", name]);
     }
     tb.kubectl(&args).await
 }
@@ -188,13 +194,13 @@ async fn each_host_acts_as_itself_and_only_the_operator_writes_stateful_annotati
         host_a: token_client(
             &tb,
             "host-a",
-            &token(&tb, "cocoon-system", "vk-cocoon", Some("host-a")).await?,
+            &token(&tb, "cocoon-system", "vk-cocoon", Some(("Node", "host-a"))).await?,
         )
         .await?,
         host_b: token_client(
             &tb,
             "host-b",
-            &token(&tb, "cocoon-system", "vk-cocoon", Some("host-b")).await?,
+            &token(&tb, "cocoon-system", "vk-cocoon", Some(("Node", "host-b"))).await?,
         )
         .await?,
         nobody: token_client(
@@ -229,6 +235,7 @@ async fn each_host_acts_as_itself_and_only_the_operator_writes_stateful_annotati
     .await?;
 
     nodes_and_leases(&who).await?;
+    a_daemonset_pod_is_not_its_kubelet(&tb, &who).await?;
     pods_of_each_host(&who).await?;
     tenants_and_the_operator(&who).await?;
     Ok(())
@@ -355,6 +362,49 @@ async fn nodes_and_leases(who: &Who) -> Result<()> {
         nobody_events.create(&pp, &event("from-nobody")?).await,
         "an event with no node",
         NO_NODE,
+    )?;
+    Ok(())
+}
+
+/// N20 with the token the kubelet mounts in the DaemonSet's pod on host-a: the host's own
+/// name, its kubelet's, is not the daemon's, only `host-a-cocoon` is.
+async fn a_daemonset_pod_is_not_its_kubelet(tb: &Testbed, who: &Who) -> Result<()> {
+    let pp = PostParams::default();
+    let ds_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "vk-cocoon-host-a", "namespace": "cocoon-system"},
+        "spec": {"serviceAccountName": "vk-cocoon", "nodeName": "host-a",
+                 "containers": [{"name": "vk-cocoon", "image": "ghcr.io/cocoonstack/vk-cocoon:latest"}]}
+    }))?;
+    Api::<Pod>::namespaced(who.admin.clone(), "cocoon-system")
+        .create(&pp, &ds_pod)
+        .await?;
+    let bound = Some(("Pod", "vk-cocoon-host-a"));
+    let ds = token_client(
+        tb,
+        "ds-host-a",
+        &token(tb, "cocoon-system", "vk-cocoon", bound).await?,
+    )
+    .await?;
+    let kubelet_lease = Api::<Lease>::namespaced(who.admin.clone(), "kube-node-lease")
+        .create(&pp, &lease("kube-node-lease", "host-a")?)
+        .await?;
+    let leases: Api<Lease> = Api::namespaced(ds.clone(), "kube-node-lease");
+    refused(
+        leases.replace("host-a", &pp, &kubelet_lease).await,
+        "the DaemonSet pod renews its kubelet's Lease",
+        "may write only the Lease kube-node-lease/host-a-cocoon, not kube-node-lease/host-a",
+    )?;
+    let own = leases.get("host-a-cocoon").await?;
+    leases.replace("host-a-cocoon", &pp, &own).await?;
+    Api::<Pod>::namespaced(who.admin.clone(), TEAM)
+        .create(&pp, &pod("kubelets", Some("host-a"), json!({}))?)
+        .await?;
+    refused(
+        Api::<Pod>::namespaced(ds, TEAM)
+            .delete("kubelets", &DeleteParams::default())
+            .await,
+        "the DaemonSet pod deletes its kubelet's pod",
+        "may write only pods bound to host-a-cocoon, not pod team-a/kubelets",
     )?;
     Ok(())
 }
