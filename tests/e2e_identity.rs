@@ -106,11 +106,14 @@ fn pod(name: &str, node: Option<&str>, annotations: Value) -> Result<Pod> {
     }))?)
 }
 
-fn event(name: &str) -> Result<Event> {
+/// An Event as vk-cocoon reports it, from the node `node`.
+fn event(name: &str, node: &str) -> Result<Event> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": TEAM},
         "involvedObject": {"kind": "Pod", "namespace": TEAM, "name": "pa"},
-        "reason": "Probe", "message": "a host's event", "type": "Normal"
+        "reason": "Probe", "message": "a host's event", "type": "Normal",
+        "source": {"component": "vk-cocoon", "host": node},
+        "reportingComponent": "vk-cocoon", "reportingInstance": node
     }))?)
 }
 
@@ -356,10 +359,19 @@ async fn nodes_and_leases(who: &Who) -> Result<()> {
     }
 
     let a_events: Api<Event> = Api::namespaced(who.host_a.clone(), TEAM);
-    a_events.create(&pp, &event("from-a")?).await?;
+    a_events
+        .create(&pp, &event("from-a", "host-a-cocoon")?)
+        .await?;
+    refused(
+        a_events.create(&pp, &event("as-b", "host-b-cocoon")?).await,
+        "A reports as B",
+        "may report Events only as host-a-cocoon or host-a, not as host-b-cocoon",
+    )?;
     let nobody_events: Api<Event> = Api::namespaced(who.nobody.clone(), TEAM);
     refused(
-        nobody_events.create(&pp, &event("from-nobody")?).await,
+        nobody_events
+            .create(&pp, &event("from-nobody", "x-cocoon")?)
+            .await,
         "an event with no node",
         NO_NODE,
     )?;

@@ -175,6 +175,18 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
     })
     .await
     .with_context(|| d.proc.log_tail(40))?;
+    // The daemon's Events pass the node-scope policy as reported by this node.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), NS);
+    daemon::until("an Event the daemon reported", LIMIT, || async {
+        let list = events.list(&Default::default()).await?;
+        Ok(list
+            .items
+            .iter()
+            .any(|e| e.reporting_instance.as_deref() == Some(NODE))
+            .then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
 
     let log = std::fs::read_to_string(d.proc.log_path())?;
     ensure!(
