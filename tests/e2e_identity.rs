@@ -26,7 +26,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// What the node-scope policy says to a token that names no node.
 const NO_NODE: &str = "this token names no node";
 /// What the annotation policy says, naming the key it refused.
-const STATEFUL: &str = "decides what the VM is made from";
+const STATEFUL: &str = "decides which VM the pod runs and what it is made from";
 
 /// The testbed's kubeconfig with its client certificate swapped for a bearer token.
 async fn token_client(tb: &Testbed, name: &str, token: &str) -> Result<Client> {
@@ -458,7 +458,33 @@ async fn pods_of_each_host(who: &Who) -> Result<()> {
     refused(
         a_pods.patch_status("pa", &ppatch, &spec_change).await,
         "A rewrites its pod's image",
-        "cocoonset.cocoonstack.io/image decides what the VM is made from",
+        &format!("cocoonset.cocoonstack.io/image {STATEFUL}"),
+    )?;
+    // An unmanaged pod's id and ip name the VM it brings: vk may write them again as they
+    // are, a tenant or vk may not change them.
+    let static_vm = json!({
+        "vm.cocoonstack.io/name": "vk-team-a-static", "cocoonset.cocoonstack.io/mode": "static",
+        "vm.cocoonstack.io/id": "static-1", "vm.cocoonstack.io/ip": "10.0.0.9"
+    });
+    op.create(&pp, &pod("static", Some("host-a-cocoon"), static_vm)?)
+        .await?;
+    let same = merge(json!({"metadata": {"annotations": {
+        "vm.cocoonstack.io/id": "static-1", "vm.cocoonstack.io/ip": "10.0.0.9",
+        "vm.cocoonstack.io/lifecycle-state": "ready"
+    }}}));
+    a_pods.patch_status("static", &ppatch, &same).await?;
+    let moved = merge(json!({"metadata": {"annotations": {"vm.cocoonstack.io/ip": "10.0.0.2"}}}));
+    refused(
+        a_pods.patch_status("static", &ppatch, &moved).await,
+        "A moves an unmanaged pod's ip",
+        &format!("vm.cocoonstack.io/ip {STATEFUL}"),
+    )?;
+    refused(
+        Api::<Pod>::namespaced(who.tenant.clone(), TEAM)
+            .patch("static", &ppatch, &moved)
+            .await,
+        "a tenant moves an unmanaged pod's ip",
+        &format!("vm.cocoonstack.io/ip {STATEFUL}"),
     )?;
     let theirs = "may write only pods bound to host-a-cocoon or host-a, not pod team-a/pb";
     refused(

@@ -132,13 +132,13 @@ fn systemd_unit_runs_the_daemon_and_keeps_vms_on_stop() {
     assert!(unit.contains("KillMode=process"));
 }
 
-/// The quoted annotation keys in the `keys` variable of packaging/annotation-policy.yaml.
-fn protected_keys() -> BTreeSet<String> {
+/// The quoted annotation keys in a list variable of packaging/annotation-policy.yaml.
+fn policy_list(variable: &str) -> BTreeSet<String> {
     let text = std::fs::read_to_string("packaging/annotation-policy.yaml").unwrap();
     let start = text
-        .find("- name: keys")
-        .expect("the policy's keys variable");
-    let end = start + text[start..].find(']').expect("the end of the key list");
+        .find(&format!("- name: {variable}\n"))
+        .expect("the policy's variable");
+    let end = start + text[start..].find(']').expect("the end of the list");
     text[start..end]
         .split('\'')
         .skip(1)
@@ -147,13 +147,18 @@ fn protected_keys() -> BTreeSet<String> {
         .collect()
 }
 
+fn key_set(keys: &[&str]) -> BTreeSet<String> {
+    keys.iter().map(|k| k.to_string()).collect()
+}
+
 /// T9: the stateful-annotation policy guards every key of the VMSpec the daemon reads, plus
-/// the create-time inputs, spelled as the daemon spells them; none of the keys the daemon
-/// writes itself is among them, or its own status patches would be refused.
+/// the create-time inputs, spelled as the daemon spells them. Of the keys the daemon writes
+/// itself, only those that name an unmanaged pod's VM are guarded, and only on such a pod;
+/// any other would refuse the daemon's own status patches.
 #[test]
 fn annotation_policy_guards_the_vm_spec_and_leaves_vks_own_keys() {
     use reconcilers::keys as k;
-    let guarded: BTreeSet<String> = [
+    let guarded = key_set(&[
         k::VM_NAME,
         k::MODE,
         k::IMAGE,
@@ -169,11 +174,10 @@ fn annotation_policy_guards_the_vm_spec_and_leaves_vks_own_keys() {
         k::FORK_FROM,
         k::CLONE_FROM_DIR,
         k::RESTORE_FROM_HIBERNATE,
-    ]
-    .into_iter()
-    .map(str::to_string)
-    .collect();
-    assert_eq!(protected_keys(), guarded);
+    ]);
+    assert_eq!(policy_list("keys"), guarded);
+    let unmanaged = key_set(&[k::VM_ID, k::VM_IP, k::VNC_PORT]);
+    assert_eq!(policy_list("staticKeys"), unmanaged);
     let written_by_vk = [
         k::VM_ID,
         k::VM_IP,
@@ -186,9 +190,6 @@ fn annotation_policy_guards_the_vm_spec_and_leaves_vks_own_keys() {
         k::LIFECYCLE_MESSAGE,
     ];
     for key in written_by_vk {
-        assert!(
-            !protected_keys().contains(key),
-            "{key} is vk-cocoon's to write"
-        );
+        assert!(!guarded.contains(key), "{key} is vk-cocoon's to write");
     }
 }
