@@ -1,7 +1,9 @@
 //! The packaged RBAC is all the daemon needs: `packaging/daemonset.yaml` is applied to the
-//! testbed, and vk-cocoon runs with its ServiceAccount's token instead of the testbed's admin
-//! certificate. It registers the node, renews the Lease, takes a pod from create to Ready
-//! (status and annotations in one `pods/status` patch) and deletes it, with nothing forbidden.
+//! testbed, with its node-scope policy in force (N20), and vk-cocoon runs with a token of its
+//! ServiceAccount that names its node, instead of the testbed's admin certificate: bound to the
+//! host's Node as a systemd install mints it, or to the DaemonSet's pod as the kubelet mounts
+//! it. It registers the node, renews the Lease, takes a pod from create to Ready (status and
+//! annotations in one `pods/status` patch) and deletes it, with nothing forbidden.
 
 use e2e::daemon;
 
@@ -22,6 +24,20 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// The testbed's kubeconfig with its client certificate swapped for a bearer token.
 fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> Result<()> {
+    swap_auth(admin, out, |auth| {
+        auth.token = Some(token.to_string().into())
+    })
+}
+
+/// The same with the token read from a file, as a systemd host's kubeconfig names it (the
+/// client reads the file again every minute, so a rotated token needs no restart).
+fn token_file_kubeconfig(admin: &Path, token_file: &Path, out: &Path) -> Result<()> {
+    swap_auth(admin, out, |auth| {
+        auth.token_file = Some(token_file.display().to_string())
+    })
+}
+
+fn swap_auth(admin: &Path, out: &Path, set: impl Fn(&mut kube::config::AuthInfo)) -> Result<()> {
     let mut kc = Kubeconfig::read_from(admin)?;
     for user in &mut kc.auth_infos {
         let auth = user.auth_info.as_mut().context("user without auth")?;
@@ -29,33 +45,78 @@ fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> Result<()> {
         auth.client_certificate_data = None;
         auth.client_key = None;
         auth.client_key_data = None;
-        auth.token = Some(token.to_string().into());
+        set(auth);
     }
     // JSON is YAML: kubeconfig readers take it as it is.
     std::fs::write(out, serde_json::to_vec_pretty(&kc)?)?;
     Ok(())
 }
 
+/// `kubectl create token vk-cocoon` with these extra arguments.
+async fn daemon_token(tb: &Testbed, bound: &[&str]) -> Result<String> {
+    let mut args = vec![
+        "create",
+        "token",
+        "vk-cocoon",
+        "-n",
+        "cocoon-system",
+        "--duration=1h",
+    ];
+    args.extend(bound);
+    Ok(tb.kubectl(&args).await?.trim().to_string())
+}
+
+/// Applies the shipped manifest and returns once its node-scope policy refuses a token that
+/// names no node, so the daemon below runs under the policy, not before it is loaded.
+async fn apply_daemonset(tb: &Testbed) -> Result<()> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/daemonset.yaml");
+    tb.kubectl(&["apply", "-f", &manifest.display().to_string()])
+        .await?;
+    let kubeconfig = tb.run_dir().join("no-node.kubeconfig");
+    token_kubeconfig(tb.kubeconfig()?, &daemon_token(tb, &[]).await?, &kubeconfig)?;
+    let nodes: Api<Node> = Api::all(e2e::kube::client(&kubeconfig).await?);
+    let probe: Node = serde_json::from_value(json!({"metadata": {"name": "probe"}}))?;
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    daemon::until("the node-scope policy in force", LIMIT, || async {
+        Ok(match nodes.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("names no node") => {
+                Some(())
+            }
+            _ => None,
+        })
+    })
+    .await
+}
+
+/// Without a kubelet, the daemon runs under the host's own name, and its token is bound to the
+/// Node that `packaging/host-node.yaml` makes for it, as README.md tells a systemd install.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_packaged_rbac_is_enough() -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     let admin = tb.client()?;
     e2e::kube::ensure_namespace(&admin, "cocoon-system").await?;
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/daemonset.yaml");
-    tb.kubectl(&["apply", "-f", &manifest.display().to_string()])
+    apply_daemonset(&tb).await?;
+    let host_node = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/host-node.yaml"),
+    )?
+    .replace("name: cocoon-pool", &format!("name: {NODE}"));
+    let host_node_file = tb.run_dir().join("host-node.yaml");
+    std::fs::write(&host_node_file, host_node)?;
+    tb.kubectl(&["apply", "-f", &host_node_file.display().to_string()])
         .await?;
-    let token = tb
-        .kubectl(&[
-            "create",
-            "token",
-            "vk-cocoon",
-            "-n",
-            "cocoon-system",
-            "--duration=1h",
-        ])
-        .await?;
+    let token = daemon_token(
+        &tb,
+        &["--bound-object-kind", "Node", "--bound-object-name", NODE],
+    )
+    .await?;
+    // Without its trailing newline, which no bearer header may carry.
+    let token_file = tb.run_dir().join("vk-cocoon.token");
+    std::fs::write(&token_file, &token)?;
     let kubeconfig = tb.run_dir().join("vk-cocoon-sa.kubeconfig");
-    token_kubeconfig(tb.kubeconfig()?, token.trim(), &kubeconfig)?;
+    token_file_kubeconfig(tb.kubeconfig()?, &token_file, &kubeconfig)?;
 
     let journal = tb.run_dir().join("journal-rbac").join("events.journal");
     let opts = DaemonOptions {
@@ -111,6 +172,18 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
     pods.delete("rbac-a", &DeleteParams::default()).await?;
     daemon::until("pod rbac-a gone", LIMIT, || async {
         Ok(pods.get_opt("rbac-a").await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
+    // The daemon's Events pass the node-scope policy as reported by this node.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), NS);
+    daemon::until("an Event the daemon reported", LIMIT, || async {
+        let list = events.list(&Default::default()).await?;
+        Ok(list
+            .items
+            .iter()
+            .any(|e| e.reporting_instance.as_deref() == Some(NODE))
+            .then_some(()))
     })
     .await
     .with_context(|| d.proc.log_tail(40))?;
@@ -204,9 +277,7 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     let admin = tb.client()?;
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/daemonset.yaml");
-    tb.kubectl(&["apply", "-f", &manifest.display().to_string()])
-        .await?;
+    apply_daemonset(&tb).await?;
     // The host's own Node, as its kubelet keeps it.
     let nodes: Api<Node> = Api::all(admin.clone());
     // Ready with room for a pod, as its kubelet registers it, so the scheduler places the
@@ -243,6 +314,22 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         .get("vk-cocoon")
         .await?;
     let env = daemonset_env(&ds, "host-1")?;
+    // The DaemonSet's pod on host-1, as its controller would make it, and the token the
+    // kubelet would mount in it: bound to the pod, so it names host-1.
+    let template = ds.spec.template.clone();
+    let mut ds_pod = Pod {
+        metadata: template.metadata.unwrap_or_default(),
+        spec: template.spec,
+        ..Pod::default()
+    };
+    ds_pod.metadata.name = Some("vk-cocoon-host-1".into());
+    ds_pod.metadata.namespace = Some("cocoon-system".into());
+    if let Some(spec) = ds_pod.spec.as_mut() {
+        spec.node_name = Some("host-1".into());
+    }
+    Api::<Pod>::namespaced(admin.clone(), "cocoon-system")
+        .create(&Default::default(), &ds_pod)
+        .await?;
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let name = get("VK_NODE_NAME").context("VK_NODE_NAME")?;
     ensure!(
@@ -253,16 +340,16 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         get("VK_KUBELET_PORT").as_deref() != Some("10250"),
         "the DaemonSet serves on the host kubelet's port"
     );
-    let token = tb
-        .kubectl(&[
-            "create",
-            "token",
-            "vk-cocoon",
-            "-n",
-            "cocoon-system",
-            "--duration=1h",
-        ])
-        .await?;
+    let token = daemon_token(
+        &tb,
+        &[
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "vk-cocoon-host-1",
+        ],
+    )
+    .await?;
     let kubeconfig = tb.run_dir().join("vk-cocoon-ds.kubeconfig");
     token_kubeconfig(tb.kubeconfig()?, token.trim(), &kubeconfig)?;
     // Listen addresses stay the test's own (free ports on loopback), and the cluster CA is the

@@ -131,3 +131,65 @@ fn systemd_unit_runs_the_daemon_and_keeps_vms_on_stop() {
     // Only the daemon gets the signal; VMs (and their cocoon children) are not its cgroup's to kill.
     assert!(unit.contains("KillMode=process"));
 }
+
+/// The quoted annotation keys in a list variable of packaging/annotation-policy.yaml.
+fn policy_list(variable: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string("packaging/annotation-policy.yaml").unwrap();
+    let start = text
+        .find(&format!("- name: {variable}\n"))
+        .expect("the policy's variable");
+    let end = start + text[start..].find(']').expect("the end of the list");
+    text[start..end]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+fn key_set(keys: &[&str]) -> BTreeSet<String> {
+    keys.iter().map(|k| k.to_string()).collect()
+}
+
+/// T9: the stateful-annotation policy guards every key of the VMSpec the daemon reads, plus
+/// the create-time inputs, spelled as the daemon spells them. Of the keys the daemon writes
+/// itself, only those that name an unmanaged pod's VM are guarded, and only on such a pod;
+/// any other would refuse the daemon's own status patches.
+#[test]
+fn annotation_policy_guards_the_vm_spec_and_leaves_vks_own_keys() {
+    use reconcilers::keys as k;
+    let guarded = key_set(&[
+        k::VM_NAME,
+        k::MODE,
+        k::IMAGE,
+        k::OS,
+        k::STORAGE,
+        k::MANAGED,
+        k::SNAPSHOT_POLICY,
+        k::NETWORK,
+        k::FORCE_PULL,
+        k::BACKEND,
+        k::NO_DIRECT_IO,
+        k::PROBE_PORT,
+        k::FORK_FROM,
+        k::CLONE_FROM_DIR,
+        k::RESTORE_FROM_HIBERNATE,
+    ]);
+    assert_eq!(policy_list("keys"), guarded);
+    let unmanaged = key_set(&[k::VM_ID, k::VM_IP, k::VNC_PORT]);
+    assert_eq!(policy_list("staticKeys"), unmanaged);
+    let written_by_vk = [
+        k::VM_ID,
+        k::VM_IP,
+        k::VNC_PORT,
+        k::POST_CLONE_STATE,
+        k::POST_CLONE_HINT,
+        k::POST_CLONE_ERRORS,
+        k::LIFECYCLE_STATE,
+        k::LIFECYCLE_GENERATION,
+        k::LIFECYCLE_MESSAGE,
+    ];
+    for key in written_by_vk {
+        assert!(!guarded.contains(key), "{key} is vk-cocoon's to write");
+    }
+}
