@@ -5,7 +5,9 @@
 use crate::action::{Action, Counter, Level};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
-use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryOk};
+use crate::event::{
+    CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryErrorKind, RegistryOk,
+};
 use crate::labels::{self, LifecycleReason};
 use crate::phase::{
     Call, Creating, DeleteStage, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase,
@@ -289,7 +291,7 @@ pub(crate) fn save_done(
         Saving::Next(save, op) => set_wait(s, key, DeleteWait::Save(save, op), None),
         Saving::Saved => {
             snapshot::saved(s, since);
-            let call = snapshot::push_of(&name, "latest", image);
+            let call = snapshot::push_of(key, &name, "latest", image);
             let op = s.call_registry(
                 RegistryOwner::Pod { key: key.clone() },
                 Some(key.clone()),
@@ -381,6 +383,28 @@ pub(crate) fn push_done(
                 },
                 why,
             )
+        }
+        // T7: the tag belongs to another namespace; no retry can push it, so the VM goes
+        // without its delete-time snapshot and the pod says so.
+        Err(RegistryError {
+            kind: RegistryErrorKind::Foreign,
+            message,
+        }) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPush {
+                    result: labels::Outcome::Failed,
+                },
+            });
+            let msg = format!(
+                "delete: push {name}:latest refused: {message}; the VM is removed without its delete-time snapshot"
+            );
+            crate::create::warn_event(s, key, "DeleteSnapshotRefused", &msg);
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("pod {key}: {msg}"),
+            });
+            set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
+            next_step(s, key);
         }
         Err(err) => {
             let why = format!("push {name}:latest: {}", err.message);

@@ -134,7 +134,12 @@ pub enum Purpose {
 pub enum CreateStep {
     /// C11: does `<vm>:hibernate` exist? Then this pod restores instead of booting fresh.
     CheckEvidence,
-    RemoveFork,
+    /// C6 under T8: `fork-<vm>` is inspected (`removing` false), then removed if this pod may
+    /// remove it (`removing` true).
+    RemoveFork {
+        #[serde(default)]
+        removing: bool,
+    },
     /// C7.2: what the registry holds under the run image's reference, if anything.
     ClassifyImage,
     /// C7.2: the cloud image streamed from the registry into `cocoon image import`.
@@ -388,6 +393,8 @@ pub enum HibernateStep {
 pub enum SaveStep {
     /// `snapshot save --name <snapshot> -- <vm>`.
     Save,
+    /// The snapshot holding the name the save was refused, inspected for its owner (T8).
+    InspectHolder,
     /// `snapshot rm` of whatever holds the name the save was refused.
     RemoveHolder,
     /// The second `snapshot save`, whose refusal is final.

@@ -6,12 +6,13 @@ use super::claims::{claim, fork_source};
 use super::failure::{fail, fail_permanently};
 use super::wake::{evidence, wake_registry, wake_source};
 use super::{clone_cmd, run_cmd, set_step, set_step_op, step};
-use crate::action::{Action, Counter, Histogram, RegistryCall};
+use crate::action::{Action, Counter, Histogram, Level, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::event::{
     ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
 };
 use crate::names;
+use crate::owner::Record;
 use crate::phase::{CreateStep, Creating, Phase, SaveStep, Scratch};
 use crate::pod::PodKey;
 use crate::snapshot::Saving;
@@ -51,7 +52,7 @@ pub(super) fn advance(
             | CreateStep::Clone
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::Macos { .. } => {}
-            CreateStep::RemoveFork
+            CreateStep::RemoveFork { .. }
             | CreateStep::PullImage
             | CreateStep::ClassifyImage
             | CreateStep::ImportCloudImage
@@ -79,7 +80,7 @@ pub(super) fn advance(
         | CreateStep::InspectNameTaken => {
             boot_done(s, key, &spec, current, cancel.is_some(), result)
         }
-        CreateStep::RemoveFork
+        CreateStep::RemoveFork { .. }
         | CreateStep::PullImage
         | CreateStep::ClassifyImage
         | CreateStep::ImportCloudImage
@@ -192,8 +193,25 @@ fn source_done(
 ) {
     use CocoonErrorKind::SnapshotNotFound;
     match (current, result) {
+        (CreateStep::RemoveFork { removing: false }, Ok(CocoonOk::Snapshot { snapshot })) => {
+            match crate::snapshot::removal_refused(key, &snapshot) {
+                None => {
+                    let op = crate::snapshot::rm(s, key, snapshot.name, true);
+                    set_step_op(s, key, CreateStep::RemoveFork { removing: true }, op)
+                }
+                // T8: another namespace's fork snapshot stays; T6 keeps it from this pod's
+                // sub-agents, so it cannot leak into them either.
+                Some(why) => {
+                    s.emit(Action::Log {
+                        level: Level::Warn,
+                        message: format!("pod {key}: {why}, so it is not removed"),
+                    });
+                    first_source_step(s, key, spec)
+                }
+            }
+        }
         (
-            CreateStep::RemoveFork,
+            CreateStep::RemoveFork { .. },
             Ok(CocoonOk::Done)
             | Err(CocoonError {
                 kind: SnapshotNotFound,
@@ -291,7 +309,12 @@ pub(super) fn count_clone_from_dir_failure(
 pub(super) fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
     let fork = || names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
     match step {
-        CreateStep::RemoveFork => format!("snapshot rm {}", names::fork_snapshot(&spec.vm_name)),
+        CreateStep::RemoveFork { removing: false } => {
+            format!("snapshot inspect {}", names::fork_snapshot(&spec.vm_name))
+        }
+        CreateStep::RemoveFork { removing: true } => {
+            format!("snapshot rm {}", names::fork_snapshot(&spec.vm_name))
+        }
         CreateStep::PullImage => format!("image pull {}", spec.image),
         CreateStep::ClassifyImage => format!("registry inspect {}", spec.image),
         CreateStep::ImportCloudImage => format!("image import {}", spec.image),
@@ -448,6 +471,7 @@ pub(super) fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
         name: repo.clone(),
         tag: tag.clone(),
         local: name.clone(),
+        namespace: key.namespace().to_string(),
     };
     let op = s.call_registry(
         RegistryOwner::Pod { key: key.clone() },
@@ -493,7 +517,7 @@ pub(super) fn registry_advance(
         CreateStep::PullSnapshot { name, repo, tag } => {
             pulled(s, key, name, (repo, tag), since, result)
         }
-        CreateStep::RemoveFork
+        CreateStep::RemoveFork { .. }
         | CreateStep::PullImage
         | CreateStep::Run
         | CreateStep::Clone
@@ -537,7 +561,7 @@ fn registry_cancelled(
             Ok(_) | Err(_),
         ) => {}
         (
-            step_now @ (CreateStep::RemoveFork
+            step_now @ (CreateStep::RemoveFork { .. }
             | CreateStep::PullImage
             | CreateStep::Run
             | CreateStep::Clone
@@ -630,6 +654,7 @@ fn pulled(
                 ),
                 RegistryErrorKind::NotConfigured
                 | RegistryErrorKind::Refused
+                | RegistryErrorKind::Foreign
                 | RegistryErrorKind::Failed => format!("pull {repo}:{tag}: {}", err.message),
             };
             fail(s, key, msg)
@@ -644,6 +669,12 @@ pub(super) fn snapshot_found(
     name: String,
     snap: SnapshotInfo,
 ) {
+    // T6: a clone copies the snapshot's memory and disks into this pod.
+    let what = format!("snapshot {name:?}");
+    if let Err(why) = Record::from_description(&snap.description).usable_by(key.namespace(), &what)
+    {
+        return fail(s, key, format!("clone from {name}: refused: {why}"));
+    }
     let backend_set = s
         .pod(key)
         .is_some_and(|e| e.pod.annotation(keys::BACKEND).is_some());
