@@ -322,6 +322,15 @@ pub(crate) fn save_done(
             set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
             next_step(s, key);
         }
+        Saving::Foreign(why) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: labels::Outcome::Failed,
+                },
+            });
+            let msg = format!("delete: snapshot save {name}: {why}");
+            without_snapshot(s, key, msg);
+        }
         Saving::Refused(_, err) => snapshot_failed(
             s,
             key,
@@ -395,16 +404,11 @@ pub(crate) fn push_done(
                     result: labels::Outcome::Failed,
                 },
             });
-            let msg = format!(
-                "delete: push {name}:latest refused: {message}; the VM is removed without its delete-time snapshot"
+            without_snapshot(
+                s,
+                key,
+                format!("delete: push {name}:latest refused: {message}"),
             );
-            crate::create::warn_event(s, key, "DeleteSnapshotRefused", &msg);
-            s.emit(Action::Log {
-                level: Level::Warn,
-                message: format!("pod {key}: {msg}"),
-            });
-            set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
-            next_step(s, key);
         }
         Err(err) => {
             let why = format!("push {name}:latest: {}", err.message);
@@ -418,6 +422,20 @@ pub(crate) fn push_done(
             )
         }
     }
+}
+
+/// T7, T8: the delete-time snapshot was refused for good (the name or the tag is another
+/// namespace's), so the VM is removed without it and the pod is told (Warning
+/// `DeleteSnapshotRefused`).
+fn without_snapshot(s: &mut State, key: &PodKey, why: String) {
+    let msg = format!("{why}; the VM is removed without its delete-time snapshot");
+    crate::create::warn_event(s, key, "DeleteSnapshotRefused", &msg);
+    s.emit(Action::Log {
+        level: Level::Warn,
+        message: format!("pod {key}: {msg}"),
+    });
+    set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
+    next_step(s, key);
 }
 
 /// D4: a failed delete-time save or push keeps the VM; the delete is retried from the save,

@@ -232,6 +232,16 @@ fn save_done(
             let msg = format!("hibernate: snapshot save {name}: {}", err.message);
             roll_back(s, key, "HibernateSnapshotFailed", msg);
         }
+        Saving::Foreign(why) => {
+            count(s, HibernatePhase::Snapshot, Outcome::Failed);
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: Outcome::Failed,
+                },
+            });
+            let msg = format!("hibernate: snapshot save {name}: {why}");
+            roll_back(s, key, "HibernateSnapshotFailed", msg);
+        }
         Saving::Unexpected(save, other) => {
             let step = save_label(save);
             outcome::unexpected(

@@ -33,6 +33,8 @@ pub(crate) enum Saving {
     Refused(SaveStep, CocoonError),
     /// The step answered with a shape it cannot have.
     Unexpected(SaveStep, Box<CocoonOk>),
+    /// T8: the name is held by a snapshot this pod may not remove; no retry changes that.
+    Foreign(String),
 }
 
 /// Starts saving the VM `vm` (an id) as the local snapshot `snapshot`, for `key`'s step. The
@@ -84,13 +86,9 @@ pub(crate) fn save_done(
                     Saving::Next(SaveStep::RemoveHolder, rm(s, key, target, true))
                 }
                 // The holder stays: the name is still taken, and the save refused for good.
-                Some(why) => Saving::Refused(
-                    SaveStep::Save,
-                    CocoonError {
-                        kind: SnapshotNameTaken,
-                        message: format!("snapshot name {snapshot:?} is taken: {why}"),
-                    },
-                ),
+                Some(why) => Saving::Foreign(format!(
+                    "snapshot name {snapshot:?} is taken and {why}, so it is not replaced"
+                )),
             }
         }
         (

@@ -807,7 +807,14 @@ impl Runner {
                     .values()
                     .map(|v| format!("vm {} {} {}", v.id, v.name, v.state))
                     .collect();
-                out.extend(c.snapshots.keys().map(|n| format!("snapshot {n}")));
+                out.extend(
+                    c.snapshots
+                        .iter()
+                        .map(|(n, s)| match s.description.as_str() {
+                            "" => format!("snapshot {n}"),
+                            d => format!("snapshot {n} description={d:?}"),
+                        }),
+                );
                 Out::Lines(out)
             }
             other => panic!("unknown command {other:?}"),

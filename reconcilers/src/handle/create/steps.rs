@@ -273,6 +273,7 @@ fn fork_save_done(
             &CreateStep::SaveForkSnapshot { vm, save },
             *other,
         ),
+        Saving::Foreign(why) => fail(s, key, format!("snapshot save {name}: {why}")),
     }
 }
 
