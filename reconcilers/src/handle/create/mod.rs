@@ -11,6 +11,7 @@
 mod adopt;
 mod claims;
 mod failure;
+mod source;
 mod steps;
 mod wake;
 

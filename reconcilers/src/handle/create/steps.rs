@@ -4,22 +4,20 @@
 use super::adopt::{adopt, booted};
 use super::claims::{claim, fork_source};
 use super::failure::{fail, fail_permanently};
+use super::source::{fork_inspected, snapshot_found};
 use super::wake::{evidence, wake_registry, wake_source};
 use super::{clone_cmd, run_cmd, set_step, set_step_op, step};
-use crate::action::{Action, Counter, Histogram, Level, RegistryCall};
+use crate::action::{Action, Counter, Histogram, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
-use crate::event::{
-    ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
-};
+use crate::event::{ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk};
 use crate::names;
-use crate::owner::Record;
 use crate::phase::{CreateStep, Creating, Phase, SaveStep, Scratch};
 use crate::pod::PodKey;
 use crate::snapshot::Saving;
-use crate::spec::{Backend, Mode, VmSpec};
+use crate::spec::{Mode, VmSpec};
 use crate::state::{Making, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
-use crate::{delete, keys, outcome};
+use crate::{delete, outcome};
 
 pub(super) fn advance(
     s: &mut State,
@@ -194,21 +192,7 @@ fn source_done(
     use CocoonErrorKind::SnapshotNotFound;
     match (current, result) {
         (CreateStep::RemoveFork { removing: false }, Ok(CocoonOk::Snapshot { snapshot })) => {
-            match crate::snapshot::removal_refused(key, &snapshot) {
-                None => {
-                    let op = crate::snapshot::rm(s, key, snapshot.name, true);
-                    set_step_op(s, key, CreateStep::RemoveFork { removing: true }, op)
-                }
-                // T8: another namespace's fork snapshot stays; T6 keeps it from this pod's
-                // sub-agents, so it cannot leak into them either.
-                Some(why) => {
-                    s.emit(Action::Log {
-                        level: Level::Warn,
-                        message: format!("pod {key}: {why}, so it is not removed"),
-                    });
-                    first_source_step(s, key, spec)
-                }
-            }
+            fork_inspected(s, key, spec, snapshot)
         }
         (
             CreateStep::RemoveFork { .. },
@@ -661,46 +645,4 @@ fn pulled(
             fail(s, key, msg)
         }
     }
-}
-
-pub(super) fn snapshot_found(
-    s: &mut State,
-    key: &PodKey,
-    spec: &VmSpec,
-    name: String,
-    snap: SnapshotInfo,
-) {
-    // T6: a clone copies the snapshot's memory and disks into this pod.
-    let what = format!("snapshot {name:?}");
-    if let Err(why) = Record::from_description(&snap.description).usable_by(key.namespace(), &what)
-    {
-        return fail(s, key, format!("clone from {name}: refused: {why}"));
-    }
-    let backend_set = s
-        .pod(key)
-        .is_some_and(|e| e.pod.annotation(keys::BACKEND).is_some());
-    if backend_set && !snap.hypervisor.is_empty() && snap.hypervisor != spec.backend.as_str() {
-        let msg = format!(
-            "snapshot {name:?} was taken on {}, the pod asks for {}",
-            snap.hypervisor,
-            spec.backend.as_str()
-        );
-        return fail(s, key, msg);
-    }
-    if spec.fork_from.is_none() {
-        s.emit(Action::Count {
-            counter: Counter::SnapshotPull {
-                result: crate::labels::Outcome::Ok,
-            },
-        });
-    }
-    let pull = spec.fork_from.is_none() && !snap.image.is_empty();
-    let mut cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
-    if let CocoonCmd::VmClone { restore_mode, .. } = &mut cmd {
-        // The backend of a clone is the snapshot's, not the pod's.
-        if snap.hypervisor == Backend::Firecracker.as_str() {
-            *restore_mode = None;
-        }
-    }
-    step(s, key, CreateStep::Clone, cmd);
 }
