@@ -650,3 +650,18 @@ impl Phase {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Journals whose states carry `remove_fork` without `removing` still decode; either
+    /// stage's `Done` or not-found outcome ends the step the same way.
+    #[test]
+    fn a_remove_fork_step_without_its_stage_decodes_as_the_inspect() {
+        let step: CreateStep = serde_json::from_str(r#"{"step":"remove_fork"}"#).unwrap();
+        assert_eq!(step, CreateStep::RemoveFork { removing: false });
+        let save: SaveStep = serde_json::from_str(r#""inspect_holder""#).unwrap();
+        assert_eq!(save, SaveStep::InspectHolder);
+    }
+}
