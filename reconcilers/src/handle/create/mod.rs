@@ -42,9 +42,6 @@ pub use wake::wake;
 pub fn begin(s: &mut State, key: &PodKey) {
     let Some(e) = s.pod(key) else { return };
     let Ok(spec) = e.spec.clone() else { return };
-    if let Some(msg) = crate::trust::fork_prefix(&spec.vm_name) {
-        return fail_permanently(s, key, msg);
-    }
     if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
         return fail(s, key, msg);
     }
