@@ -17,7 +17,7 @@ mod output;
 pub use input::event;
 pub use model::macos as macos_model;
 pub use model::{
-    annotations, backoff, config, entry, keys, moments, names, ops, phase, pod, pod_table,
+    annotations, backoff, config, entry, keys, moments, names, ops, owner, phase, pod, pod_table,
     quantity, small_str, spec, state, status, time, vm, writer,
 };
 pub(crate) use output::macos_cmd;

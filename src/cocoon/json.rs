@@ -161,6 +161,8 @@ pub fn snapshot(text: &str) -> Result<SnapshotInfo, CocoonError> {
         hypervisor: String,
         #[serde(default)]
         image: String,
+        #[serde(default)]
+        description: String,
     }
     let r: Raw = serde_json::from_str(text).map_err(|e| bad("snapshot record", e, text))?;
     Ok(SnapshotInfo {
@@ -168,6 +170,7 @@ pub fn snapshot(text: &str) -> Result<SnapshotInfo, CocoonError> {
         name: r.name,
         hypervisor: r.hypervisor,
         image: r.image,
+        description: r.description,
     })
 }
 

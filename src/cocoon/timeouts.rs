@@ -159,6 +159,7 @@ mod tests {
             CocoonCmd::SnapshotSave {
                 name: "s".into(),
                 vm: "v".into(),
+                description: "vk-cocoon owner=ns/p".into(),
             },
             CocoonCmd::ReconcileStaleCreate { id: "v".into() },
         ];

@@ -81,6 +81,11 @@ impl Transfers {
                         base_image: r.base_image,
                         from_node: r.from_node,
                         hypervisor: r.hypervisor,
+                        owner: r
+                            .manifest
+                            .annotations
+                            .get(registry::media::ANN_OWNER)
+                            .cloned(),
                     }),
                 })
             }
@@ -89,16 +94,20 @@ impl Transfers {
                 name,
                 tag,
                 base_image,
+                owner,
             } => {
-                let base = Some(base_image.as_str()).filter(|b| !b.is_empty());
-                let pushed = cocoon_pipe::push_from_cocoon(
+                let meta = cocoon_pipe::PushMeta {
+                    base_image: Some(base_image.as_str()).filter(|b| !b.is_empty()),
+                    from_node: Some(self.node.as_str()),
+                    owner: Some(owner.as_str()),
+                };
+                let pushed = cocoon_pipe::push_owned_from_cocoon(
                     &self.registry,
                     &self.cocoon,
                     snapshot,
                     name,
                     tag,
-                    base,
-                    Some(self.node.as_str()),
+                    meta,
                     &self.knobs,
                 )
                 .await
@@ -107,10 +116,22 @@ impl Transfers {
                     digest: pushed.digest,
                 })
             }
-            RegistryCall::Pull { name, tag, local } => {
-                cocoon_pipe::pull_into_cocoon(&self.registry, &self.cocoon, name, tag, local)
-                    .await
-                    .map_err(to_core)?;
+            RegistryCall::Pull {
+                name,
+                tag,
+                local,
+                namespace,
+            } => {
+                cocoon_pipe::pull_owned_into_cocoon(
+                    &self.registry,
+                    &self.cocoon,
+                    name,
+                    tag,
+                    local,
+                    namespace,
+                )
+                .await
+                .map_err(to_core)?;
                 Ok(RegistryOk::Pulled)
             }
             RegistryCall::PullCloudImage { name, tag, image } => {
@@ -243,6 +264,7 @@ fn to_core(e: registry::RegistryError) -> RegistryError {
         registry::RegistryError::Transport(_)
         | registry::RegistryError::Local(_)
         | registry::RegistryError::Cocoon(_) => RegistryErrorKind::Failed,
+        registry::RegistryError::Foreign(_) => RegistryErrorKind::Foreign,
     };
     RegistryError {
         kind,

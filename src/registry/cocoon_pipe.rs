@@ -202,6 +202,44 @@ pub async fn push_from_cocoon(
     from_node: Option<&str>,
     knobs: &PushKnobs,
 ) -> Result<PushOutcome, RegistryError> {
+    let meta = PushMeta {
+        base_image,
+        from_node,
+        owner: None,
+    };
+    push_owned_from_cocoon(reg, cli, snapshot_name, name, tag, meta, knobs).await
+}
+
+/// What a push records in the manifest besides the snapshot.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PushMeta<'a> {
+    pub base_image: Option<&'a str>,
+    pub from_node: Option<&'a str>,
+    /// The owner record `<namespace>/<pod>` (T5). With one, the push first refuses to replace
+    /// a tag another namespace owns (T7).
+    pub owner: Option<&'a str>,
+}
+
+/// [`push_from_cocoon`] with the owner record: the tag's current owner is checked before
+/// cocoon's export starts, and the new manifest carries `meta.owner`.
+pub async fn push_owned_from_cocoon(
+    reg: &Registry,
+    cli: &CocoonCli,
+    snapshot_name: &str,
+    name: &str,
+    tag: &str,
+    meta: PushMeta<'_>,
+    knobs: &PushKnobs,
+) -> Result<PushOutcome, RegistryError> {
+    let PushMeta {
+        base_image,
+        from_node,
+        owner,
+    } = meta;
+    if let Some(owner) = owner {
+        let current = reg.current_owner(name, tag).await?;
+        super::owner::check_push(current.as_ref().map(|c| &c.record), owner, name, tag)?;
+    }
     if !valid_snapshot_name(snapshot_name) {
         return Err(RegistryError::Refused(format!(
             "{snapshot_name:?} is not a cocoon snapshot name"
@@ -230,7 +268,7 @@ pub async fn push_from_cocoon(
         guard,
     };
     let res = reg
-        .push_snapshot(name, tag, &mut export, base_image, from_node, knobs)
+        .push_snapshot_owned(name, tag, &mut export, base_image, from_node, owner, knobs)
         .await;
     match res {
         Ok(o) => Ok(o),
@@ -256,15 +294,69 @@ pub async fn pull_into_cocoon(
     tag: &str,
     local_name: &str,
 ) -> Result<PullOutcome, RegistryError> {
+    import(reg, cli, name, tag, local_name, None).await
+}
+
+/// [`pull_into_cocoon`] for a pod of `namespace` (T7): the tag's owner record is read first
+/// and must allow that namespace; the pull is then pinned to the digest checked, and the
+/// local snapshot's description carries the manifest's record (none for a public base).
+pub async fn pull_owned_into_cocoon(
+    reg: &Registry,
+    cli: &CocoonCli,
+    name: &str,
+    tag: &str,
+    local_name: &str,
+    namespace: &str,
+) -> Result<PullOutcome, RegistryError> {
+    if !valid_snapshot_name(local_name) {
+        return Err(RegistryError::Refused(format!(
+            "{local_name:?} is not a cocoon snapshot name"
+        )));
+    }
+    let Some(current) = reg.current_owner(name, tag).await? else {
+        return Err(RegistryError::Absent(format!("{name}:{tag}")));
+    };
+    super::owner::check_pull(&current.record, namespace, name, tag)?;
+    let description = match &current.record {
+        reconcilers::owner::Record::Owned(o) => o.description(),
+        reconcilers::owner::Record::Public | reconcilers::owner::Record::Unreadable(_) => {
+            String::new()
+        }
+    };
+    import(
+        reg,
+        cli,
+        name,
+        &current.digest,
+        local_name,
+        Some(description.as_str()),
+    )
+    .await
+}
+
+/// Removes the local `local_name`, then streams `name:tag` into `snapshot import`;
+/// `description` (T5) is what the imported snapshot's description becomes, when given.
+async fn import(
+    reg: &Registry,
+    cli: &CocoonCli,
+    name: &str,
+    tag: &str,
+    local_name: &str,
+    description: Option<&str>,
+) -> Result<PullOutcome, RegistryError> {
     if !valid_snapshot_name(local_name) {
         return Err(RegistryError::Refused(format!(
             "{local_name:?} is not a cocoon snapshot name"
         )));
     }
     remove_snapshot(cli, local_name).await?;
-    let mut imp = Importer::spawn(cli, &["snapshot", "import", "--name", local_name])?;
+    let mut argv = vec!["snapshot", "import", "--name", local_name];
+    if let Some(d) = description.filter(|d| !d.is_empty()) {
+        argv.extend(["--description", d]);
+    }
+    let mut imp = Importer::spawn(cli, &argv)?;
     let res = reg
-        .pull_snapshot(name, tag, &mut imp.stdin, local_name)
+        .pull_snapshot_described(name, tag, &mut imp.stdin, local_name, description)
         .await;
     let limit = cli.timeouts.for_argv(&["snapshot", "import"]);
     imp.finish(res, limit).await

@@ -52,6 +52,8 @@ pub const ANN_TITLE: &str = "org.opencontainers.image.title";
 pub const ANN_CREATED: &str = "org.opencontainers.image.created";
 pub const ANN_BASE_IMAGE: &str = "cocoonstack.snapshot.baseimage";
 pub const ANN_FROM_NODE: &str = "cocoonstack.snapshot.from-node";
+/// The owner record `<namespace>/<pod>` of a snapshot the daemon pushed (T5).
+pub const ANN_OWNER: &str = reconcilers::owner::ANNOTATION;
 pub const ANN_CHUNK_INDEX: &str = "cocoonstack.chunk.index";
 pub const ANN_CHUNK_COUNT: &str = "cocoonstack.chunk.count";
 

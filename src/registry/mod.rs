@@ -12,6 +12,7 @@ mod encode;
 mod fake_registry;
 pub mod manifest;
 pub mod media;
+pub mod owner;
 mod pull;
 mod push;
 #[cfg(test)]
@@ -52,6 +53,8 @@ pub enum RegistryError {
     Local(String),
     /// cocoon's export or import failed; classified as every cocoon error is.
     Cocoon(CocoonError),
+    /// T7: the tag holds a snapshot another namespace owns; nothing was moved.
+    Foreign(String),
 }
 
 impl std::fmt::Display for RegistryError {
@@ -62,6 +65,7 @@ impl std::fmt::Display for RegistryError {
             RegistryError::Transport(m) => write!(f, "registry transport: {m}"),
             RegistryError::Local(m) => write!(f, "local side: {m}"),
             RegistryError::Cocoon(e) => write!(f, "cocoon: {}", e.message),
+            RegistryError::Foreign(m) => write!(f, "refused: {m}"),
         }
     }
 }

@@ -65,8 +65,23 @@ impl Registry {
         &self,
         name: &str,
         tag: &str,
+        import: W,
+        local_name: &str,
+    ) -> Result<PullOutcome, RegistryError> {
+        self.pull_snapshot_described(name, tag, import, local_name, None)
+            .await
+    }
+
+    /// [`Registry::pull_snapshot`] whose archive's `snapshot.json` carries `description`
+    /// instead of the config's, when given: the owner record comes from the manifest (T5),
+    /// never from a config blob.
+    pub async fn pull_snapshot_described<W: AsyncWrite + Unpin>(
+        &self,
+        name: &str,
+        tag: &str,
         mut import: W,
         local_name: &str,
+        description: Option<&str>,
     ) -> Result<PullOutcome, RegistryError> {
         if !valid_snapshot_name(local_name) {
             return Err(RegistryError::Refused(format!(
@@ -95,7 +110,14 @@ impl Registry {
             w: &mut import,
             bytes: 0,
         };
-        let envelope = config.to_envelope(local_name);
+        let envelope = match description {
+            Some(d) => ConfigBlob {
+                description: d.to_string(),
+                ..config.clone()
+            }
+            .to_envelope(local_name),
+            None => config.to_envelope(local_name),
+        };
         let mut head = Vec::new();
         tar_stream::write_small_entry(&mut head, "snapshot.json", 0o644, &envelope)
             .await

@@ -121,11 +121,16 @@ fn snapshot_manifest(
     config: Descriptor,
     layers: Vec<Descriptor>,
     base_image: Option<&str>,
+    owner: Option<&str>,
 ) -> Manifest {
     let mut annotations = BTreeMap::new();
     annotations.insert(media::ANN_CREATED.to_string(), now_rfc3339());
     if let Some(b) = base_image.filter(|b| !b.is_empty()) {
         annotations.insert(media::ANN_BASE_IMAGE.to_string(), b.to_string());
+    }
+    // T5: in the first manifest the tag ever shows, so no reader sees it without its owner.
+    if let Some(o) = owner.filter(|o| !o.is_empty()) {
+        annotations.insert(media::ANN_OWNER.to_string(), o.to_string());
     }
     Manifest {
         schema_version: 2,
@@ -159,6 +164,23 @@ impl Registry {
         export: R,
         base_image: Option<&str>,
         from_node: Option<&str>,
+        knobs: &PushKnobs,
+    ) -> Result<PushOutcome, RegistryError> {
+        self.push_snapshot_owned(name, tag, export, base_image, from_node, None, knobs)
+            .await
+    }
+
+    /// [`Registry::push_snapshot`], the manifest carrying the owner record `owner`
+    /// (`<namespace>/<pod>`, T5) when there is one.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn push_snapshot_owned<R: AsyncRead + Unpin>(
+        &self,
+        name: &str,
+        tag: &str,
+        export: R,
+        base_image: Option<&str>,
+        from_node: Option<&str>,
+        owner: Option<&str>,
         knobs: &PushKnobs,
     ) -> Result<PushOutcome, RegistryError> {
         let target = Self::target(tag)?;
@@ -195,7 +217,7 @@ impl Registry {
             size: config_bytes.len() as i64,
             ..Default::default()
         };
-        let manifest = snapshot_manifest(format, config_desc, layers, base_image);
+        let manifest = snapshot_manifest(format, config_desc, layers, base_image, owner);
         let pushed_digest = self.put_manifest(&r, manifest.to_bytes()).await?;
         let mut outcome = PushOutcome {
             digest: pushed_digest.clone(),

@@ -5,7 +5,9 @@
 use crate::action::{Action, Counter, Level};
 use crate::backoff::Backoff;
 use crate::cocoon::CocoonCmd;
-use crate::event::{CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryOk};
+use crate::event::{
+    CocoonOk, KubeError, KubeErrorKind, KubeOk, RegistryError, RegistryErrorKind, RegistryOk,
+};
 use crate::labels::{self, LifecycleReason};
 use crate::phase::{
     Call, Creating, DeleteStage, DeleteWait, Deleting, End, Gone, Object, ObjectDelete, Phase,
@@ -289,7 +291,7 @@ pub(crate) fn save_done(
         Saving::Next(save, op) => set_wait(s, key, DeleteWait::Save(save, op), None),
         Saving::Saved => {
             snapshot::saved(s, since);
-            let call = snapshot::push_of(&name, "latest", image);
+            let call = snapshot::push_of(key, &name, "latest", image);
             let op = s.call_registry(
                 RegistryOwner::Pod { key: key.clone() },
                 Some(key.clone()),
@@ -319,6 +321,15 @@ pub(crate) fn save_done(
             });
             set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
             next_step(s, key);
+        }
+        Saving::Foreign(why) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: labels::Outcome::Failed,
+                },
+            });
+            let msg = format!("delete: snapshot save {name}: {why}");
+            without_snapshot(s, key, msg);
         }
         Saving::Refused(_, err) => snapshot_failed(
             s,
@@ -382,6 +393,23 @@ pub(crate) fn push_done(
                 why,
             )
         }
+        // T7: the tag belongs to another namespace; no retry can push it, so the VM goes
+        // without its delete-time snapshot and the pod says so.
+        Err(RegistryError {
+            kind: RegistryErrorKind::Foreign,
+            message,
+        }) => {
+            s.emit(Action::Count {
+                counter: Counter::SnapshotPush {
+                    result: labels::Outcome::Failed,
+                },
+            });
+            without_snapshot(
+                s,
+                key,
+                format!("delete: push {name}:latest refused: {message}"),
+            );
+        }
         Err(err) => {
             let why = format!("push {name}:latest: {}", err.message);
             snapshot_failed(
@@ -394,6 +422,20 @@ pub(crate) fn push_done(
             )
         }
     }
+}
+
+/// T7, T8: the delete-time snapshot was refused for good (the name or the tag is another
+/// namespace's), so the VM is removed without it and the pod is told (Warning
+/// `DeleteSnapshotRefused`).
+fn without_snapshot(s: &mut State, key: &PodKey, why: String) {
+    let msg = format!("{why}; the VM is removed without its delete-time snapshot");
+    crate::create::warn_event(s, key, "DeleteSnapshotRefused", &msg);
+    s.emit(Action::Log {
+        level: Level::Warn,
+        message: format!("pod {key}: {msg}"),
+    });
+    set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
+    next_step(s, key);
 }
 
 /// D4: a failed delete-time save or push keeps the VM; the delete is retried from the save,

@@ -217,7 +217,7 @@ fn save_done(
         Saving::Saved => {
             count(s, HibernatePhase::Snapshot, Outcome::Ok);
             snapshot::saved(s, since);
-            let call = snapshot::push_of(&name, "hibernate", image);
+            let call = snapshot::push_of(key, &name, "hibernate", image);
             let owner = RegistryOwner::Pod { key: key.clone() };
             let op = s.call_registry(owner, Some(key.clone()), call);
             next(s, key, HibernateStep::Push, op);
@@ -230,6 +230,16 @@ fn save_done(
                 },
             });
             let msg = format!("hibernate: snapshot save {name}: {}", err.message);
+            roll_back(s, key, "HibernateSnapshotFailed", msg);
+        }
+        Saving::Foreign(why) => {
+            count(s, HibernatePhase::Snapshot, Outcome::Failed);
+            s.emit(Action::Count {
+                counter: Counter::SnapshotSave {
+                    result: Outcome::Failed,
+                },
+            });
+            let msg = format!("hibernate: snapshot save {name}: {why}");
             roll_back(s, key, "HibernateSnapshotFailed", msg);
         }
         Saving::Unexpected(save, other) => {
@@ -252,6 +262,7 @@ fn save_done(
 fn save_label(save: SaveStep) -> &'static str {
     match save {
         SaveStep::Save => "Save",
+        SaveStep::InspectHolder => "InspectTakenSave",
         SaveStep::RemoveHolder => "RemoveTakenSave",
         SaveStep::SaveAgain => "SaveAgain",
     }

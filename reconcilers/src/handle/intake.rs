@@ -183,6 +183,10 @@ pub fn intake(s: &mut State, key: &PodKey) {
         crate::macos::begin(s, key);
         return;
     }
+    // T5: whatever path the pod takes, a VM of its name could be saved over a fork snapshot.
+    if let Some(msg) = crate::trust::fork_prefix(&spec.vm_name) {
+        return create::fail_permanently(s, key, msg);
+    }
     if spec.hibernate {
         // B6: a hibernated pod without a VM is Pending until the hibernate key is withdrawn,
         // which wakes it (U5). A hibernate that got as far as removing the VM is complete.
@@ -206,6 +210,10 @@ pub fn intake(s: &mut State, key: &PodKey) {
         return;
     }
     if spec.restore_from_hibernate {
+        // T1: another pod's VM name is refused before its snapshots are looked at.
+        if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
+            return create::fail(s, key, msg);
+        }
         // C11 (marker): restore the hibernated VM; never boot fresh over its state.
         create::restore(s, key, crate::phase::Purpose::Restore);
         return;

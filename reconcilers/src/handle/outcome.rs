@@ -39,6 +39,9 @@ pub fn cocoon_done(s: &mut State, op: OpId, result: Result<CocoonOk, CocoonError
         CocoonOwner::MacosInventory => crate::macos::listed(s, result),
         CocoonOwner::MacosSweep => crate::macos::swept(s, result),
         CocoonOwner::RenewNudge { key } => crate::guest::nudged(s, &key, result),
+        CocoonOwner::GuardedRemoval { key, name } => {
+            crate::snapshot::guarded_inspected(s, &key, &name, result)
+        }
         CocoonOwner::Detached { what, release } => detached(s, &what, release, result),
     }
 }

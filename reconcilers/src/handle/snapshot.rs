@@ -6,14 +6,17 @@
 //!   `CreateStep::SaveForkSnapshot`), the hibernate (U3, `HibernateStep::Save`) and the
 //!   delete-time snapshot (D4, `DeleteWait::Save`); each decides what a saved or refused
 //!   snapshot means for its pod.
-//! - Removing: every `snapshot rm` goes through [`remove`], which names why ([`Removal`]);
-//!   [`removable`] decides whether this pod may remove it.
+//! - Removing: every `snapshot rm` is preceded by a `snapshot inspect` of what it removes, and
+//!   [`removal_refused`] decides on the record found (T8): a cleanup through [`remove`], which
+//!   names why ([`Removal`]); C6's `fork-<vm>` and F1's holder as steps of their phases.
 //! - What every save and push reports (counters, durations) and the push they make.
 
 use crate::action::{Action, Counter, Histogram, Level, OpId, RegistryCall};
 use crate::cocoon::CocoonCmd;
-use crate::event::CocoonOk;
+use crate::event::{CocoonOk, SnapshotInfo};
 use crate::names;
+use crate::outcome;
+use crate::owner::{Owner, Record};
 use crate::phase::{SaveStep, Scratch};
 use crate::pod::PodKey;
 use crate::state::{CocoonOwner, RegistryOwner, State};
@@ -30,13 +33,17 @@ pub(crate) enum Saving {
     Refused(SaveStep, CocoonError),
     /// The step answered with a shape it cannot have.
     Unexpected(SaveStep, Box<CocoonOk>),
+    /// T8: the name is held by a snapshot this pod may not remove; no retry changes that.
+    Foreign(String),
 }
 
-/// Starts saving the VM `vm` (an id) as the local snapshot `snapshot`, for `key`'s step.
+/// Starts saving the VM `vm` (an id) as the local snapshot `snapshot`, for `key`'s step. The
+/// description carries `key` as the snapshot's owner (T5).
 pub(crate) fn save(s: &mut State, key: &PodKey, snapshot: &str, vm: &str) -> OpId {
     let cmd = CocoonCmd::SnapshotSave {
         name: snapshot.to_string(),
         vm: vm.to_string(),
+        description: Owner::of(key).description(),
     };
     s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
@@ -57,7 +64,7 @@ pub(crate) fn save_done(
     use CocoonErrorKind::{SnapshotNameTaken, SnapshotNotFound};
     match (step, result) {
         (SaveStep::Save | SaveStep::SaveAgain, Ok(CocoonOk::Done)) => Saving::Saved,
-        // F1: the name is taken: its holder goes, then one more save.
+        // F1: the name is taken: its holder is looked at (T8), removed, then one more save.
         (
             SaveStep::Save,
             Err(CocoonError {
@@ -66,20 +73,26 @@ pub(crate) fn save_done(
             }),
         ) => {
             let holder = taken_by(&message).unwrap_or_else(|| snapshot.to_string());
-            match remove(s, key, Removal::Holder(holder)) {
-                Some(op) => Saving::Next(SaveStep::RemoveHolder, op),
+            Saving::Next(SaveStep::InspectHolder, inspect(s, key, holder))
+        }
+        (SaveStep::InspectHolder, Ok(CocoonOk::Snapshot { snapshot: held })) => {
+            match removal_refused(key, &held) {
+                None => {
+                    let target = if held.id.is_empty() {
+                        held.name.clone()
+                    } else {
+                        held.id.clone()
+                    };
+                    Saving::Next(SaveStep::RemoveHolder, rm(s, key, target, true))
+                }
                 // The holder stays: the name is still taken, and the save refused for good.
-                None => Saving::Refused(
-                    SaveStep::Save,
-                    CocoonError {
-                        kind: SnapshotNameTaken,
-                        message,
-                    },
-                ),
+                Some(why) => Saving::Foreign(format!(
+                    "snapshot name {snapshot:?} is taken and {why}, so it is not replaced"
+                )),
             }
         }
         (
-            SaveStep::RemoveHolder,
+            SaveStep::RemoveHolder | SaveStep::InspectHolder,
             Ok(CocoonOk::Done)
             | Err(CocoonError {
                 kind: SnapshotNotFound,
@@ -103,15 +116,21 @@ pub(crate) fn taken_by(message: &str) -> Option<String> {
     (!id.is_empty()).then(|| id.to_string())
 }
 
-/// Why a pod removes local snapshots: what [`remove`] decides on. The first two are steps of
-/// the pod's phase, whose outcome comes back to it; the rest are cleanups whose outcome is
-/// only logged.
+/// T8: why `key` may not remove the snapshot `snap`, if it may not. Every name a removal
+/// starts from is the pod's own (its VM name under T1, `fork-` of it, its import, the fork
+/// snapshot of a same-namespace source under T2), so a snapshot without a record under it is
+/// removable; an owned one only by a pod of its namespace.
+pub(crate) fn removal_refused(key: &PodKey, snap: &SnapshotInfo) -> Option<String> {
+    let what = format!("snapshot {:?}", snap.name);
+    Record::from_description(&snap.description)
+        .usable_by(key.namespace(), &what)
+        .err()
+}
+
+/// Why a pod removes local snapshots without a step waiting for it: what [`remove`] decides
+/// on. (C6's `fork-<vm>` and F1's holder are steps of their phases: [`inspect`], then
+/// [`removal_refused`], then [`rm`].)
 pub(crate) enum Removal {
-    /// C6: `fork-<vm>` of the pod's own VM name, before a fresh bring-up, so a predecessor's
-    /// fork state never reaches new sub-agents.
-    OwnFork(String),
-    /// F1: whatever holds the name a save of this pod was refused (cocoon names it).
-    Holder(String),
     /// U6: what a bring-up made for itself alone (a registry import).
     Scratch(String),
     /// U6 (a stale local copy) and D3 (a hibernated pod deleted): `<vm>` and `fork-<vm>` of
@@ -121,12 +140,11 @@ pub(crate) enum Removal {
     DeletedVm(String),
 }
 
-/// Who may remove a snapshot: the snapshots `why` names that `key` may remove (none: the
-/// removal is refused, and said so in the log).
+/// Which snapshots `why` names that `key` may look at for removal (T1); T8 then decides on
+/// each one's record.
 fn removable(s: &mut State, key: &PodKey, why: &Removal) -> Vec<String> {
     match why {
-        Removal::OwnFork(vm) => vec![names::fork_snapshot(vm)],
-        Removal::Holder(name) | Removal::Scratch(name) => vec![name.clone()],
+        Removal::Scratch(name) => vec![name.clone()],
         // T1: another pod's snapshots under a name this pod only claimed are not this pod's.
         Removal::Copies(vm) => match crate::trust::name_holder(s, key, vm) {
             Some(other) => {
@@ -144,27 +162,77 @@ fn removable(s: &mut State, key: &PodKey, why: &Removal) -> Vec<String> {
     }
 }
 
-/// Every `snapshot rm` of the core goes through here: what `why` names, if [`removable`] lets
-/// `key` remove it. Returns the call a step waits for (`OwnFork`, `Holder`), `None` for a
-/// cleanup or a refused removal.
-pub(crate) fn remove(s: &mut State, key: &PodKey, why: Removal) -> Option<OpId> {
-    let step = match why {
-        Removal::OwnFork(_) | Removal::Holder(_) => true,
-        Removal::Scratch(_) | Removal::Copies(_) | Removal::DeletedVm(_) => false,
-    };
-    let mut out = None;
+/// Every cleanup `snapshot rm` of the core starts here: each snapshot `why` names is inspected
+/// first (T8) and removed only if [`removal_refused`] lets `key` remove it
+/// ([`guarded_inspected`]); the outcomes are only logged.
+pub(crate) fn remove(s: &mut State, key: &PodKey, why: Removal) {
     for name in removable(s, key, &why) {
-        let owner = match step {
-            true => CocoonOwner::Pod { key: key.clone() },
-            false => CocoonOwner::Detached {
-                what: format!("snapshot rm {name}"),
-                release: None,
-            },
+        let owner = CocoonOwner::GuardedRemoval {
+            key: key.clone(),
+            name: name.clone(),
         };
-        let op = s.run_cocoon(owner, Some(key.clone()), CocoonCmd::SnapshotRm { name });
-        out = out.or(step.then_some(op));
+        s.run_cocoon(
+            owner,
+            Some(key.clone()),
+            CocoonCmd::SnapshotInspect { name },
+        );
     }
-    out
+}
+
+/// A step's `snapshot inspect` of a snapshot it may remove (T8).
+pub(crate) fn inspect(s: &mut State, key: &PodKey, name: String) -> OpId {
+    s.run_cocoon(
+        CocoonOwner::Pod { key: key.clone() },
+        Some(key.clone()),
+        CocoonCmd::SnapshotInspect { name },
+    )
+}
+
+/// `snapshot rm` of a snapshot T8 let `key` remove: a step's (`step`) or a cleanup's.
+pub(crate) fn rm(s: &mut State, key: &PodKey, name: String, step: bool) -> OpId {
+    let owner = match step {
+        true => CocoonOwner::Pod { key: key.clone() },
+        false => CocoonOwner::Detached {
+            what: format!("snapshot rm {name}"),
+            release: None,
+        },
+    };
+    s.run_cocoon(owner, Some(key.clone()), CocoonCmd::SnapshotRm { name })
+}
+
+/// T8: a cleanup's inspect came back: the snapshot goes if `key` may remove it.
+pub(crate) fn guarded_inspected(
+    s: &mut State,
+    key: &PodKey,
+    name: &str,
+    result: Result<CocoonOk, CocoonError>,
+) {
+    match result {
+        Ok(CocoonOk::Snapshot { snapshot }) => match removal_refused(key, &snapshot) {
+            None => {
+                rm(s, key, name.to_string(), false);
+            }
+            Some(why) => s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("pod {key}: {why}, so it is not removed"),
+            }),
+        },
+        Err(CocoonError {
+            kind: CocoonErrorKind::SnapshotNotFound,
+            ..
+        }) => {}
+        Err(err) => s.emit(Action::Log {
+            level: Level::Warn,
+            message: format!(
+                "pod {key}: snapshot {name} is left: its inspect failed: {}",
+                err.message
+            ),
+        }),
+        Ok(other) => outcome::unexpected(
+            s,
+            &format!("pod {key}: snapshot inspect {name} answered {other:?}"),
+        ),
+    }
 }
 
 /// Removes what a bring-up made for itself alone (U6); the outcome is only logged.
@@ -212,12 +280,14 @@ pub(crate) fn pushed(s: &mut State, since: Millis) {
     });
 }
 
-/// The push of the local snapshot `<vm>` to `<vm>:<tag>`, the pod's image as its base image.
-pub(crate) fn push_of(vm: &str, tag: &str, image: String) -> RegistryCall {
+/// The push of the local snapshot `<vm>` to `<vm>:<tag>`, the pod's image as its base image
+/// and the pod as its owner (T5, T7).
+pub(crate) fn push_of(key: &PodKey, vm: &str, tag: &str, image: String) -> RegistryCall {
     RegistryCall::Push {
         snapshot: vm.to_string(),
         name: vm.to_string(),
         tag: tag.to_string(),
         base_image: image,
+        owner: Owner::of(key).record(),
     }
 }

@@ -46,6 +46,17 @@ pub(crate) fn name_taken(s: &State, key: &PodKey, name: &str) -> Option<String> 
     ))
 }
 
+/// T5: `fork-` names the fork snapshots (`fork-<vm>`, C9), so a managed pod's VM may not take
+/// it: its saves would land on, and its removals reach, another VM's fork snapshot.
+pub(crate) fn fork_prefix(name: &str) -> Option<String> {
+    name.starts_with(crate::names::FORK_PREFIX).then(|| {
+        format!(
+            "VM name {name:?} starts with {:?}, which is kept for fork snapshots; give this pod another vm.cocoonstack.io/name",
+            crate::names::FORK_PREFIX
+        )
+    })
+}
+
 /// T4: `clone-from-dir` reads a host directory into a guest, so only one under the node's
 /// configured root; the shell then checks that the path resolves to itself (no symlinks).
 pub(crate) fn from_dir_refused(s: &State, dir: &str) -> Option<String> {

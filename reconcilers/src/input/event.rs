@@ -84,6 +84,9 @@ pub struct SnapshotInfo {
     pub hypervisor: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
+    /// The snapshot's description: where its owner record lives (T5, `owner.rs`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
 }
 
 /// The kinds of artifact a registry tag can hold, as the snapshot contract classifies them.
@@ -112,6 +115,9 @@ pub struct RemoteSnapshot {
     pub from_node: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hypervisor: String,
+    /// The manifest's owner annotation as it stands (T5, `owner.rs`); `None`: no record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +150,9 @@ pub enum RegistryErrorKind {
     Refused,
     /// The registry or cocoon could not be reached or failed mid-stream.
     Failed,
+    /// T7: the tag holds a snapshot another namespace owns: a pull for this namespace, or a
+    /// push that would replace it, is refused before anything moves. Retrying never helps.
+    Foreign,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

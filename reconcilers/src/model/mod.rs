@@ -12,6 +12,7 @@ pub mod macos;
 pub mod moments;
 pub mod names;
 pub mod ops;
+pub mod owner;
 pub mod phase;
 pub mod pod;
 pub mod pod_table;

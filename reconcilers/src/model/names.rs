@@ -66,9 +66,12 @@ fn shorten(full: &str) -> String {
     format!("{}-{hex}", &full[..cut])
 }
 
+/// What every fork snapshot's name starts with (T5: no managed VM takes it).
+pub const FORK_PREFIX: &str = "fork-";
+
 /// `fork-<vm>`, the shared fork snapshot of a source VM.
 pub fn fork_snapshot(vm: &str) -> String {
-    format!("fork-{vm}")
+    format!("{FORK_PREFIX}{vm}")
 }
 
 /// The staging directory (a plain name under `VK_STAGING_DIR`) a peer's copy of `vm`'s

@@ -30,6 +30,9 @@ pub enum CocoonOwner {
     MacosSweep,
     /// U7: the lease renewal nudged in a woken Windows guest; its outcome is counted.
     RenewNudge { key: PodKey },
+    /// T8: a cleanup's `snapshot inspect` of `name`; its record decides whether `key`
+    /// removes it.
+    GuardedRemoval { key: PodKey, name: String },
     /// Work whose outcome is only logged (orphan removal, snapshot cleanup).
     Detached {
         what: String,

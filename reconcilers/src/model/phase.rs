@@ -134,7 +134,12 @@ pub enum Purpose {
 pub enum CreateStep {
     /// C11: does `<vm>:hibernate` exist? Then this pod restores instead of booting fresh.
     CheckEvidence,
-    RemoveFork,
+    /// C6 under T8: `fork-<vm>` is inspected (`removing` false), then removed if this pod may
+    /// remove it (`removing` true).
+    RemoveFork {
+        #[serde(default)]
+        removing: bool,
+    },
     /// C7.2: what the registry holds under the run image's reference, if anything.
     ClassifyImage,
     /// C7.2: the cloud image streamed from the registry into `cocoon image import`.
@@ -388,6 +393,8 @@ pub enum HibernateStep {
 pub enum SaveStep {
     /// `snapshot save --name <snapshot> -- <vm>`.
     Save,
+    /// The snapshot holding the name the save was refused, inspected for its owner (T8).
+    InspectHolder,
     /// `snapshot rm` of whatever holds the name the save was refused.
     RemoveHolder,
     /// The second `snapshot save`, whose refusal is final.
@@ -641,5 +648,20 @@ impl Phase {
             Phase::Terminal(_) => "terminal",
             Phase::Gone(_) => "gone",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Journals whose states carry `remove_fork` without `removing` still decode; either
+    /// stage's `Done` or not-found outcome ends the step the same way.
+    #[test]
+    fn a_remove_fork_step_without_its_stage_decodes_as_the_inspect() {
+        let step: CreateStep = serde_json::from_str(r#"{"step":"remove_fork"}"#).unwrap();
+        assert_eq!(step, CreateStep::RemoveFork { removing: false });
+        let save: SaveStep = serde_json::from_str(r#""inspect_holder""#).unwrap();
+        assert_eq!(save, SaveStep::InspectHolder);
     }
 }

@@ -233,20 +233,24 @@ pub enum RegistryCall {
     /// What `<name>:<tag>` holds (its snapshot id, base image, pushing node), or that it is
     /// absent; the outcome is `RegistryOk::Inspected`.
     Inspect { name: String, tag: String },
-    /// Streams `cocoon snapshot export <snapshot>` to `<name>:<tag>`, recording `base_image`
-    /// and this node in the manifest.
+    /// Streams `cocoon snapshot export <snapshot>` to `<name>:<tag>`, recording `base_image`,
+    /// this node and the owner record `owner` (`<namespace>/<pod>`, T5) in the manifest. T7:
+    /// a tag whose manifest another namespace owns is not replaced (`RegistryErrorKind::Foreign`).
     Push {
         snapshot: String,
         name: String,
         tag: String,
         base_image: String,
+        owner: String,
     },
     /// Streams `<name>:<tag>` into `cocoon snapshot import --name <local>`, replacing any
-    /// local snapshot of that name.
+    /// local snapshot of that name, with the manifest's owner record as its description. T7:
+    /// a tag another namespace than `namespace` owns is refused (`RegistryErrorKind::Foreign`).
     Pull {
         name: String,
         tag: String,
         local: String,
+        namespace: String,
     },
     /// C7.2: streams the cloud image `<name>:<tag>` into `cocoon image import <image>`.
     PullCloudImage {

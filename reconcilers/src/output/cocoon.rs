@@ -83,9 +83,11 @@ pub enum CocoonCmd {
     SnapshotRm {
         name: String,
     },
+    /// `description` carries the owner record (T5).
     SnapshotSave {
         name: String,
         vm: String,
+        description: String,
     },
     ReconcileStaleCreate {
         id: String,
@@ -157,9 +159,23 @@ impl CocoonCmd {
                 words(&mut push, &["snapshot", "inspect", "--", name])
             }
             CocoonCmd::SnapshotRm { name } => words(&mut push, &["snapshot", "rm", "--", name]),
-            CocoonCmd::SnapshotSave { name, vm } => {
-                words(&mut push, &["snapshot", "save", "--name", name, "--", vm])
-            }
+            CocoonCmd::SnapshotSave {
+                name,
+                vm,
+                description,
+            } => words(
+                &mut push,
+                &[
+                    "snapshot",
+                    "save",
+                    "--name",
+                    name,
+                    "--description",
+                    description,
+                    "--",
+                    vm,
+                ],
+            ),
             CocoonCmd::ReconcileStaleCreate { id } => words(
                 &mut push,
                 &["vm", "reconcile-stale-create", "-o", "json", "--", id],

@@ -20,8 +20,14 @@ pub fn registry_call(c: &RegistryCall) -> String {
             name,
             tag,
             base_image,
-        } => format!("push {snapshot} -> {name}:{tag} base={base_image}"),
-        RegistryCall::Pull { name, tag, local } => format!("pull {name}:{tag} -> {local}"),
+            owner,
+        } => format!("push {snapshot} -> {name}:{tag} base={base_image} owner={owner}"),
+        RegistryCall::Pull {
+            name,
+            tag,
+            local,
+            namespace,
+        } => format!("pull {name}:{tag} -> {local} for={namespace}"),
         RegistryCall::DeleteTag { name, tag } => format!("delete-tag {name}:{tag}"),
         RegistryCall::PullCloudImage { name, tag, image } => {
             format!("pull-cloud-image {name}:{tag} -> {image}")
@@ -278,9 +284,16 @@ fn cocoon_ok(ok: &CocoonOk) -> String {
             let ids: Vec<&str> = vms.iter().map(|v| v.id.as_str()).collect();
             format!("ok vms [{}]", ids.join(","))
         }
-        CocoonOk::Snapshot { snapshot } => format!(
+        CocoonOk::Snapshot { snapshot } if snapshot.description.is_empty() => format!(
             "ok snapshot {} hypervisor={} image={}",
             snapshot.name, snapshot.hypervisor, snapshot.image
+        ),
+        CocoonOk::Snapshot { snapshot } => format!(
+            "ok snapshot {} hypervisor={} image={} description={}",
+            snapshot.name,
+            snapshot.hypervisor,
+            snapshot.image,
+            q(&snapshot.description)
         ),
         CocoonOk::StaleCreate { outcome } => format!("ok stale-create {}", outcome.as_str()),
     }
@@ -344,8 +357,12 @@ pub fn event(e: &Event) -> String {
             Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
                 let base = r.base_image.as_deref().unwrap_or("-");
                 let from = r.from_node.as_deref().unwrap_or("-");
+                let owner = match &r.owner {
+                    Some(o) => format!(" owner={o}"),
+                    None => String::new(),
+                };
                 format!(
-                    "registry-done #{op} snapshot id={} base={base} from={from}",
+                    "registry-done #{op} snapshot id={} base={base} from={from}{owner}",
                     r.snapshot_id
                 )
             }

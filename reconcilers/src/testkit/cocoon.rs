@@ -74,8 +74,16 @@ impl FakeCocoon {
                 name: name.into(),
                 hypervisor: hypervisor.into(),
                 image: image.into(),
+                description: String::new(),
             },
         );
+    }
+
+    /// Sets the description (the owner record, T5) of the snapshot `name`.
+    pub fn describe(&mut self, name: &str, description: &str) {
+        if let Some(snap) = self.snapshots.get_mut(name) {
+            snap.description = description.into();
+        }
     }
 
     pub fn fail_next(&mut self, verb: &str, text: &str) {
@@ -256,7 +264,11 @@ impl FakeCocoon {
                     .unwrap_or_else(|| name.clone());
                 self.rm_snapshot(&name)
             }
-            CocoonCmd::SnapshotSave { name, vm } => {
+            CocoonCmd::SnapshotSave {
+                name,
+                vm,
+                description,
+            } => {
                 if self.snapshots.contains_key(name) {
                     return fail(format!("Error: snapshot name {name:?} already exists"));
                 }
@@ -267,6 +279,7 @@ impl FakeCocoon {
                     return fail("Error: save snapshot: VM not running".into());
                 }
                 self.add_snapshot(name, &rec.hypervisor, &rec.image);
+                self.describe(name, description);
                 Ok(CocoonOk::Done)
             }
             CocoonCmd::ReconcileStaleCreate { id } => {

@@ -29,6 +29,19 @@ pub struct Stored {
     pub image: String,
     pub base_image: Option<String>,
     pub from_node: Option<String>,
+    /// The manifest's owner annotation (T5).
+    pub owner: Option<String>,
+}
+
+/// T7: the namespace a stored owner record names, when it names one; an unreadable record
+/// counts as another namespace's.
+fn foreign(stored: &Stored, namespace: &str) -> Option<String> {
+    match crate::owner::Record::from_annotation(stored.owner.as_deref()) {
+        crate::owner::Record::Public => None,
+        crate::owner::Record::Owned(o) if o.namespace == namespace => None,
+        crate::owner::Record::Owned(o) => Some(o.namespace),
+        crate::owner::Record::Unreadable(r) => Some(format!("(unreadable record {r:?})")),
+    }
 }
 
 fn kind(call: &RegistryCall) -> &'static str {
@@ -78,6 +91,7 @@ impl FakeRegistry {
                         base_image: t.base_image.clone(),
                         from_node: t.from_node.clone(),
                         hypervisor: t.hypervisor.clone(),
+                        owner: t.owner.clone(),
                     }),
             }),
             RegistryCall::Push {
@@ -85,7 +99,19 @@ impl FakeRegistry {
                 name,
                 tag,
                 base_image,
+                owner,
             } => {
+                let pusher = owner.split('/').next().unwrap_or_default();
+                if let Some(ns) = self
+                    .tags
+                    .get(&format!("{name}:{tag}"))
+                    .and_then(|t| foreign(t, pusher))
+                {
+                    return Err(RegistryError {
+                        kind: RegistryErrorKind::Foreign,
+                        message: format!("{name}:{tag} belongs to namespace {ns}"),
+                    });
+                }
                 let Some(local) = cocoon.snapshots.get(snapshot) else {
                     return Err(RegistryError {
                         kind: RegistryErrorKind::Failed,
@@ -100,25 +126,39 @@ impl FakeRegistry {
                     image: local.image.clone(),
                     base_image: Some(base_image.clone()).filter(|b| !b.is_empty()),
                     from_node: Some(node.to_string()),
+                    owner: Some(owner.clone()),
                 };
                 self.tags.insert(format!("{name}:{tag}"), stored);
                 Ok(RegistryOk::Pushed {
                     digest: format!("sha256:{:064x}", self.pushes),
                 })
             }
-            RegistryCall::Pull { name, tag, local } => {
-                match self.tags.get(&format!("{name}:{tag}")) {
-                    Some(t) => {
-                        cocoon.snapshots.remove(local);
-                        cocoon.add_snapshot(local, &t.hypervisor, &t.image);
-                        Ok(RegistryOk::Pulled)
+            RegistryCall::Pull {
+                name,
+                tag,
+                local,
+                namespace,
+            } => match self.tags.get(&format!("{name}:{tag}")) {
+                Some(t) if foreign(t, namespace).is_some() => Err(RegistryError {
+                    kind: RegistryErrorKind::Foreign,
+                    message: format!(
+                        "{name}:{tag} belongs to namespace {}",
+                        foreign(t, namespace).unwrap_or_default()
+                    ),
+                }),
+                Some(t) => {
+                    cocoon.snapshots.remove(local);
+                    cocoon.add_snapshot(local, &t.hypervisor, &t.image);
+                    if let Some(o) = &t.owner {
+                        cocoon.describe(local, &format!("{}{o}", crate::owner::DESCRIPTION_PREFIX));
                     }
-                    None => Err(RegistryError {
-                        kind: RegistryErrorKind::Absent,
-                        message: format!("{name}:{tag}: manifest unknown"),
-                    }),
+                    Ok(RegistryOk::Pulled)
                 }
-            }
+                None => Err(RegistryError {
+                    kind: RegistryErrorKind::Absent,
+                    message: format!("{name}:{tag}: manifest unknown"),
+                }),
+            },
             RegistryCall::PullCloudImage { name, tag, image } => {
                 match self.tags.get(&format!("{name}:{tag}")) {
                     Some(t) if t.kind == ArtifactKind::CloudImage => {

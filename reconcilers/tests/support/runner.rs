@@ -396,6 +396,11 @@ impl Runner {
                 };
                 let (n, h, i) = (get("name"), get("hypervisor"), get("image"));
                 self.world().cocoon.add_snapshot(&n, &h, &i);
+                let owner = get("owner");
+                if !owner.is_empty() {
+                    let d = format!("{}{owner}", reconcilers::owner::DESCRIPTION_PREFIX);
+                    self.world().cocoon.describe(&n, &d);
+                }
                 Out::Lines(vec![])
             }
             "tag" => {
@@ -419,6 +424,7 @@ impl Runner {
                     image: get("image"),
                     base_image: Some(get("base")).filter(|b| !b.is_empty()),
                     from_node: Some(get("from")).filter(|f| !f.is_empty()),
+                    owner: Some(get("owner")).filter(|o| !o.is_empty()),
                 };
                 self.world().registry.tags.insert(rest[0].clone(), stored);
                 Out::Lines(vec![])
@@ -718,7 +724,11 @@ impl Runner {
                     .map(|(tag, t)| {
                         let base = t.base_image.as_deref().unwrap_or("-");
                         let from = t.from_node.as_deref().unwrap_or("-");
-                        format!("{tag} id={} base={base} from={from}", t.snapshot_id)
+                        let owner = match &t.owner {
+                            Some(o) => format!(" owner={o}"),
+                            None => String::new(),
+                        };
+                        format!("{tag} id={} base={base} from={from}{owner}", t.snapshot_id)
                     })
                     .collect();
                 if lines.is_empty() {
@@ -797,7 +807,14 @@ impl Runner {
                     .values()
                     .map(|v| format!("vm {} {} {}", v.id, v.name, v.state))
                     .collect();
-                out.extend(c.snapshots.keys().map(|n| format!("snapshot {n}")));
+                out.extend(
+                    c.snapshots
+                        .iter()
+                        .map(|(n, s)| match s.description.as_str() {
+                            "" => format!("snapshot {n}"),
+                            d => format!("snapshot {n} description={d:?}"),
+                        }),
+                );
                 Out::Lines(out)
             }
             other => panic!("unknown command {other:?}"),
@@ -908,6 +925,7 @@ fn busy(phase: &Phase) -> String {
             DeleteWait::RemoveVm(_) => "remove_vm".into(),
             DeleteWait::Task(_) => "task".into(),
             DeleteWait::Save(SaveStep::Save | SaveStep::SaveAgain, _) => "save".into(),
+            DeleteWait::Save(SaveStep::InspectHolder, _) => "inspect_taken_save".into(),
             DeleteWait::Save(SaveStep::RemoveHolder, _) => "remove_taken_save".into(),
             DeleteWait::Push(_) => "push".into(),
             DeleteWait::Retry => "-".into(),
@@ -916,6 +934,7 @@ fn busy(phase: &Phase) -> String {
         Phase::Hibernating(h) => match h.step {
             HibernateStep::Save { save } => match save {
                 SaveStep::Save => "hibernate_save".into(),
+                SaveStep::InspectHolder => "hibernate_inspecttakensave".into(),
                 SaveStep::RemoveHolder => "hibernate_removetakensave".into(),
                 SaveStep::SaveAgain => "hibernate_saveagain".into(),
             },
@@ -972,6 +991,10 @@ fn cocoon_ok(toks: &[String]) -> CocoonOk {
                 name: get("name"),
                 hypervisor: get("hypervisor"),
                 image: get("image"),
+                description: Some(get("owner"))
+                    .filter(|o| !o.is_empty())
+                    .map(|o| format!("{}{o}", reconcilers::owner::DESCRIPTION_PREFIX))
+                    .unwrap_or_default(),
             },
         },
         "stale" => CocoonOk::StaleCreate {

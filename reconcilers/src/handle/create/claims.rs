@@ -70,7 +70,7 @@ pub(super) fn settle_snapshot_claim(s: &mut State, key: &PodKey) {
             | CreateStep::SaveForkSnapshot { .. }
             | CreateStep::PullSnapshot { .. } => true,
             CreateStep::Clone => false,
-            CreateStep::RemoveFork
+            CreateStep::RemoveFork { .. }
             | CreateStep::PullImage
             | CreateStep::ClassifyImage
             | CreateStep::ImportCloudImage

@@ -51,7 +51,7 @@ pub(super) fn fail_as(
             let wake_reason = match c.step {
                 CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => "WakeCloneFailed",
                 CreateStep::CheckEvidence
-                | CreateStep::RemoveFork
+                | CreateStep::RemoveFork { .. }
                 | CreateStep::PullImage
                 | CreateStep::ClassifyImage
                 | CreateStep::ImportCloudImage

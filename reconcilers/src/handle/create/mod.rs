@@ -11,6 +11,7 @@
 mod adopt;
 mod claims;
 mod failure;
+mod source;
 mod steps;
 mod wake;
 
@@ -58,10 +59,10 @@ pub fn begin(s: &mut State, key: &PodKey) {
             let op = s.call_registry(owner(), Some(key.clone()), call);
             (CreateStep::CheckEvidence, op)
         }
-        false => match remove_fork(s, key, &spec) {
-            Some(op) => (CreateStep::RemoveFork, op),
-            None => return fail(s, key, fork_kept(&spec)),
-        },
+        false => (
+            CreateStep::RemoveFork { removing: false },
+            inspect_fork(s, key, &spec),
+        ),
     };
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
@@ -76,18 +77,10 @@ pub fn begin(s: &mut State, key: &PodKey) {
     }
 }
 
-/// C6: a fresh bring-up never hands its predecessor's fork state to new sub-agents.
-pub(super) fn remove_fork(s: &mut State, key: &PodKey, spec: &VmSpec) -> Option<OpId> {
-    let why = crate::snapshot::Removal::OwnFork(spec.vm_name.clone());
-    crate::snapshot::remove(s, key, why)
-}
-
-/// The failure of a bring-up whose `fork-<vm>` may not be removed.
-pub(super) fn fork_kept(spec: &VmSpec) -> String {
-    format!(
-        "snapshot rm {}: refused, so the VM is not brought up with another's fork state",
-        names::fork_snapshot(&spec.vm_name)
-    )
+/// C6: a fresh bring-up never hands its predecessor's fork state to new sub-agents; the
+/// snapshot `fork-<vm>` is looked at first, since only its owner's namespace removes it (T8).
+pub(super) fn inspect_fork(s: &mut State, key: &PodKey, spec: &VmSpec) -> OpId {
+    crate::snapshot::inspect(s, key, names::fork_snapshot(&spec.vm_name))
 }
 
 pub(super) fn set_step(s: &mut State, key: &PodKey, next: CreateStep, op: crate::action::OpId) {

@@ -4,21 +4,20 @@
 use super::adopt::{adopt, booted};
 use super::claims::{claim, fork_source};
 use super::failure::{fail, fail_permanently};
+use super::source::{fork_inspected, snapshot_found};
 use super::wake::{evidence, wake_registry, wake_source};
 use super::{clone_cmd, run_cmd, set_step, set_step_op, step};
 use crate::action::{Action, Counter, Histogram, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
-use crate::event::{
-    ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk, SnapshotInfo,
-};
+use crate::event::{ArtifactKind, CocoonOk, RegistryError, RegistryErrorKind, RegistryOk};
 use crate::names;
 use crate::phase::{CreateStep, Creating, Phase, SaveStep, Scratch};
 use crate::pod::PodKey;
 use crate::snapshot::Saving;
-use crate::spec::{Backend, Mode, VmSpec};
+use crate::spec::{Mode, VmSpec};
 use crate::state::{Making, RegistryOwner, State};
 use crate::vm::{CocoonError, CocoonErrorKind};
-use crate::{delete, keys, outcome};
+use crate::{delete, outcome};
 
 pub(super) fn advance(
     s: &mut State,
@@ -51,7 +50,7 @@ pub(super) fn advance(
             | CreateStep::Clone
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::Macos { .. } => {}
-            CreateStep::RemoveFork
+            CreateStep::RemoveFork { .. }
             | CreateStep::PullImage
             | CreateStep::ClassifyImage
             | CreateStep::ImportCloudImage
@@ -79,7 +78,7 @@ pub(super) fn advance(
         | CreateStep::InspectNameTaken => {
             boot_done(s, key, &spec, current, cancel.is_some(), result)
         }
-        CreateStep::RemoveFork
+        CreateStep::RemoveFork { .. }
         | CreateStep::PullImage
         | CreateStep::ClassifyImage
         | CreateStep::ImportCloudImage
@@ -192,8 +191,11 @@ fn source_done(
 ) {
     use CocoonErrorKind::SnapshotNotFound;
     match (current, result) {
+        (CreateStep::RemoveFork { removing: false }, Ok(CocoonOk::Snapshot { snapshot })) => {
+            fork_inspected(s, key, spec, snapshot)
+        }
         (
-            CreateStep::RemoveFork,
+            CreateStep::RemoveFork { .. },
             Ok(CocoonOk::Done)
             | Err(CocoonError {
                 kind: SnapshotNotFound,
@@ -255,6 +257,7 @@ fn fork_save_done(
             &CreateStep::SaveForkSnapshot { vm, save },
             *other,
         ),
+        Saving::Foreign(why) => fail(s, key, format!("snapshot save {name}: {why}")),
     }
 }
 
@@ -291,7 +294,12 @@ pub(super) fn count_clone_from_dir_failure(
 pub(super) fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
     let fork = || names::fork_snapshot(spec.fork_from.as_deref().unwrap_or_default());
     match step {
-        CreateStep::RemoveFork => format!("snapshot rm {}", names::fork_snapshot(&spec.vm_name)),
+        CreateStep::RemoveFork { removing: false } => {
+            format!("snapshot inspect {}", names::fork_snapshot(&spec.vm_name))
+        }
+        CreateStep::RemoveFork { removing: true } => {
+            format!("snapshot rm {}", names::fork_snapshot(&spec.vm_name))
+        }
         CreateStep::PullImage => format!("image pull {}", spec.image),
         CreateStep::ClassifyImage => format!("registry inspect {}", spec.image),
         CreateStep::ImportCloudImage => format!("image import {}", spec.image),
@@ -448,6 +456,7 @@ pub(super) fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
         name: repo.clone(),
         tag: tag.clone(),
         local: name.clone(),
+        namespace: key.namespace().to_string(),
     };
     let op = s.call_registry(
         RegistryOwner::Pod { key: key.clone() },
@@ -493,7 +502,7 @@ pub(super) fn registry_advance(
         CreateStep::PullSnapshot { name, repo, tag } => {
             pulled(s, key, name, (repo, tag), since, result)
         }
-        CreateStep::RemoveFork
+        CreateStep::RemoveFork { .. }
         | CreateStep::PullImage
         | CreateStep::Run
         | CreateStep::Clone
@@ -537,7 +546,7 @@ fn registry_cancelled(
             Ok(_) | Err(_),
         ) => {}
         (
-            step_now @ (CreateStep::RemoveFork
+            step_now @ (CreateStep::RemoveFork { .. }
             | CreateStep::PullImage
             | CreateStep::Run
             | CreateStep::Clone
@@ -630,45 +639,10 @@ fn pulled(
                 ),
                 RegistryErrorKind::NotConfigured
                 | RegistryErrorKind::Refused
+                | RegistryErrorKind::Foreign
                 | RegistryErrorKind::Failed => format!("pull {repo}:{tag}: {}", err.message),
             };
             fail(s, key, msg)
         }
     }
-}
-
-pub(super) fn snapshot_found(
-    s: &mut State,
-    key: &PodKey,
-    spec: &VmSpec,
-    name: String,
-    snap: SnapshotInfo,
-) {
-    let backend_set = s
-        .pod(key)
-        .is_some_and(|e| e.pod.annotation(keys::BACKEND).is_some());
-    if backend_set && !snap.hypervisor.is_empty() && snap.hypervisor != spec.backend.as_str() {
-        let msg = format!(
-            "snapshot {name:?} was taken on {}, the pod asks for {}",
-            snap.hypervisor,
-            spec.backend.as_str()
-        );
-        return fail(s, key, msg);
-    }
-    if spec.fork_from.is_none() {
-        s.emit(Action::Count {
-            counter: Counter::SnapshotPull {
-                result: crate::labels::Outcome::Ok,
-            },
-        });
-    }
-    let pull = spec.fork_from.is_none() && !snap.image.is_empty();
-    let mut cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
-    if let CocoonCmd::VmClone { restore_mode, .. } = &mut cmd {
-        // The backend of a clone is the snapshot's, not the pod's.
-        if snap.hypervisor == Backend::Firecracker.as_str() {
-            *restore_mode = None;
-        }
-    }
-    step(s, key, CreateStep::Clone, cmd);
 }

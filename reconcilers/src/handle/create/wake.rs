@@ -3,12 +3,13 @@
 //! cloned like a fresh pod's.
 
 use super::failure::fail_as;
-use super::{clone_cmd, fork_kept, remove_fork, set_step, step};
+use super::{clone_cmd, inspect_fork, set_step, step};
 use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
 use crate::event::{CocoonOk, RegistryError, RegistryOk};
 use crate::labels::{EvidenceVerdict, Outcome, VerifyResult};
 use crate::names;
+use crate::owner::Record;
 use crate::phase::{CreateStep, Creating, Phase, Purpose, Retry, Scratch};
 use crate::pod::PodKey;
 use crate::snapshot::Removal;
@@ -32,11 +33,17 @@ pub(super) fn evidence(
     };
     let name = spec.vm_name.clone();
     match result {
-        Ok(RegistryOk::Inspected { snapshot: None }) => match remove_fork(s, key, spec) {
-            Some(op) => set_step(s, key, CreateStep::RemoveFork, op),
-            None => fail_as(s, key, None, fork_kept(spec), Retry::Timer),
-        },
+        Ok(RegistryOk::Inspected { snapshot: None }) => {
+            let op = inspect_fork(s, key, spec);
+            set_step(s, key, CreateStep::RemoveFork { removing: false }, op)
+        }
         Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
+            // T6: another namespace's hibernated state is never restored into this pod.
+            let record = Record::from_annotation(r.owner.as_deref());
+            if let Err(why) = record.usable_by(key.namespace(), &format!("VM name {name:?}")) {
+                let msg = format!("{name}:hibernate exists and {why}; give this pod another vm.cocoonstack.io/name");
+                return fail_as(s, key, Some("HibernateEvidenceFailed"), msg, Retry::Timer);
+            }
             if spec.clone_from_dir.is_some() || spec.fork_from.is_some() {
                 verdict(s, EvidenceVerdict::SourceConflict);
                 let msg = format!("{name}:hibernate exists, but the pod also asks for clone-from-dir or fork-from; delete the tag or the annotation");
@@ -150,7 +157,31 @@ pub(super) fn wake_source(
     result: Result<CocoonOk, CocoonError>,
 ) {
     let registry = s.config.registry.is_some();
+    // T6: a local copy another namespace owns is never used; the wake looks elsewhere as if
+    // there were none here.
+    let result = match (&step_now, result) {
+        (CreateStep::InspectLocal { name }, Ok(CocoonOk::Snapshot { snapshot })) => {
+            match local_refused(key, &snapshot) {
+                None => Ok(CocoonOk::Snapshot { snapshot }),
+                Some(why) => {
+                    s.emit(Action::Log {
+                        level: Level::Warn,
+                        message: format!("pod {key}: the local {name} is not used: {why}"),
+                    });
+                    Err(CocoonError::new(CocoonErrorKind::SnapshotNotFound, why))
+                }
+            }
+        }
+        (_, result) => result,
+    };
     match (step_now, result) {
+        (CreateStep::PullHibernate { import, .. }, Ok(CocoonOk::Snapshot { snapshot }))
+            if local_refused(key, &snapshot).is_some() =>
+        {
+            let why = local_refused(key, &snapshot).unwrap_or_default();
+            crate::snapshot::drop_scratch(s, key, Scratch::Snapshot(import));
+            wake_failed(s, key, "WakePullFailed", format!("wake: {why}"))
+        }
         (CreateStep::InspectLocal { name }, Ok(CocoonOk::Snapshot { snapshot })) if registry => {
             let call = RegistryCall::Inspect {
                 name: name.clone(),
@@ -235,6 +266,14 @@ pub(super) fn wake_source(
     }
 }
 
+/// T6: why a local snapshot may not be used by `key`'s wake, if it may not.
+fn local_refused(key: &PodKey, snap: &crate::event::SnapshotInfo) -> Option<String> {
+    let what = format!("snapshot {:?}", snap.name);
+    Record::from_description(&snap.description)
+        .usable_by(key.namespace(), &what)
+        .err()
+}
+
 /// A wake step answered with a shape it cannot have: a contract mismatch, failed like any
 /// other wake error.
 pub(super) fn wake_unexpected(
@@ -279,6 +318,16 @@ pub(super) fn wake_registry(
             },
             Ok(RegistryOk::Inspected { snapshot }),
         ) => {
+            let owner = snapshot.as_ref().and_then(|r| r.owner.as_deref());
+            let what = format!("{name}:hibernate");
+            if let Err(why) = Record::from_annotation(owner).usable_by(key.namespace(), &what) {
+                let reason = match purpose {
+                    Purpose::Restore => "HibernateEvidenceFailed",
+                    Purpose::Wake | Purpose::Fresh => "WakePullFailed",
+                };
+                let msg = format!("restore {name}: {why}, so it is not restored into this pod");
+                return wake_failed(s, key, reason, msg);
+            }
             if let (Purpose::Restore, Some(base)) = (
                 purpose,
                 snapshot.as_ref().and_then(|r| r.base_image.as_deref()),
@@ -447,6 +496,7 @@ pub(super) fn pull_hibernate(s: &mut State, key: &PodKey, name: String) {
         name: name.clone(),
         tag: "hibernate".into(),
         local: import.clone(),
+        namespace: key.namespace().to_string(),
     };
     let op = s.call_registry(
         RegistryOwner::Pod { key: key.clone() },
