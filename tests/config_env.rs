@@ -168,7 +168,9 @@ fn defaults_are_the_documented_ones() {
     assert!(c.kubelet_websocket);
     assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(30));
     assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
-    assert_eq!(c.peer_addr.to_string(), "0.0.0.0:12501");
+    // K7, T5: on the node's own address, and off until the node credentials are given.
+    assert_eq!(c.peer_addr, SocketAddr::new(c.node_ip, 12501));
+    assert_eq!(c.peer_tls, None);
     assert_eq!(c.log_level, LogLevel::Info);
     assert_eq!(c.orphan_policy, OrphanPolicy::Destroy);
     assert_eq!(c.restore_mode, RestoreMode::Ondemand);
