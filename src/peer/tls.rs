@@ -237,6 +237,35 @@ impl ClientCertVerifier for CountingVerifier {
     }
 }
 
+/// A dialing config that checks the server as a restore does, presenting `identity` (chain
+/// and key) or no certificate: for tests that call as strangers.
+#[cfg(test)]
+pub(super) fn client_config_as(
+    ca: &Path,
+    node: &str,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(ca).unwrap()),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PeerVerifier {
+            chain,
+            node: node.to_string(),
+        }));
+    match identity {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
+        None => builder.with_no_client_auth(),
+    }
+}
+
 /// A peer's certificate is a node credential, which is a client certificate (kubeadm issues
 /// nodes no other the cluster CA signs): the chain is checked as a client certificate's, and
 /// the name that matters is the node in its subject, not a DNS name or address.
