@@ -37,6 +37,9 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_EXEC_IDLE_TIMEOUT", "2m"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
+    ("VK_PEER_CA_FILE", "/etc/kubernetes/pki/ca.crt"),
+    ("VK_PEER_CERT", "/var/lib/kubelet/pki/kubelet-client-current.pem"),
+    ("VK_PEER_KEY", "/var/lib/kubelet/pki/kubelet-client-key.pem"),
     ("VK_LOG_LEVEL", "DEBUG"),
     ("OCI_REGISTRY", "us-docker.pkg.dev/proj/vms"),
     ("GOOGLE_APPLICATION_CREDENTIALS", "/secrets/sa.json"),
@@ -405,6 +408,32 @@ fn the_readme_documents_every_variable() {
             readme.contains(&format!("`{}`", v.name)),
             "README.md does not document {}",
             v.name
+        );
+    }
+}
+
+#[test]
+fn the_peer_api_needs_the_cluster_ca_and_the_node_certificate_together() {
+    // T5: the key defaults to the certificate file, which a kubelet's client PEM holds both in.
+    let c = parse(&[
+        ("VK_PEER_CA_FILE", "/ca.crt"),
+        ("VK_PEER_CERT", "/node.pem"),
+    ])
+    .unwrap();
+    let t = c.peer_tls.expect("on with both");
+    assert_eq!(
+        (t.ca_file, t.cert, t.key),
+        ("/ca.crt".into(), "/node.pem".into(), "/node.pem".into())
+    );
+    for (var, val) in [
+        ("VK_PEER_CA_FILE", "/ca.crt"),
+        ("VK_PEER_CERT", "/node.pem"),
+        ("VK_PEER_KEY", "/node.key"),
+    ] {
+        let err = parse(&[(var, val)]).unwrap_err();
+        assert!(
+            err.0.iter().any(|e| e.var == var && e.message.contains("without")),
+            "{var}: {err}"
         );
     }
 }
