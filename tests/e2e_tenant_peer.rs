@@ -208,7 +208,17 @@ async fn the_peer_port_serves_only_the_cluster_s_nodes() -> Result<()> {
     .with_context(|| d.proc.log_tail(40))?;
 
     // No certificate: 401.
-    ensure!(get(addr, caller(None)?, PLAN).await? == 401, "no certificate");
+    let listening = || {
+        std::process::Command::new("ss")
+            .args(["-ltnp", &format!("sport = :{port}")])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let got = get(addr, caller(None)?, PLAN)
+        .await
+        .with_context(|| format!("{}\n{}", listening(), d.proc.log_tail(40)))?;
+    ensure!(got == 401, "no certificate: {got}");
     // A node certificate from another CA: the handshake is refused.
     let foreign = foreign_node_cert(&tb.run_dir().join("foreign"))?;
     let got = get(addr, caller(Some(&foreign))?, PLAN).await;
