@@ -459,6 +459,10 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
         rss_max = rss_max.max(rss);
         fds_max = fds_max.max(fds);
     }
+    eprintln!(
+        "flood: {IDLE} idle connections, {PLANS} plans: descriptors {fds0} -> at most {fds_max}, \
+         RSS {rss0} KiB -> at most {rss_max} KiB, answers {answered:?}"
+    );
     ensure!(
         answered.keys().all(|k| k == "404" || k == "503"),
         "plan answers: {answered:?}"

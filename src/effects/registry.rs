@@ -37,9 +37,10 @@ pub struct Peers {
     pub access: Option<PeerAccess>,
 }
 
-/// T5: this node's credentials for dialing peers, and where refusals are counted.
+/// T5: how this node dials peers (its node certificate, theirs checked against the cluster
+/// CA), and where refusals are counted.
 pub struct PeerAccess {
-    pub tls: crate::peer::NodeTls,
+    pub tls: std::sync::Arc<rustls::ClientConfig>,
     pub counters: crate::peer::PeerCounters,
 }
 
@@ -217,13 +218,9 @@ impl Transfers {
             std::net::IpAddr::V4(v4) => format!("https://{v4}:{}", self.peers.port),
             std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{}", self.peers.port),
         };
-        let config = access
-            .tls
-            .client_config(node)
-            .map_err(|e| format!("peer {node}: {e}"))?;
         let req = crate::peer::RestoreRequest {
             peer,
-            transport: crate::peer::Transport::Tls(std::sync::Arc::new(config)),
+            transport: crate::peer::Transport::Tls(access.tls.clone()),
             files: source.files,
             snapshot_name: name.to_string(),
             snapshot_id: snapshot_id.to_string(),

@@ -89,13 +89,13 @@ fn identity(pem: &Path) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>
     (chain, PrivateKeyDer::from_pem_file(pem).unwrap())
 }
 
-fn node_tls(ca: &Ca, pem: &Path, node: &str) -> NodeTls {
+fn node_tls(ca: &Ca, pem: &Path) -> NodeTls {
     let t = PeerTls {
         ca_file: ca.cert.clone(),
         cert: pem.to_path_buf(),
         key: pem.to_path_buf(),
     };
-    NodeTls::load(&t, node).unwrap()
+    NodeTls::load(&t).unwrap()
 }
 
 struct Fixture {
@@ -114,7 +114,7 @@ async fn serving(plan_limit: Option<usize>) -> Fixture {
     let store = tmp.path().join("snapshots");
     std::fs::create_dir_all(store.join(ID)).unwrap();
     std::fs::write(store.join(ID).join("config.json"), b"{\"cpus\":2}").unwrap();
-    let tls = node_tls(&ca, &ca.node("node-a"), "node-a");
+    let tls = node_tls(&ca, &ca.node("node-a"));
     let lookups = Arc::new(Lookups(AtomicUsize::new(0)));
     let counting = Counting {
         metrics: Metrics::new(),
@@ -171,7 +171,7 @@ const PLAN: &str = "/v1/snapshot-plan?name=vm-a";
 async fn a_node_of_the_cluster_is_served() {
     let fx = serving(None).await;
     let me = fx.ca.node("node-b");
-    let config = client_config_as(&fx.ca.cert, "node-a", Some(identity(&me)));
+    let config = client_config_as(&fx.ca.cert, Some(identity(&me)));
     assert_eq!(get(fx.addr, config, PLAN).await, Ok(200));
     assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 1);
 }
@@ -181,13 +181,13 @@ async fn callers_without_the_cluster_s_node_credentials_are_refused_before_any_l
     let fx = serving(None).await;
     let peer = &fx.counting.peer;
 
-    let none = client_config_as(&fx.ca.cert, "node-a", None);
+    let none = client_config_as(&fx.ca.cert, None);
     assert_eq!(get(fx.addr, none, PLAN).await, Ok(401));
     assert_eq!(peer.count(Refusal::NoCertificate), 1);
 
     let other = Ca::new(fx.ca.dir.parent().unwrap_or(&fx.ca.dir), "other-ca");
     let stranger = other.node("node-b");
-    let config = client_config_as(&fx.ca.cert, "node-a", Some(identity(&stranger)));
+    let config = client_config_as(&fx.ca.cert, Some(identity(&stranger)));
     let got = get(fx.addr, config, PLAN).await;
     assert!(got.is_err(), "a certificate from another CA got {got:?}");
     assert_eq!(peer.count(Refusal::UntrustedCertificate), 1);
@@ -198,20 +198,20 @@ async fn callers_without_the_cluster_s_node_credentials_are_refused_before_any_l
         ("no-group", "system:node:node-b", &[][..]),
     ] {
         let pem = fx.ca.issue(file, cn, orgs);
-        let config = client_config_as(&fx.ca.cert, "node-a", Some(identity(&pem)));
+        let config = client_config_as(&fx.ca.cert, Some(identity(&pem)));
         assert_eq!(get(fx.addr, config, PLAN).await, Ok(401), "{cn}");
     }
     assert_eq!(peer.count(Refusal::NotANode), 3);
     // Unknown paths and slices are refused the same way.
-    let none = client_config_as(&fx.ca.cert, "node-a", None);
+    let none = client_config_as(&fx.ca.cert, None);
     assert_eq!(get(fx.addr, none, "/nope").await, Ok(401));
     assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 0, "a refused caller started a lookup");
 }
 
 #[tokio::test]
-async fn the_restore_accepts_only_the_node_the_registry_names() {
+async fn the_restore_dials_over_tls_and_accepts_only_a_node_of_the_cluster() {
     let fx = serving(None).await;
-    let me = node_tls(&fx.ca, &fx.ca.node("node-b"), "node-b");
+    let me = node_tls(&fx.ca, &fx.ca.node("node-b"));
     let expected: Expected = [(
         "config.json".to_string(),
         FileDigest {
@@ -224,9 +224,9 @@ async fn the_restore_accepts_only_the_node_the_registry_names() {
         },
     )]
     .into();
-    let request = |node: &str| RestoreRequest {
+    let request = |config: rustls::ClientConfig| RestoreRequest {
         peer: format!("https://{}", fx.addr),
-        transport: Transport::Tls(Arc::new(me.client_config(node).unwrap())),
+        transport: Transport::Tls(Arc::new(config)),
         snapshot_name: "vm-a".into(),
         snapshot_id: ID.into(),
         staging_root: fx.staging.clone(),
@@ -235,12 +235,17 @@ async fn the_restore_accepts_only_the_node_the_registry_names() {
         files: expected.clone(),
         timeouts: Timeouts::default(),
     };
-    let err = restore(request("node-c")).await.unwrap_err();
+    // A client that trusts another CA does not take node-a for a node of its cluster.
+    let other = Ca::new(fx.ca.dir.parent().unwrap_or(&fx.ca.dir), "other-ca");
+    let elsewhere = node_tls(&other, &other.node("node-b"));
+    let err = restore(request(elsewhere.client_config().unwrap()))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), "unreachable", "{err}");
-    assert!(err.to_string().contains("node-c"), "{err}");
+    assert!(err.to_string().contains("TLS"), "{err}");
     assert!(!fx.staging.join("vm-a").exists());
 
-    let dir = restore(request("node-a")).await.unwrap();
+    let dir = restore(request(me.client_config().unwrap())).await.unwrap();
     assert_eq!(
         std::fs::read(dir.join("config.json")).unwrap(),
         std::fs::read(fx.store.join(ID).join("config.json")).unwrap()
@@ -251,7 +256,7 @@ async fn the_restore_accepts_only_the_node_the_registry_names() {
 async fn plans_over_the_cap_are_503_and_counted() {
     let fx = serving(Some(0)).await;
     let me = fx.ca.node("node-b");
-    let config = client_config_as(&fx.ca.cert, "node-a", Some(identity(&me)));
+    let config = client_config_as(&fx.ca.cert, Some(identity(&me)));
     assert_eq!(get(fx.addr, config, PLAN).await, Ok(503));
     let refused = fx
         .counting
@@ -264,7 +269,7 @@ async fn plans_over_the_cap_are_503_and_counted() {
 }
 
 #[test]
-fn a_credential_naming_another_node_or_no_node_stops_the_start() {
+fn a_credential_that_names_no_node_or_another_ca_signed_stops_the_start() {
     let tmp = tempfile::tempdir().unwrap();
     let ca = Ca::new(tmp.path(), "cluster-ca");
     let pem = ca.node("node-a");
@@ -273,21 +278,21 @@ fn a_credential_naming_another_node_or_no_node_stops_the_start() {
         cert: pem.clone(),
         key: pem.clone(),
     };
-    let err = NodeTls::load(&t, "node-b").unwrap_err();
-    assert!(format!("{err:#}").contains("names node \"node-a\""), "{err:#}");
+    assert_eq!(NodeTls::load(&t).unwrap().node, "node-a");
     let alice = ca.issue("alice", "alice", &[]);
     let t = PeerTls {
         cert: alice.clone(),
         key: alice,
         ..t
     };
-    assert!(NodeTls::load(&t, "node-a").is_err());
+    let err = NodeTls::load(&t).unwrap_err();
+    assert!(format!("{err:#}").contains("not a node"), "{err:#}");
     let other = Ca::new(tmp.path(), "other-ca");
     let t = PeerTls {
         ca_file: other.cert.clone(),
         cert: pem.clone(),
         key: pem,
     };
-    let err = NodeTls::load(&t, "node-a").unwrap_err();
+    let err = NodeTls::load(&t).unwrap_err();
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
 }

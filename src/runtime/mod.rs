@@ -202,15 +202,16 @@ fn serve_peers(
 ) -> Result<Option<crate::effects::registry::PeerAccess>> {
     let Some(t) = &settings.peer_tls else {
         tracing::warn!(
-            "peer API off: set VK_PEER_CA_FILE (the cluster CA) and VK_PEER_CERT (this node's \
-             certificate, O=system:nodes, CN=system:node:{}) to serve and use peer restores; \
-             hibernated VMs wake from the registry meanwhile",
-            settings.node.name
+            "peer API off: set VK_PEER_CA_FILE (the cluster CA) and VK_PEER_CERT (a node \
+             certificate: O=system:nodes, CN=system:node:<name>, e.g. the kubelet's \
+             kubelet-client-current.pem) to serve and use peer restores; hibernated VMs wake \
+             from the registry meanwhile"
         );
         return Ok(None);
     };
-    let tls = crate::peer::NodeTls::load(t, &settings.node.name)
-        .context("peer API credentials (VK_PEER_CA_FILE / VK_PEER_CERT / VK_PEER_KEY)")?;
+    let what = "peer API credentials (VK_PEER_CA_FILE / VK_PEER_CERT / VK_PEER_KEY)";
+    let tls = crate::peer::NodeTls::load(t).context(what)?;
+    let dial = std::sync::Arc::new(tls.client_config().context(what)?);
     let counters = crate::peer::PeerCounters::new();
     metrics
         .register(counters.collector())
@@ -225,8 +226,15 @@ fn serve_peers(
             peer: counters.clone(),
         },
     )?;
-    tracing::info!(addr = %settings.peer_addr, "peer API serving other nodes over mutual TLS");
-    Ok(Some(crate::effects::registry::PeerAccess { tls, counters }))
+    tracing::info!(
+        addr = %settings.peer_addr,
+        identity = %tls.node,
+        "peer API serving other nodes over mutual TLS"
+    );
+    Ok(Some(crate::effects::registry::PeerAccess {
+        tls: dial,
+        counters,
+    }))
 }
 
 /// Registry transfers (`OCI_REGISTRY`), with peer restores; `None` while it is unset.
