@@ -38,7 +38,10 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
     ("VK_PEER_CA_FILE", "/etc/kubernetes/pki/ca.crt"),
-    ("VK_PEER_CERT", "/var/lib/kubelet/pki/kubelet-client-current.pem"),
+    (
+        "VK_PEER_CERT",
+        "/var/lib/kubelet/pki/kubelet-client-current.pem",
+    ),
     ("VK_PEER_KEY", "/var/lib/kubelet/pki/kubelet-client-key.pem"),
     ("VK_LOG_LEVEL", "DEBUG"),
     ("OCI_REGISTRY", "us-docker.pkg.dev/proj/vms"),
@@ -171,7 +174,7 @@ fn defaults_are_the_documented_ones() {
     assert!(c.kubelet_websocket);
     assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(30));
     assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
-    // K7, T5: on the node's own address, and off until the node credentials are given.
+    // K7.1, K7.2: on the node's own address, and off until the node credentials are given.
     assert_eq!(c.peer_addr, SocketAddr::new(c.node_ip, 12501));
     assert_eq!(c.peer_tls, None);
     assert_eq!(c.log_level, LogLevel::Info);
@@ -414,7 +417,7 @@ fn the_readme_documents_every_variable() {
 
 #[test]
 fn the_peer_api_needs_the_cluster_ca_and_the_node_certificate_together() {
-    // T5: the key defaults to the certificate file, which a kubelet's client PEM holds both in.
+    // K7.1: the key defaults to the certificate file, which a kubelet's client PEM holds both in.
     let c = parse(&[
         ("VK_PEER_CA_FILE", "/ca.crt"),
         ("VK_PEER_CERT", "/node.pem"),
@@ -432,7 +435,9 @@ fn the_peer_api_needs_the_cluster_ca_and_the_node_certificate_together() {
     ] {
         let err = parse(&[(var, val)]).unwrap_err();
         assert!(
-            err.0.iter().any(|e| e.var == var && e.message.contains("without")),
+            err.0
+                .iter()
+                .any(|e| e.var == var && e.message.contains("without")),
             "{var}: {err}"
         );
     }

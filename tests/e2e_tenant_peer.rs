@@ -1,4 +1,4 @@
-//! The peer boundary (T5, K7) against real daemons: the peer port serves only the cluster's
+//! The peer boundary (K7.1–K7.3) against real daemons: the peer port serves only the cluster's
 //! nodes and starts no cocoon process for anyone else; a peer that serves bytes other than the
 //! registry's is refused and the pod wakes from the registry with its state intact; a flood of
 //! idle connections and plan requests leaves the daemon's memory and descriptors bounded and
@@ -67,9 +67,7 @@ impl ServerCertVerifier for AnyServer {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -111,19 +109,21 @@ async fn get(addr: SocketAddr, config: Arc<rustls::ClientConfig>, target: &str) 
 /// A certificate for node-b signed by a CA the cluster does not know.
 fn foreign_node_cert(dir: &Path) -> Result<CertPair> {
     use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair,
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };
     std::fs::create_dir_all(dir)?;
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, "not-the-cluster-ca");
+    ca.distinguished_name
+        .push(DnType::CommonName, "not-the-cluster-ca");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let issuer = Issuer::new(ca, ca_key);
     let key = KeyPair::generate()?;
     let mut p = CertificateParams::new(Vec::<String>::new())?;
-    p.distinguished_name.push(DnType::CommonName, "system:node:node-b");
-    p.distinguished_name.push(DnType::OrganizationName, "system:nodes");
+    p.distinguished_name
+        .push(DnType::CommonName, "system:node:node-b");
+    p.distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let cert = p.signed_by(&key, &issuer)?;
     let pair = CertPair {
@@ -227,7 +227,11 @@ async fn the_peer_port_serves_only_the_cluster_s_nodes() -> Result<()> {
     for (file, user, groups) in [
         ("tenant", "alice", &["system:authenticated"][..]),
         ("admin-like", "kube-admin", &["system:masters"][..]),
-        ("sa", "system:serviceaccount:default:default", &["system:serviceaccounts"][..]),
+        (
+            "sa",
+            "system:serviceaccount:default:default",
+            &["system:serviceaccounts"][..],
+        ),
     ] {
         let cert = pki.issue_client(file, user, groups)?;
         ensure!(
@@ -247,7 +251,10 @@ async fn the_peer_port_serves_only_the_cluster_s_nodes() -> Result<()> {
     // The control: another node of the cluster is served, and its request does run cocoon.
     let node_b = pki.issue_node("node-b")?;
     ensure!(get(addr, caller(Some(&node_b))?, PLAN).await? == 404);
-    ensure!(inspect_calls(&calls) == 1, "the node's request ran no lookup");
+    ensure!(
+        inspect_calls(&calls) == 1,
+        "the node's request ran no lookup"
+    );
     drop(d);
     Ok(())
 }
@@ -274,8 +281,8 @@ fn alter_local_copy(snapshots: &Path, id: &str) -> Result<PathBuf> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_registry(
-) -> Result<()> {
+async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_registry() -> Result<()>
+{
     let mut tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
     tb.add_host("sim-b")?;
     let registry = tb.registry.as_ref().context("registry")?.addr.clone();
@@ -319,7 +326,15 @@ async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_regi
     sim_a
         .command()
         .env("COCOON_SIM_EXEC", "host")
-        .args(["vm", "exec", &id, "--", "sh", "-c", "echo victim-state > marker"])
+        .args([
+            "vm",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo victim-state > marker",
+        ])
         .status()?;
     let patch = json!({"metadata": {"annotations": {"vm.cocoonstack.io/hibernate": "true"}}});
     pods.patch("victim", &PatchParams::default(), &Patch::Merge(&patch))
@@ -381,17 +396,21 @@ async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_regi
         "node-b did not fall back to the registry"
     );
     let staging = sim_b.root.join("vk-staging");
-    until("node-b's staging directory without the refused copy", LIMIT, || async {
-        let left: Vec<String> = std::fs::read_dir(&staging)
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with("peer-"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(left.is_empty().then_some(()))
-    })
+    until(
+        "node-b's staging directory without the refused copy",
+        LIMIT,
+        || async {
+            let left: Vec<String> = std::fs::read_dir(&staging)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.starts_with("peer-"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Ok(left.is_empty().then_some(()))
+        },
+    )
     .await?;
     drop((a, b));
     daemon::replay_verify(&journal_b)?;
@@ -467,7 +486,10 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
         answered.keys().all(|k| k == "404" || k == "503"),
         "plan answers: {answered:?}"
     );
-    ensure!(answered.get("404").is_some(), "no plan was served: {answered:?}");
+    ensure!(
+        answered.get("404").is_some(),
+        "no plan was served: {answered:?}"
+    );
     // Descriptors: the daemon never held one per idle connection; memory: no growth with the
     // flood beyond a few buffers per admitted connection.
     ensure!(
@@ -492,7 +514,10 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
     })
     .await?;
     let p = pods.get("steady").await?;
-    ensure!(daemon::is_ready(&p), "the Ready pod lost Ready under the flood");
+    ensure!(
+        daemon::is_ready(&p),
+        "the Ready pod lost Ready under the flood"
+    );
     wait_ready(&pods, "steady", Duration::from_secs(5)).await?;
     drop(d);
     daemon::replay_verify(&journal)?;

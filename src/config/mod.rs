@@ -105,7 +105,7 @@ pub struct SnapshotTransfer {
     pub pull_budget_mib: u64,
 }
 
-/// T5: what the peer API authenticates with: the CA that signs every node's certificate and
+/// K7.1: what the peer API authenticates with: the CA that signs every node's certificate and
 /// this node's own certificate, presented both when serving and when dialing a peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerTls {
@@ -141,7 +141,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     /// K7: `VK_NODE_IP` at port 12501 unless set.
     pub peer_addr: SocketAddr,
-    /// T5: the node credentials of the peer API; `None` turns it off.
+    /// K7.1: the node credentials of the peer API; `None` turns it off.
     pub peer_tls: Option<PeerTls>,
     pub log_level: LogLevel,
     pub oci_registry: Option<String>,

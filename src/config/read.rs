@@ -30,7 +30,7 @@ impl Env<'_> {
         (node_ip, node_ip_source)
     }
 
-    /// T5: `VK_PEER_CA_FILE` and `VK_PEER_CERT` together turn the peer API on; one without
+    /// K7.1: `VK_PEER_CA_FILE` and `VK_PEER_CERT` together turn the peer API on; one without
     /// the other is an error, so a half-configured node does not silently stay off.
     pub(super) fn peer_tls(&mut self) -> Option<PeerTls> {
         let ca_file = self.get("VK_PEER_CA_FILE").map(std::path::PathBuf::from);

@@ -48,7 +48,10 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
         "VK_METRICS_ADDR" => c.metrics_addr.to_string(),
         "VK_PEER_ADDR" => match c.peer_tls {
             Some(_) => c.peer_addr.to_string(),
-            None => format!("{} (off: VK_PEER_CA_FILE and VK_PEER_CERT unset)", c.peer_addr),
+            None => format!(
+                "{} (off: VK_PEER_CA_FILE and VK_PEER_CERT unset)",
+                c.peer_addr
+            ),
         },
         "VK_PEER_CA_FILE" => c
             .peer_tls

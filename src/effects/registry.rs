@@ -28,7 +28,7 @@ pub struct Transfers {
 
 /// What a peer restore needs: the API to find a node's address, this node's peer port (every
 /// node serves on the same one), `VK_STAGING_DIR`, the per-node limit of 2 at a time, and
-/// (T5) the node credentials, without which no peer is dialed.
+/// (K7.1) the node credentials, without which no peer is dialed.
 pub struct Peers {
     pub client: kube::Client,
     pub port: u16,
@@ -37,7 +37,7 @@ pub struct Peers {
     pub access: Option<PeerAccess>,
 }
 
-/// T5: how this node dials peers (its node certificate, theirs checked against the cluster
+/// K7.1: how this node dials peers (its node certificate, theirs checked against the cluster
 /// CA), and where refusals are counted.
 pub struct PeerAccess {
     pub tls: std::sync::Arc<rustls::ClientConfig>,

@@ -1,10 +1,9 @@
 //! The waking side of §7: copy a snapshot's files from the peer that hibernated it into a
 //! fresh staging directory, every slice length- and CRC-checked (the CRC-32C follows each
-//! slice's bytes in its body), holes kept as holes. T5: over mutual TLS to the node the
-//! registry names, and every file checked against the registry's digests before the
-//! directory is handed out.
+//! slice's bytes in its body), holes kept as holes. Over mutual TLS with a node of the
+//! cluster (K7.1), and every file checked against the registry's digests before the directory
+//! is handed out (K7.3).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -23,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::plan::{Plan, PlanFile, Slice};
+use super::schedule::Schedule;
 use super::staging::StagingDir;
 use super::verify::{self, Expected};
 use super::{plain_name, CRC_LEN, PLAN_PATH, SLICE_PATH};
@@ -68,7 +68,7 @@ impl Default for Timeouts {
 /// How the peer is reached.
 #[derive(Clone, Debug)]
 pub enum Transport {
-    /// T5: mutual TLS; the config accepts only the node the registry names.
+    /// K7.1: mutual TLS with a node of the cluster.
     Tls(Arc<rustls::ClientConfig>),
     /// Plain HTTP, for the protocol tests that tamper with the bytes on the wire.
     #[cfg(test)]
@@ -90,7 +90,7 @@ pub struct RestoreRequest {
     pub leaf: String,
     /// The `snapshot.json` envelope, made from the registry config.
     pub snapshot_json: Vec<u8>,
-    /// T5: every file the registry lists and its digest; only these are fetched, and each
+    /// K7.3: every file the registry lists and its digest; only these are fetched, and each
     /// must match.
     pub files: Expected,
     pub timeouts: Timeouts,
@@ -121,7 +121,7 @@ pub enum PeerError {
     Checksum(String),
     /// The staging directory could not be written.
     Local(String),
-    /// T5: a file the peer sent does not match the registry's digest.
+    /// K7.3: a file the peer sent does not match the registry's digest.
     Altered(String),
 }
 
@@ -334,47 +334,6 @@ async fn write_envelope(dir: &std::path::Path, snapshot_json: Vec<u8>) -> Result
     })
     .await
     .map_err(|e| PeerError::Local(e.to_string()))?
-}
-
-/// Which slice to start next: round-robin over files, at most `MAX_STREAMS` in flight and
-/// `STREAMS_PER_FILE` per file, each file's slices in order.
-struct Schedule {
-    pending: Vec<VecDeque<Slice>>,
-    in_flight: Vec<usize>,
-    total: usize,
-    cursor: usize,
-}
-
-impl Schedule {
-    fn new(slices: Vec<Vec<Slice>>) -> Schedule {
-        let n = slices.len();
-        Schedule {
-            pending: slices.into_iter().map(VecDeque::from).collect(),
-            in_flight: vec![0; n],
-            total: 0,
-            cursor: 0,
-        }
-    }
-
-    fn next(&mut self) -> Option<(usize, Slice)> {
-        if self.total >= MAX_STREAMS {
-            return None;
-        }
-        let n = self.pending.len();
-        let i = (0..n)
-            .map(|k| (self.cursor + k) % n)
-            .find(|&i| !self.pending[i].is_empty() && self.in_flight[i] < STREAMS_PER_FILE)?;
-        let slice = self.pending[i].pop_front().expect("checked non-empty");
-        self.in_flight[i] += 1;
-        self.total += 1;
-        self.cursor = (i + 1) % n;
-        Some((i, slice))
-    }
-
-    fn done(&mut self, i: usize) {
-        self.in_flight[i] -= 1;
-        self.total -= 1;
-    }
 }
 
 fn check_plan(plan: &Plan, expected_id: &str) -> Result<(), PeerError> {
@@ -833,12 +792,22 @@ mod tests {
 
     #[test]
     fn peer_urls_have_the_transport_s_scheme_and_a_port() {
-        let p = Peer::parse("http://10.0.0.7:12501", Transport::Plain, Timeouts::default()).unwrap();
+        let p = Peer::parse(
+            "http://10.0.0.7:12501",
+            Transport::Plain,
+            Timeouts::default(),
+        )
+        .unwrap();
         assert_eq!(
             (p.host.as_str(), p.port, p.authority.as_str()),
             ("10.0.0.7", 12501, "10.0.0.7:12501")
         );
-        let p = Peer::parse("http://[fd00::7]:12501/", Transport::Plain, Timeouts::default()).unwrap();
+        let p = Peer::parse(
+            "http://[fd00::7]:12501/",
+            Transport::Plain,
+            Timeouts::default(),
+        )
+        .unwrap();
         assert_eq!(p.host, "fd00::7");
         for bad in [
             "https://10.0.0.7:12501",
@@ -847,7 +816,10 @@ mod tests {
             "10.0.0.7:1",
             "",
         ] {
-            assert!(Peer::parse(bad, Transport::Plain, Timeouts::default()).is_err(), "{bad}");
+            assert!(
+                Peer::parse(bad, Transport::Plain, Timeouts::default()).is_err(),
+                "{bad}"
+            );
         }
     }
 

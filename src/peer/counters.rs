@@ -1,4 +1,4 @@
-//! `cocoon_vk_peer_refusals_total{reason}`: what the peer boundary (T5) turned away, on both
+//! `cocoon_vk_peer_refusals_total{reason}`: what the peer boundary (K7.1, K7.3) turned away, on both
 //! sides: callers the server refused, and peers whose bytes the restore refused.
 
 use prometheus::core::{Collector, Desc};

@@ -1,5 +1,5 @@
 //! Peer snapshot restore (hibernation spec §7): every node serves the raw files of its local
-//! cocoon snapshots to the other nodes (mutual TLS with node certificates, T5), and a waking
+//! cocoon snapshots to the other nodes (mutual TLS with node certificates, K7.1), and a waking
 //! node copies them straight into a staging
 //! directory for `cocoon vm clone --from-dir`, which beats a registry pull whenever the node
 //! that hibernated the VM is still up. The registry stays the identity anchor: the copy must
@@ -10,6 +10,7 @@
 mod client;
 mod counters;
 mod plan;
+mod schedule;
 mod server;
 mod source;
 mod staging;
@@ -25,10 +26,10 @@ pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Tim
 pub use counters::{PeerCounters, Refusal};
 pub use plan::{plan_dir, Plan, PlanFile, Slice};
 pub use server::{spawn, Counting, Server, SnapshotIds, MAX_PLANS};
-pub use tls::{node_of, NodeTls};
-pub use verify::{Expected, FileDigest};
 pub use source::{hibernate_source, HibernateSource, HIBERNATE_TAG};
 pub use staging::sweep_staging;
+pub use tls::{node_of, NodeTls};
+pub use verify::{Expected, FileDigest};
 
 const PLAN_PATH: &str = "/v1/snapshot-plan";
 const SLICE_PATH: &str = "/v1/snapshot-slice";

@@ -1,5 +1,5 @@
 //! The serving side of §7 on `VK_PEER_ADDR`, an actix-web server on a thread of its own
-//! like the kubelet API and `/metrics`. T5: mutual TLS with node certificates only; every
+//! like the kubelet API and `/metrics`. K7.1, K7.2: mutual TLS with node certificates only; every
 //! request passes the node check before anything runs, and what a caller can make this node
 //! spend is capped (connections, handshakes, plan lookups, slice streams).
 //!
@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::body::SizedStream;
-use actix_web::http::header::{ALLOW, CONTENT_TYPE};
-use actix_web::http::StatusCode;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{ALLOW, CONTENT_TYPE};
+use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use anyhow::Context;
@@ -254,7 +254,7 @@ fn remember_client_cert(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Exte
     }
 }
 
-/// T5: a request from anything but another node is answered 401 before any route runs.
+/// K7.1: a request from anything but another node is answered 401 before any route runs.
 async fn only_nodes(
     req: ServiceRequest,
     next: Next<impl MessageBody>,

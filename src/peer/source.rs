@@ -1,6 +1,6 @@
 //! What a peer restore needs from the registry: the `:hibernate` tag is the identity anchor,
 //! so the id to demand from the peer and the `snapshot.json` to write both come from its
-//! config blob, the peer to ask from its `from-node` annotation, and (T5) what every file the
+//! config blob, the peer to ask from its `from-node` annotation, and (K7.3) what every file the
 //! peer sends must hash to from the manifest.
 
 use crate::registry::{ArtifactKind, Registry, RegistryError, RemoteSnapshot};
@@ -74,7 +74,9 @@ mod tests {
             size: 2,
             ..Default::default()
         };
-        layer.annotations.insert(ANN_TITLE.into(), "config.json".into());
+        layer
+            .annotations
+            .insert(ANN_TITLE.into(), "config.json".into());
         RemoteSnapshot {
             digest: "sha256:00".into(),
             kind,

@@ -1,4 +1,4 @@
-//! T5: the peer API speaks mutual TLS between nodes only. Both ends present the node's own
+//! K7.1: the peer API speaks mutual TLS between nodes only. Both ends present the node's own
 //! certificate (`VK_PEER_CERT`, the kubelet's client certificate on a kubeadm node), chained to
 //! the cluster CA (`VK_PEER_CA_FILE`) and naming a node: O=`system:nodes`,
 //! CN=`system:node:<name>`. The server refuses a handshake without a certificate the CA signed
@@ -208,7 +208,10 @@ impl ClientCertVerifier for CountingVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        self.counted(self.inner.verify_client_cert(end_entity, intermediates, now))
+        self.counted(
+            self.inner
+                .verify_client_cert(end_entity, intermediates, now),
+        )
     }
 
     fn verify_tls12_signature(
@@ -344,7 +347,10 @@ mod tests {
             ("system:nodes", &["system:nodes"][..]),
         ] {
             let err = node_of(&user(name, groups)).unwrap_err();
-            assert!(err.contains("node") || err.contains("group"), "{name}: {err}");
+            assert!(
+                err.contains("node") || err.contains("group"),
+                "{name}: {err}"
+            );
         }
     }
 }

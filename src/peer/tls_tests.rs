@@ -1,4 +1,4 @@
-//! T5 end to end on 127.0.0.1: the TLS server and client with certificates from a CA made
+//! K7.1 and K7.2 end to end on 127.0.0.1: the TLS server and client with certificates from a CA made
 //! here, callers that are not nodes, a peer that is not the node asked for, and the caps.
 
 use std::net::SocketAddr;
@@ -45,7 +45,10 @@ impl Ca {
         let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
         p.distinguished_name.push(DnType::CommonName, name);
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let cert = dir.join(format!("{name}.crt"));
         std::fs::write(&cert, p.self_signed(&key).unwrap().pem()).unwrap();
         Ca {
@@ -73,11 +76,7 @@ impl Ca {
     }
 
     fn node(&self, node: &str) -> PathBuf {
-        self.issue(
-            node,
-            &format!("system:node:{node}"),
-            &["system:nodes"],
-        )
+        self.issue(node, &format!("system:node:{node}"), &["system:nodes"])
     }
 }
 
@@ -194,7 +193,11 @@ async fn callers_without_the_cluster_s_node_credentials_are_refused_before_any_l
 
     for (file, cn, orgs) in [
         ("alice", "alice", &["system:authenticated"][..]),
-        ("masters", "kube-apiserver-kubelet-client", &["system:masters"][..]),
+        (
+            "masters",
+            "kube-apiserver-kubelet-client",
+            &["system:masters"][..],
+        ),
         ("no-group", "system:node:node-b", &[][..]),
     ] {
         let pem = fx.ca.issue(file, cn, orgs);
@@ -205,7 +208,11 @@ async fn callers_without_the_cluster_s_node_credentials_are_refused_before_any_l
     // Unknown paths and slices are refused the same way.
     let none = client_config_as(&fx.ca.cert, None);
     assert_eq!(get(fx.addr, none, "/nope").await, Ok(401));
-    assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 0, "a refused caller started a lookup");
+    assert_eq!(
+        fx.lookups.0.load(Ordering::SeqCst),
+        0,
+        "a refused caller started a lookup"
+    );
 }
 
 #[tokio::test]

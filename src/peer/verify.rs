@@ -1,4 +1,4 @@
-//! T5: a peer's copy is checked byte for byte against what the registry records before it can
+//! K7.3: a peer's copy is checked byte for byte against what the registry records before it can
 //! become a clone source. The registry holds, per file, the sha256 of the file's body in the
 //! export (the `file.sha256` layer annotation, or the layer digest of an uncompressed
 //! single-layer file), its length, and for a sparse file the data segments that body is made
@@ -58,7 +58,8 @@ pub fn expected(remote: &RemoteSnapshot) -> Result<Expected, RegistryError> {
     for (name, meta) in &config.files {
         let sha256 = content_digest(&remote.manifest, name).map_err(|e| refused(name, e))?;
         let (size, segments) = if meta.sparse_map.is_empty() {
-            let body = body_size(&remote.manifest, name, meta.size).map_err(|e| refused(name, e))?;
+            let body =
+                body_size(&remote.manifest, name, meta.size).map_err(|e| refused(name, e))?;
             (body, None)
         } else {
             let segs: Vec<Segment> = serde_json::from_str(&meta.sparse_map)
@@ -92,7 +93,11 @@ pub fn expected(remote: &RemoteSnapshot) -> Result<Expected, RegistryError> {
 /// The annotation every layer of the file agrees on, else the digest of its one uncompressed
 /// layer (which is the body's own).
 fn content_digest(m: &Manifest, name: &str) -> Result<String, String> {
-    let layers: Vec<_> = m.layers.iter().filter(|l| l.title() == Some(name)).collect();
+    let layers: Vec<_> = m
+        .layers
+        .iter()
+        .filter(|l| l.title() == Some(name))
+        .collect();
     let annotated: std::collections::BTreeSet<&str> = layers
         .iter()
         .filter_map(|l| l.annotations.get(crate::registry::media::ANN_FILE_SHA256))
@@ -100,7 +105,11 @@ fn content_digest(m: &Manifest, name: &str) -> Result<String, String> {
         .collect();
     match (annotated.len(), layers.as_slice()) {
         (1, _) => Ok(annotated.into_iter().next().expect("one").to_string()),
-        (0, [one]) if !one.media_type.ends_with(crate::registry::media::ZSTD_SUFFIX) => {
+        (0, [one])
+            if !one
+                .media_type
+                .ends_with(crate::registry::media::ZSTD_SUFFIX) =>
+        {
             Ok(one.digest.clone())
         }
         (0, _) => Err("the registry records no content digest".into()),
@@ -110,9 +119,17 @@ fn content_digest(m: &Manifest, name: &str) -> Result<String, String> {
 
 /// The body length: the one uncompressed layer's size, else the config's `size`.
 fn body_size(m: &Manifest, name: &str, meta_size: i64) -> Result<u64, String> {
-    let layers: Vec<_> = m.layers.iter().filter(|l| l.title() == Some(name)).collect();
+    let layers: Vec<_> = m
+        .layers
+        .iter()
+        .filter(|l| l.title() == Some(name))
+        .collect();
     match layers.as_slice() {
-        [one] if !one.media_type.ends_with(crate::registry::media::ZSTD_SUFFIX) => {
+        [one]
+            if !one
+                .media_type
+                .ends_with(crate::registry::media::ZSTD_SUFFIX) =>
+        {
             u64::try_from(one.size).map_err(|_| "negative layer size".into())
         }
         _ if meta_size > 0 => Ok(meta_size as u64),
@@ -264,10 +281,10 @@ fn gaps_within(range: Slice, segments: &[Slice]) -> Vec<Slice> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
     use crate::registry::manifest::FileMeta;
     use crate::registry::media::{ANN_FILE_SHA256, ANN_TITLE};
     use crate::registry::{ConfigBlob, Descriptor};
+    use std::path::PathBuf;
 
     const MIB: u64 = 1 << 20;
 
@@ -367,16 +384,19 @@ mod tests {
             },
             config: Some(ConfigBlob {
                 snapshot_id: "ID".into(),
-                files: files
-                    .into_iter()
-                    .map(|(n, m)| (n.to_string(), m))
-                    .collect(),
+                files: files.into_iter().map(|(n, m)| (n.to_string(), m)).collect(),
                 ..Default::default()
             }),
         }
     }
 
-    fn layer(title: &str, media_type: &str, digest: &str, size: i64, ann: Option<&str>) -> Descriptor {
+    fn layer(
+        title: &str,
+        media_type: &str,
+        digest: &str,
+        size: i64,
+        ann: Option<&str>,
+    ) -> Descriptor {
         let mut d = Descriptor {
             media_type: media_type.into(),
             digest: digest.into(),
@@ -403,10 +423,34 @@ mod tests {
         };
         let r = remote(
             vec![
-                layer("config.json", "application/vnd.cocoonstack.vm.config+json", "sha256:c", 7, None),
-                layer("memory-ranges", "application/vnd.cocoonstack.vm.memory", "sha256:m", 4106, None),
-                layer("disk.raw", "application/vnd.cocoonstack.disk.raw+zstd", "sha256:z1", 50, Some("sha256:d")),
-                layer("disk.raw", "application/vnd.cocoonstack.disk.raw+zstd", "sha256:z2", 50, Some("sha256:d")),
+                layer(
+                    "config.json",
+                    "application/vnd.cocoonstack.vm.config+json",
+                    "sha256:c",
+                    7,
+                    None,
+                ),
+                layer(
+                    "memory-ranges",
+                    "application/vnd.cocoonstack.vm.memory",
+                    "sha256:m",
+                    4106,
+                    None,
+                ),
+                layer(
+                    "disk.raw",
+                    "application/vnd.cocoonstack.disk.raw+zstd",
+                    "sha256:z1",
+                    50,
+                    Some("sha256:d"),
+                ),
+                layer(
+                    "disk.raw",
+                    "application/vnd.cocoonstack.disk.raw+zstd",
+                    "sha256:z2",
+                    50,
+                    Some("sha256:d"),
+                ),
             ],
             vec![
                 ("config.json", FileMeta::default()),
@@ -445,14 +489,32 @@ mod tests {
             ..Default::default()
         };
         let plain = remote(
-            vec![layer("disk.raw", "application/vnd.cocoonstack.disk.raw+zstd", "sha256:z", 50, None)],
+            vec![layer(
+                "disk.raw",
+                "application/vnd.cocoonstack.disk.raw+zstd",
+                "sha256:z",
+                50,
+                None,
+            )],
             vec![("disk.raw", meta.clone())],
         );
         assert!(matches!(expected(&plain), Err(RegistryError::Refused(_))));
         let split = remote(
             vec![
-                layer("disk.raw", "application/vnd.cocoonstack.disk.raw", "sha256:a", 150, Some("sha256:x")),
-                layer("disk.raw", "application/vnd.cocoonstack.disk.raw", "sha256:b", 150, Some("sha256:y")),
+                layer(
+                    "disk.raw",
+                    "application/vnd.cocoonstack.disk.raw",
+                    "sha256:a",
+                    150,
+                    Some("sha256:x"),
+                ),
+                layer(
+                    "disk.raw",
+                    "application/vnd.cocoonstack.disk.raw",
+                    "sha256:b",
+                    150,
+                    Some("sha256:y"),
+                ),
             ],
             vec![("disk.raw", meta)],
         );

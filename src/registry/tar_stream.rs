@@ -53,7 +53,7 @@ impl<R: AsyncRead + Unpin> TarReader<R> {
         }
     }
 
-    /// Every entry body read from now on is hashed as it passes (T5: the per-file digest a
+    /// Every entry body read from now on is hashed as it passes (K7.3: the per-file digest a
     /// peer restore checks its copy against).
     pub fn hash_bodies(&mut self) {
         self.hashing = true;

@@ -54,7 +54,7 @@ pub struct Settings {
     pub snapshot_dir: PathBuf,
     /// `VK_PEER_ADDR`.
     pub peer_addr: SocketAddr,
-    /// T5: `None` keeps the peer API off and every wake on the registry.
+    /// K7.1: `None` keeps the peer API off and every wake on the registry.
     pub peer_tls: Option<crate::config::PeerTls>,
     pub snapshot: crate::config::SnapshotTransfer,
 }
@@ -194,7 +194,7 @@ fn serve_kubelet(
     )
 }
 
-/// K7, T5: the peer API, only with node credentials; what restores dial peers with, if any.
+/// K7.1, K7.2: the peer API, only with node credentials; what restores dial peers with, if any.
 /// A listener that cannot bind or credentials that cannot be loaded are fatal.
 fn serve_peers(
     settings: &Settings,
