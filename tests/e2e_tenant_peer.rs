@@ -189,7 +189,7 @@ fn peer_addr(ip: &str, port: u16) -> SocketAddr {
 async fn the_peer_port_serves_only_the_cluster_s_nodes() -> Result<()> {
     let tb = Testbed::start(TestbedOptions::control_plane().with_sim()).await?;
     let pki = tb.pki.clone().context("pki")?;
-    let (cocoon, calls) = logging_cocoon(&tb.host(None)?.bin, &tb.run_dir())?;
+    let (cocoon, calls) = logging_cocoon(&tb.host(None)?.bin, tb.run_dir())?;
     let port = e2e::ports::free_port()?;
     let metrics = e2e::ports::free_port()?;
     let opts = DaemonOptions {
@@ -487,7 +487,7 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
         "plan answers: {answered:?}"
     );
     ensure!(
-        answered.get("404").is_some(),
+        answered.contains_key("404"),
         "no plan was served: {answered:?}"
     );
     // Descriptors: the daemon never held one per idle connection; memory: no growth with the
