@@ -433,13 +433,19 @@ async fn v1_and_v2_pushes_of_one_export_pull_identically() -> Result<()> {
             .files;
         records.push(files);
     }
-    ensure!(records[0] == records[1] && records[1] == records[2], "{records:?}");
+    ensure!(
+        records[0] == records[1] && records[1] == records[2],
+        "{records:?}"
+    );
     let sha = |b: &[u8]| {
         use sha2::Digest;
         format!("sha256:{:x}", sha2::Sha256::digest(b))
     };
     let m = &records[0]["memory-ranges"];
-    ensure!(m.sha256 == sha(&mem_body()) && m.size == 8589934592, "{m:?}");
+    ensure!(
+        m.sha256 == sha(&mem_body()) && m.size == 8589934592,
+        "{m:?}"
+    );
     ensure!(records[0]["cow.raw"].sha256 == sha(&disk_body()));
 
     let mut streams = Vec::new();

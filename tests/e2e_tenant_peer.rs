@@ -490,10 +490,22 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
         answered.contains_key("404"),
         "no plan was served: {answered:?}"
     );
-    // Descriptors: the daemon never held one per idle connection; memory: no growth with the
-    // flood beyond a few buffers per admitted connection.
+    // K7.2: every 503 was a cap refusal, counted.
+    let refused = metric_series(metrics, "cocoon_vk_cap_refusals_total")
+        .await?
+        .into_iter()
+        .find(|(l, _)| l == "cap=\"peer_requests\"")
+        .map(|(_, v)| v as usize);
     ensure!(
-        fds_max < fds0 + IDLE / 2,
+        refused == Some(answered.get("503").copied().unwrap_or(0)),
+        "cap refusals {refused:?}, answers {answered:?}"
+    );
+    // Descriptors: never one per idle connection, at most the two workers' connection caps
+    // (K7.2) and a few for the plans' cocoon processes; memory: no growth with the flood
+    // beyond a few buffers per admitted connection.
+    const CONNECTION_CAP: usize = 2 * 128;
+    ensure!(
+        fds_max <= fds0 + CONNECTION_CAP + 32,
         "descriptors grew from {fds0} to {fds_max} with {IDLE} idle connections"
     );
     ensure!(
