@@ -2,7 +2,8 @@
 //! nodes and starts no cocoon process for anyone else; a peer that serves bytes other than the
 //! registry's is refused and the pod wakes from the registry with its state intact; a flood of
 //! idle connections and plan requests leaves the daemon's memory and descriptors bounded and
-//! its Ready pod Ready.
+//! its Ready pod Ready. A node without credentials serves nothing and says which variables
+//! turn the peer API on.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -256,6 +257,36 @@ async fn the_peer_port_serves_only_the_cluster_s_nodes() -> Result<()> {
         "the node's request ran no lookup"
     );
     drop(d);
+
+    // Without credentials the peer API is off, says so, and nothing listens.
+    let off_port = e2e::ports::free_port()?;
+    let off = DaemonOptions {
+        node: "node-c".into(),
+        peer_addr: Some(format!("127.0.0.1:{off_port}")),
+        peer_tls: daemon::PeerTls::Off,
+        ..DaemonOptions::default()
+    };
+    let journal = tb.run_dir().join("journal-c").join("events.journal");
+    let c = daemon::start(
+        &tb,
+        &off,
+        &journal,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    until("the daemon saying the peer API is off", LIMIT, || async {
+        let log = std::fs::read_to_string(c.proc.log_path()).unwrap_or_default();
+        Ok(log
+            .contains("peer API off: set VK_PEER_CA_FILE")
+            .then_some(()))
+    })
+    .await?;
+    let dialed = TcpStream::connect(peer_addr("127.0.0.1", off_port)).await;
+    ensure!(
+        dialed.is_err(),
+        "something listens on the peer port of a node without credentials"
+    );
+    drop(c);
     Ok(())
 }
 
