@@ -92,7 +92,7 @@ pub const VARS: &[Var] = &[
     var(
         "VK_PEER_CERT",
         "unset (peer API off)",
-        "this node's certificate (PEM), chained to VK_PEER_CA_FILE, subject O=system:nodes, CN=system:node:<VK_NODE_NAME> (the kubelet's client certificate); presented when serving and when dialing peers",
+        "a node certificate (PEM) chained to VK_PEER_CA_FILE, subject O=system:nodes, CN=system:node:<name> (the host kubelet's client certificate, kubelet-client-current.pem); presented when serving and when dialing peers",
     ),
     var(
         "VK_PEER_KEY",
