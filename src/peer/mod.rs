@@ -9,6 +9,7 @@
 
 mod client;
 mod counters;
+mod credential;
 mod plan;
 mod schedule;
 mod server;

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, ServerConfig, SignatureScheme};
 
 use super::counters::{PeerCounters, Refusal};
+use super::credential::Credential;
 use crate::config::PeerTls;
 use crate::kubelet::auth::{user_of_certificate, User};
 
@@ -53,14 +54,14 @@ pub fn node_of_certificate(der: &[u8]) -> Result<String, String> {
     node_of(&user_of_certificate(der)?)
 }
 
-/// This node's peer credentials, loaded once at startup.
+/// This node's peer credentials: the cluster CA, loaded at startup, and the node certificate,
+/// read again whenever its files change.
 #[derive(Clone)]
 pub struct NodeTls {
     provider: Arc<rustls::crypto::CryptoProvider>,
     roots: Arc<rustls::RootCertStore>,
-    chain: Vec<CertificateDer<'static>>,
-    key: Arc<PrivateKeyDer<'static>>,
-    /// The node the certificate names.
+    credential: Arc<Credential>,
+    /// The node the certificate names at startup.
     pub node: String,
 }
 
@@ -74,29 +75,19 @@ impl NodeTls {
     /// Reads the CA, the certificate and its key; a certificate that names no node or does
     /// not chain to the CA stops the start rather than failing every restore.
     pub fn load(t: &PeerTls) -> Result<NodeTls> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
         let roots = roots(&t.ca_file)?;
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
-            .with_context(|| format!("reading VK_PEER_CERT {}", t.cert.display()))?
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("parsing VK_PEER_CERT {}", t.cert.display()))?;
-        let first = chain
-            .first()
-            .cloned()
-            .with_context(|| format!("VK_PEER_CERT {} holds no certificate", t.cert.display()))?;
-        let node = node_of_certificate(&first)
-            .map_err(|e| anyhow::anyhow!("VK_PEER_CERT {}: {e}", t.cert.display()))?;
-        let key = PrivateKeyDer::from_pem_file(&t.key)
-            .with_context(|| format!("reading VK_PEER_KEY {}", t.key.display()))?;
+        let (credential, node) = Credential::load(&t.cert, &t.key, provider.clone())?;
         let tls = NodeTls {
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            provider,
             roots: Arc::new(roots),
-            chain,
-            key: Arc::new(key),
+            credential: Arc::new(credential),
             node,
         };
         // The certificate must chain to the CA the other nodes check it against.
+        let chain = tls.credential.chain();
         tls.client_verifier()?
-            .verify_client_cert(&first, &tls.chain[1..], UnixTime::now())
+            .verify_client_cert(&tls.credential.end_entity(), &chain[1..], UnixTime::now())
             .map_err(|e| {
                 anyhow::anyhow!(
                     "VK_PEER_CERT {} does not verify against VK_PEER_CA_FILE {}: {e}",
@@ -128,8 +119,7 @@ impl NodeTls {
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_client_cert_verifier(Arc::new(verifier))
-            .with_single_cert(self.chain.clone(), self.key.clone_key())
-            .context("VK_PEER_CERT and VK_PEER_KEY do not match")?;
+            .with_cert_resolver(self.credential.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }
@@ -144,8 +134,7 @@ impl NodeTls {
             .context("TLS protocol versions")?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
-            .context("VK_PEER_CERT and VK_PEER_KEY do not match")?;
+            .with_client_cert_resolver(self.credential.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }
@@ -242,7 +231,10 @@ impl ClientCertVerifier for CountingVerifier {
 #[cfg(test)]
 pub(super) fn client_config_as(
     ca: &Path,
-    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    identity: Option<(
+        Vec<CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )>,
 ) -> ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = rustls::server::WebPkiClientVerifier::builder_with_provider(

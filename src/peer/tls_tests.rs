@@ -275,6 +275,34 @@ async fn plans_over_the_cap_are_503_and_counted() {
     assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 0);
 }
 
+/// The certificate the server presents to a node now.
+async fn presented(fx: &Fixture) -> Vec<u8> {
+    let me = fx.ca.node("node-b");
+    let config = client_config_as(&fx.ca.cert, Some(identity(&me)));
+    let tcp = TcpStream::connect(fx.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let certs = tls.get_ref().1.peer_certificates().unwrap();
+    certs[0].to_vec()
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_presented_from_the_next_handshake() {
+    let fx = serving(None).await;
+    let first = presented(&fx).await;
+    // The kubelet's rotation: a new key and certificate in place of the old.
+    let pem = fx.ca.node("node-a");
+    let rotated = identity(&pem).0[0].to_vec();
+    assert_ne!(first, rotated);
+    assert_eq!(presented(&fx).await, rotated);
+    // A file that stops parsing leaves the last good certificate in use.
+    std::fs::write(&pem, b"half written").unwrap();
+    assert_eq!(presented(&fx).await, rotated);
+}
+
 #[test]
 fn a_credential_that_names_no_node_or_another_ca_signed_stops_the_start() {
     let tmp = tempfile::tempdir().unwrap();
