@@ -37,6 +37,12 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_EXEC_IDLE_TIMEOUT", "2m"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
+    ("VK_PEER_CA_FILE", "/etc/kubernetes/pki/ca.crt"),
+    (
+        "VK_PEER_CERT",
+        "/var/lib/kubelet/pki/kubelet-client-current.pem",
+    ),
+    ("VK_PEER_KEY", "/var/lib/kubelet/pki/kubelet-client-key.pem"),
     ("VK_LOG_LEVEL", "DEBUG"),
     ("OCI_REGISTRY", "us-docker.pkg.dev/proj/vms"),
     ("GOOGLE_APPLICATION_CREDENTIALS", "/secrets/sa.json"),
@@ -168,7 +174,9 @@ fn defaults_are_the_documented_ones() {
     assert!(c.kubelet_websocket);
     assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(30));
     assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
-    assert_eq!(c.peer_addr.to_string(), "0.0.0.0:12501");
+    // K7.1, K7.2: on the node's own address, and off until the node credentials are given.
+    assert_eq!(c.peer_addr, SocketAddr::new(c.node_ip, 12501));
+    assert_eq!(c.peer_tls, None);
     assert_eq!(c.log_level, LogLevel::Info);
     assert_eq!(c.orphan_policy, OrphanPolicy::Destroy);
     assert_eq!(c.restore_mode, RestoreMode::Ondemand);
@@ -403,6 +411,34 @@ fn the_readme_documents_every_variable() {
             readme.contains(&format!("`{}`", v.name)),
             "README.md does not document {}",
             v.name
+        );
+    }
+}
+
+#[test]
+fn the_peer_api_needs_the_cluster_ca_and_the_node_certificate_together() {
+    // K7.1: the key defaults to the certificate file, which a kubelet's client PEM holds both in.
+    let c = parse(&[
+        ("VK_PEER_CA_FILE", "/ca.crt"),
+        ("VK_PEER_CERT", "/node.pem"),
+    ])
+    .unwrap();
+    let t = c.peer_tls.expect("on with both");
+    assert_eq!(
+        (t.ca_file, t.cert, t.key),
+        ("/ca.crt".into(), "/node.pem".into(), "/node.pem".into())
+    );
+    for (var, val) in [
+        ("VK_PEER_CA_FILE", "/ca.crt"),
+        ("VK_PEER_CERT", "/node.pem"),
+        ("VK_PEER_KEY", "/node.key"),
+    ] {
+        let err = parse(&[(var, val)]).unwrap_err();
+        assert!(
+            err.0
+                .iter()
+                .any(|e| e.var == var && e.message.contains("without")),
+            "{var}: {err}"
         );
     }
 }

@@ -358,6 +358,11 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
         get("VK_CLIENT_CA_FILE").is_some(),
         "the DaemonSet names no client CA"
     );
+    // The peer API's node credentials are the host kubelet's; here, the testbed's (K7.1).
+    ensure!(
+        get("VK_PEER_CA_FILE").is_some() && get("VK_PEER_CERT").is_some(),
+        "the DaemonSet names no peer credentials"
+    );
     let mut opts_env: Vec<(String, String)> = env
         .iter()
         .filter(|(k, _)| {
@@ -368,6 +373,8 @@ async fn the_shipped_daemonset_takes_only_a_node_of_its_own() -> Result<()> {
                     | "VK_PEER_ADDR"
                     | "VK_NODE_NAME"
                     | "VK_CLIENT_CA_FILE"
+                    | "VK_PEER_CA_FILE"
+                    | "VK_PEER_CERT"
             )
         })
         .cloned()

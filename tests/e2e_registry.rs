@@ -345,9 +345,7 @@ fn synthetic_export() -> Vec<u8> {
         &[],
     );
     add("config.json", b"{\"cpus\":1}", &[]);
-    let mem: Vec<u8> = (0..3u32 << 20)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
+    let mem = mem_body();
     add(
         "memory-ranges",
         &mem,
@@ -356,9 +354,18 @@ fn synthetic_export() -> Vec<u8> {
             ("COCOON.sparse.size", "8589934592"),
         ],
     );
-    let disk: Vec<u8> = (0..5u32 << 20).map(|i| (i % 7) as u8).collect();
-    add("cow.raw", &disk, &[]);
+    add("cow.raw", &disk_body(), &[]);
     b.into_inner().unwrap()
+}
+
+fn mem_body() -> Vec<u8> {
+    (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+fn disk_body() -> Vec<u8> {
+    (0..5u32 << 20).map(|i| (i % 7) as u8).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,6 +422,31 @@ async fn v1_and_v2_pushes_of_one_export_pull_identically() -> Result<()> {
         .all(|l| l.media_type == "application/vnd.cocoonstack.vm.memory+zstd"));
     ensure!(chunk_layers[2].annotations["cocoonstack.chunk.index"] == "2");
     ensure!(chunk_layers[2].annotations["cocoonstack.chunk.count"] == "3");
+
+    // K7.3: however it was encoded, each file records the sha256 of its export body, which
+    // is what a peer's copy is checked against.
+    let mut records = Vec::new();
+    for tag in ["v1", "v2", "v2z"] {
+        let remote = reg.inspect("synth", tag).await.unwrap().unwrap();
+        let files = vk_cocoon::peer::HibernateSource::from_remote(&remote, "s")
+            .map_err(|e| anyhow::anyhow!("{tag}: {e}"))?
+            .files;
+        records.push(files);
+    }
+    ensure!(
+        records[0] == records[1] && records[1] == records[2],
+        "{records:?}"
+    );
+    let sha = |b: &[u8]| {
+        use sha2::Digest;
+        format!("sha256:{:x}", sha2::Sha256::digest(b))
+    };
+    let m = &records[0]["memory-ranges"];
+    ensure!(
+        m.sha256 == sha(&mem_body()) && m.size == 8589934592,
+        "{m:?}"
+    );
+    ensure!(records[0]["cow.raw"].sha256 == sha(&disk_body()));
 
     let mut streams = Vec::new();
     for tag in ["v1", "v2", "v2z"] {

@@ -119,6 +119,17 @@ impl Pki {
         issue_serving(&self.issuer()?, &self.dir, name, name, sans)
     }
 
+    /// A node's credential as kubeadm issues the kubelet's client certificate
+    /// (CN=`system:node:<node>`, O=`system:nodes`): what the daemon's peer API presents and
+    /// accepts (`VK_PEER_CERT`).
+    pub fn issue_node(&self, node: &str) -> Result<CertPair> {
+        self.issue_client(
+            &format!("node-{node}"),
+            &format!("system:node:{node}"),
+            &["system:nodes"],
+        )
+    }
+
     /// A client certificate signed by the testbed CA (CN = user, O = groups).
     pub fn issue_client(&self, name: &str, user: &str, groups: &[&str]) -> Result<CertPair> {
         issue_client(&self.issuer()?, &self.dir, name, user, groups)

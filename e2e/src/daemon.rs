@@ -57,6 +57,18 @@ pub struct Launch {
     /// A program and its arguments that start the daemon instead of running it directly, e.g.
     /// `setpriv` to take a capability away from it.
     pub launcher: Vec<String>,
+    /// The peer API's credentials (`VK_PEER_CA_FILE`, `VK_PEER_CERT`, `VK_PEER_KEY`).
+    pub peer_tls: PeerTls,
+}
+
+/// How a launch authenticates to its peers.
+#[derive(Clone, Debug, Default)]
+pub enum PeerTls {
+    /// The testbed CA and a node certificate issued for the launch's node.
+    #[default]
+    Testbed,
+    /// No credentials: the peer API stays off.
+    Off,
 }
 
 impl Launch {
@@ -73,6 +85,7 @@ impl Launch {
             host: None,
             env: Vec::new(),
             launcher: Vec::new(),
+            peer_tls: PeerTls::Testbed,
         })
     }
 }
@@ -116,6 +129,14 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
     // it calls the kubelet API (kubectl logs); the daemon checks callers against that CA.
     if let Some(pki) = &tb.pki {
         cmd.env("VK_CLIENT_CA_FILE", &pki.ca.cert);
+        // Nodes of one testbed trust each other as kubeadm nodes do: the cluster CA and each
+        // node's own client certificate.
+        if let PeerTls::Testbed = o.peer_tls {
+            let node = pki.issue_node(&o.node)?;
+            cmd.env("VK_PEER_CA_FILE", &pki.ca.cert)
+                .env("VK_PEER_CERT", &node.cert)
+                .env("VK_PEER_KEY", &node.key);
+        }
     }
     cmd.envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)
@@ -137,6 +158,8 @@ pub struct DaemonOptions {
     pub host: Option<String>,
     pub node_ip: Option<String>,
     pub peer_addr: Option<String>,
+    /// The peer API's credentials (see [`Launch::peer_tls`]).
+    pub peer_tls: PeerTls,
 }
 
 impl Default for DaemonOptions {
@@ -149,6 +172,7 @@ impl Default for DaemonOptions {
             host: None,
             node_ip: None,
             peer_addr: None,
+            peer_tls: PeerTls::Testbed,
         }
     }
 }
@@ -174,6 +198,7 @@ pub fn start(
     if let Some(addr) = &opts.peer_addr {
         o.peer_addr = addr.clone();
     }
+    o.peer_tls = opts.peer_tls.clone();
     Ok(Daemon {
         proc: launch(tb, &o)?,
     })

@@ -105,6 +105,18 @@ pub struct SnapshotTransfer {
     pub pull_budget_mib: u64,
 }
 
+/// K7.1: what the peer API authenticates with: the CA that signs every node's certificate and
+/// this node's own certificate, presented both when serving and when dialing a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTls {
+    /// `VK_PEER_CA_FILE`.
+    pub ca_file: PathBuf,
+    /// `VK_PEER_CERT`.
+    pub cert: PathBuf,
+    /// `VK_PEER_KEY`; the certificate file when unset (a kubelet's client PEM holds both).
+    pub key: PathBuf,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub kubeconfig: Option<PathBuf>,
@@ -127,7 +139,10 @@ pub struct Config {
     /// K4: how long an exec session may see nothing move either way.
     pub exec_idle_timeout: std::time::Duration,
     pub metrics_addr: SocketAddr,
+    /// K7: `VK_NODE_IP` at port 12501 unless set.
     pub peer_addr: SocketAddr,
+    /// K7.1: the node credentials of the peer API; `None` turns it off.
+    pub peer_tls: Option<PeerTls>,
     pub log_level: LogLevel,
     pub oci_registry: Option<String>,
     pub google_application_credentials: Option<PathBuf>,
@@ -325,9 +340,10 @@ impl Config {
         );
         let peer_addr = e.or(
             "VK_PEER_ADDR",
-            parse::listen_addr(":12501").expect("default"),
+            SocketAddr::new(node_ip, 12501),
             parse::listen_addr,
         );
+        let peer_tls = e.peer_tls();
         let log_level = e.or("VK_LOG_LEVEL", LogLevel::Info, LogLevel::parse);
         let oci_registry = e.get("OCI_REGISTRY");
         e.warn_if_no_registry(oci_registry.is_none());
@@ -380,6 +396,7 @@ impl Config {
             exec_idle_timeout,
             metrics_addr,
             peer_addr,
+            peer_tls,
             log_level,
             oci_registry,
             google_application_credentials,

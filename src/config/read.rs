@@ -5,7 +5,9 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use reconcilers::config::{OrphanPolicy, RestoreMode};
 
-use super::{node_ip, parse, ConfigError, Env, IpSource, Secret, SnapshotTransfer, DAY_MS, MIB};
+use super::{
+    node_ip, parse, ConfigError, Env, IpSource, PeerTls, Secret, SnapshotTransfer, DAY_MS, MIB,
+};
 use crate::journal::JournalSettings;
 
 impl Env<'_> {
@@ -26,6 +28,46 @@ impl Env<'_> {
             );
         }
         (node_ip, node_ip_source)
+    }
+
+    /// K7.1: `VK_PEER_CA_FILE` and `VK_PEER_CERT` together turn the peer API on; one without
+    /// the other is an error, so a half-configured node does not silently stay off.
+    pub(super) fn peer_tls(&mut self) -> Option<PeerTls> {
+        let ca_file = self.get("VK_PEER_CA_FILE").map(std::path::PathBuf::from);
+        let cert = self.get("VK_PEER_CERT").map(std::path::PathBuf::from);
+        let key = self.get("VK_PEER_KEY").map(std::path::PathBuf::from);
+        match (ca_file, cert) {
+            (Some(ca_file), Some(cert)) => Some(PeerTls {
+                key: key.unwrap_or_else(|| cert.clone()),
+                ca_file,
+                cert,
+            }),
+            (None, None) => {
+                if key.is_some() {
+                    self.missing("VK_PEER_KEY", "VK_PEER_CERT and VK_PEER_CA_FILE");
+                }
+                None
+            }
+            (Some(_), None) => {
+                self.missing("VK_PEER_CA_FILE", "VK_PEER_CERT");
+                None
+            }
+            (None, Some(_)) => {
+                self.missing("VK_PEER_CERT", "VK_PEER_CA_FILE");
+                None
+            }
+        }
+    }
+
+    fn missing(&mut self, var: &'static str, needs: &str) {
+        self.errors.push(ConfigError {
+            var,
+            value: None,
+            message: format!(
+                "is set without {needs}: the peer API needs the cluster CA and this node's \
+                 certificate together"
+            ),
+        });
     }
 
     pub(super) fn warn_if_anonymous(&mut self, anonymous: bool) {

@@ -46,7 +46,28 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
         "VK_KUBELET_WEBSOCKET" => c.kubelet_websocket.to_string(),
         "VK_EXEC_IDLE_TIMEOUT" => format!("{}s", c.exec_idle_timeout.as_secs()),
         "VK_METRICS_ADDR" => c.metrics_addr.to_string(),
-        "VK_PEER_ADDR" => c.peer_addr.to_string(),
+        "VK_PEER_ADDR" => match c.peer_tls {
+            Some(_) => c.peer_addr.to_string(),
+            None => format!(
+                "{} (off: VK_PEER_CA_FILE and VK_PEER_CERT unset)",
+                c.peer_addr
+            ),
+        },
+        "VK_PEER_CA_FILE" => c
+            .peer_tls
+            .as_ref()
+            .map(|t| path(&t.ca_file))
+            .unwrap_or_else(|| "(unset: peer API off)".into()),
+        "VK_PEER_CERT" => c
+            .peer_tls
+            .as_ref()
+            .map(|t| path(&t.cert))
+            .unwrap_or_else(|| "(unset: peer API off)".into()),
+        "VK_PEER_KEY" => c
+            .peer_tls
+            .as_ref()
+            .map(|t| path(&t.key))
+            .unwrap_or_else(unset),
         "VK_LOG_LEVEL" => c.log_level.as_filter().to_string(),
         "OCI_REGISTRY" => c
             .oci_registry

@@ -81,8 +81,23 @@ pub const VARS: &[Var] = &[
     var("VK_METRICS_ADDR", ":9091", "listen address of /metrics"),
     var(
         "VK_PEER_ADDR",
-        ":12501",
-        "listen address of the snapshot peer API",
+        "VK_NODE_IP:12501",
+        "listen address of the snapshot peer API (only while VK_PEER_CA_FILE and VK_PEER_CERT are set)",
+    ),
+    var(
+        "VK_PEER_CA_FILE",
+        "unset (peer API off)",
+        "CA bundle that signs every node's certificate (the cluster CA); with VK_PEER_CERT it turns the peer API on, mutual TLS between nodes only",
+    ),
+    var(
+        "VK_PEER_CERT",
+        "unset (peer API off)",
+        "a node certificate (PEM) chained to VK_PEER_CA_FILE, subject O=system:nodes, CN=system:node:<name> (the host kubelet's client certificate, kubelet-client-current.pem); presented when serving and when dialing peers",
+    ),
+    var(
+        "VK_PEER_KEY",
+        "VK_PEER_CERT",
+        "the key of VK_PEER_CERT (PEM); unset, it is read from the certificate file",
     ),
     var(
         "VK_LOG_LEVEL",

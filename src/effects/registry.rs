@@ -27,12 +27,21 @@ pub struct Transfers {
 }
 
 /// What a peer restore needs: the API to find a node's address, this node's peer port (every
-/// node serves on the same one), `VK_STAGING_DIR`, and the per-node limit of 2 at a time.
+/// node serves on the same one), `VK_STAGING_DIR`, the per-node limit of 2 at a time, and
+/// (K7.1) the node credentials, without which no peer is dialed.
 pub struct Peers {
     pub client: kube::Client,
     pub port: u16,
     pub staging: PathBuf,
     pub limiter: crate::peer::Limiter,
+    pub access: Option<PeerAccess>,
+}
+
+/// K7.1: how this node dials peers (its node certificate, theirs checked against the cluster
+/// CA), and where refusals are counted.
+pub struct PeerAccess {
+    pub tls: std::sync::Arc<rustls::ClientConfig>,
+    pub counters: crate::peer::PeerCounters,
 }
 
 impl Transfers {
@@ -206,6 +215,11 @@ impl Transfers {
         staging: &str,
     ) -> Result<PathBuf, String> {
         self.staging_dir(staging)?;
+        let Some(access) = &self.peers.access else {
+            return Err(
+                "the peer API is off on this node (VK_PEER_CA_FILE and VK_PEER_CERT unset)".into(),
+            );
+        };
         if tag != crate::peer::HIBERNATE_TAG {
             return Err(format!(
                 "peer restore of {name}:{tag}: only hibernate snapshots are served"
@@ -222,11 +236,13 @@ impl Transfers {
         }
         let ip = node_ip(&self.peers.client, node).await?;
         let peer = match ip {
-            std::net::IpAddr::V4(v4) => format!("http://{v4}:{}", self.peers.port),
-            std::net::IpAddr::V6(v6) => format!("http://[{v6}]:{}", self.peers.port),
+            std::net::IpAddr::V4(v4) => format!("https://{v4}:{}", self.peers.port),
+            std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{}", self.peers.port),
         };
         let req = crate::peer::RestoreRequest {
             peer,
+            transport: crate::peer::Transport::Tls(access.tls.clone()),
+            files: source.files,
             snapshot_name: name.to_string(),
             snapshot_id: snapshot_id.to_string(),
             staging_root: self.peers.staging.clone(),
@@ -234,11 +250,12 @@ impl Transfers {
             snapshot_json: source.snapshot_json,
             timeouts: crate::peer::Timeouts::default(),
         };
-        self.peers
-            .limiter
-            .restore(req)
-            .await
-            .map_err(|e| format!("peer {node}: {e}"))
+        let restored = self.peers.limiter.restore(req).await;
+        if let Err(e @ crate::peer::PeerError::Altered(_)) = &restored {
+            access.counters.refused(crate::peer::Refusal::AlteredBytes);
+            tracing::warn!(%node, vm = %name, "peer restore refused: {e}");
+        }
+        restored.map_err(|e| format!("peer {node}: {e}"))
     }
 }
 

@@ -1,8 +1,9 @@
 //! The waking side of §7: copy a snapshot's files from the peer that hibernated it into a
 //! fresh staging directory, every slice length- and CRC-checked (the CRC-32C follows each
-//! slice's bytes in its body), holes kept as holes.
+//! slice's bytes in its body), holes kept as holes. Over mutual TLS with a node of the
+//! cluster (K7.1), and every file checked against the registry's digests before the directory
+//! is handed out (K7.3).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -21,7 +22,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::plan::{Plan, PlanFile, Slice};
+use super::schedule::Schedule;
 use super::staging::StagingDir;
+use super::verify::{self, Expected};
 use super::{plain_name, CRC_LEN, PLAN_PATH, SLICE_PATH};
 use crate::registry::valid_snapshot_name;
 
@@ -62,10 +65,21 @@ impl Default for Timeouts {
     }
 }
 
+/// How the peer is reached.
+#[derive(Clone, Debug)]
+pub enum Transport {
+    /// K7.1: mutual TLS with a node of the cluster.
+    Tls(Arc<rustls::ClientConfig>),
+    /// Plain HTTP, for the protocol tests that tamper with the bytes on the wire.
+    #[cfg(test)]
+    Plain,
+}
+
 #[derive(Clone, Debug)]
 pub struct RestoreRequest {
-    /// `http://<node InternalIP>:<peer port>`.
+    /// `https://<node InternalIP>:<peer port>` (`http://` with [`Transport::Plain`]).
     pub peer: String,
+    pub transport: Transport,
     /// The peer's local snapshot name (the VM name for a hibernation).
     pub snapshot_name: String,
     /// The registry config's `snapshotId`; the peer must offer exactly this snapshot.
@@ -76,6 +90,9 @@ pub struct RestoreRequest {
     pub leaf: String,
     /// The `snapshot.json` envelope, made from the registry config.
     pub snapshot_json: Vec<u8>,
+    /// K7.3: every file the registry lists and its digest; only these are fetched, and each
+    /// must match.
+    pub files: Expected,
     pub timeouts: Timeouts,
 }
 
@@ -104,6 +121,8 @@ pub enum PeerError {
     Checksum(String),
     /// The staging directory could not be written.
     Local(String),
+    /// K7.3: a file the peer sent does not match the registry's digest.
+    Altered(String),
 }
 
 impl PeerError {
@@ -119,6 +138,7 @@ impl PeerError {
             PeerError::Truncated(_) => "truncated",
             PeerError::Checksum(_) => "checksum",
             PeerError::Local(_) => "local",
+            PeerError::Altered(_) => "altered",
         }
     }
 }
@@ -140,6 +160,10 @@ impl fmt::Display for PeerError {
             PeerError::Truncated(m) => write!(f, "peer stream truncated: {m}"),
             PeerError::Checksum(m) => write!(f, "peer slice checksum: {m}"),
             PeerError::Local(m) => write!(f, "staging: {m}"),
+            PeerError::Altered(m) => write!(
+                f,
+                "the peer's copy does not match the registry, refused: {m}"
+            ),
         }
     }
 }
@@ -204,9 +228,10 @@ pub async fn restore(req: RestoreRequest) -> Result<PathBuf, PeerError> {
             req.leaf
         )));
     }
-    let peer = Arc::new(Peer::parse(&req.peer, req.timeouts)?);
+    let peer = Arc::new(Peer::parse(&req.peer, req.transport, req.timeouts)?);
     let plan = fetch_plan(&peer, &req.snapshot_name).await?;
     check_plan(&plan, &req.snapshot_id)?;
+    let wanted = verify::select(&plan, &req.files).map_err(PeerError::Altered)?;
     let staging = StagingDir::create(&req.staging_root, &req.leaf)
         .await
         .map_err(|e| {
@@ -215,7 +240,17 @@ pub async fn restore(req: RestoreRequest) -> Result<PathBuf, PeerError> {
                 req.staging_root.join(&req.leaf).display()
             ))
         })?;
-    match fill(&peer, &plan, &staging, req.snapshot_json).await {
+    let filled = match fill(&peer, &plan.snapshot_id, wanted, &staging).await {
+        Ok(()) => verify::staged(staging.path(), &req.files)
+            .await
+            .map_err(PeerError::Altered),
+        Err(e) => Err(e),
+    };
+    let done = match filled {
+        Ok(()) => write_envelope(staging.path(), req.snapshot_json).await,
+        Err(e) => Err(e),
+    };
+    match done {
         Ok(()) => Ok(staging.keep()),
         Err(e) => {
             staging.remove().await;
@@ -224,20 +259,15 @@ pub async fn restore(req: RestoreRequest) -> Result<PathBuf, PeerError> {
     }
 }
 
-/// Files and `snapshot.json` into the (empty) staging directory.
+/// The registry's files into the (empty) staging directory.
 async fn fill(
     peer: &Arc<Peer>,
-    plan: &Plan,
+    snapshot_id: &str,
+    wanted: Vec<PlanFile>,
     staging: &StagingDir,
-    snapshot_json: Vec<u8>,
 ) -> Result<(), PeerError> {
     let dir = staging.path().to_path_buf();
-    let wanted: Vec<PlanFile> = plan
-        .files
-        .iter()
-        .filter(|f| f.name != ENVELOPE)
-        .cloned()
-        .collect();
+    let wanted: Vec<PlanFile> = wanted.into_iter().filter(|f| f.name != ENVELOPE).collect();
     let created = {
         let (dir, wanted) = (dir.clone(), wanted.clone());
         tokio::task::spawn_blocking(move || -> std::io::Result<Vec<Arc<File>>> {
@@ -267,7 +297,7 @@ async fn fill(
         while let Some((i, slice)) = schedule.next() {
             let job = SliceJob {
                 peer: peer.clone(),
-                id: plan.snapshot_id.clone(),
+                id: snapshot_id.to_string(),
                 name: wanted[i].name.clone(),
                 file: files[i].clone(),
                 slice,
@@ -286,7 +316,11 @@ async fn fill(
         running.shutdown().await;
         return Err(outcome);
     }
+    Ok(())
+}
 
+/// `snapshot.json`, from the registry's config, once every file checked out.
+async fn write_envelope(dir: &std::path::Path, snapshot_json: Vec<u8>) -> Result<(), PeerError> {
     let envelope = dir.join(ENVELOPE);
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
@@ -300,47 +334,6 @@ async fn fill(
     })
     .await
     .map_err(|e| PeerError::Local(e.to_string()))?
-}
-
-/// Which slice to start next: round-robin over files, at most `MAX_STREAMS` in flight and
-/// `STREAMS_PER_FILE` per file, each file's slices in order.
-struct Schedule {
-    pending: Vec<VecDeque<Slice>>,
-    in_flight: Vec<usize>,
-    total: usize,
-    cursor: usize,
-}
-
-impl Schedule {
-    fn new(slices: Vec<Vec<Slice>>) -> Schedule {
-        let n = slices.len();
-        Schedule {
-            pending: slices.into_iter().map(VecDeque::from).collect(),
-            in_flight: vec![0; n],
-            total: 0,
-            cursor: 0,
-        }
-    }
-
-    fn next(&mut self) -> Option<(usize, Slice)> {
-        if self.total >= MAX_STREAMS {
-            return None;
-        }
-        let n = self.pending.len();
-        let i = (0..n)
-            .map(|k| (self.cursor + k) % n)
-            .find(|&i| !self.pending[i].is_empty() && self.in_flight[i] < STREAMS_PER_FILE)?;
-        let slice = self.pending[i].pop_front().expect("checked non-empty");
-        self.in_flight[i] += 1;
-        self.total += 1;
-        self.cursor = (i + 1) % n;
-        Some((i, slice))
-    }
-
-    fn done(&mut self, i: usize) {
-        self.in_flight[i] -= 1;
-        self.total -= 1;
-    }
 }
 
 fn check_plan(plan: &Plan, expected_id: &str) -> Result<(), PeerError> {
@@ -522,18 +515,38 @@ struct Peer {
     host: String,
     port: u16,
     authority: String,
+    transport: Transport,
     timeouts: Timeouts,
 }
 
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+/// HTTP/1 over `io`, its connection driven by a task that ends with the exchange.
+async fn http1<IO>(io: IO) -> hyper::Result<(Sender, AbortOnDrop)>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    let driver = AbortOnDrop(tokio::spawn(async move {
+        let _ = conn.await;
+    }));
+    Ok((sender, driver))
+}
+
 impl Peer {
-    fn parse(base: &str, timeouts: Timeouts) -> Result<Peer, PeerError> {
+    fn parse(base: &str, transport: Transport, timeouts: Timeouts) -> Result<Peer, PeerError> {
         let invalid = |why: &str| PeerError::Invalid(format!("peer URL {base:?}: {why}"));
         let uri: Uri = base.parse().map_err(|_| invalid("does not parse"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(invalid("the peer protocol is plain http"));
+        let scheme = match &transport {
+            Transport::Tls(_) => "https",
+            #[cfg(test)]
+            Transport::Plain => "http",
+        };
+        if uri.scheme_str() != Some(scheme) {
+            return Err(invalid(&format!("the peer protocol here is {scheme}")));
         }
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-            return Err(invalid("want http://<ip>:<port> without a path"));
+            return Err(invalid("want <scheme>://<ip>:<port> without a path"));
         }
         let authority = uri.authority().ok_or_else(|| invalid("no host"))?;
         let port = authority.port_u16().ok_or_else(|| invalid("no port"))?;
@@ -546,6 +559,7 @@ impl Peer {
                 .to_string(),
             port,
             authority: authority.as_str().to_string(),
+            transport,
             timeouts,
         })
     }
@@ -563,12 +577,21 @@ impl Peer {
                 .map_err(|_| unreachable(&format!("no connection within {:?}", t.dial)))?
                 .map_err(|e| unreachable(&e))?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(&e))?;
-        let driver = AbortOnDrop(tokio::spawn(async move {
-            let _ = conn.await;
-        }));
+        let (mut sender, driver) = match &self.transport {
+            Transport::Tls(config) => {
+                let name = rustls::pki_types::ServerName::try_from(self.host.clone())
+                    .map_err(|e| PeerError::Invalid(format!("{what}: peer host: {e}")))?;
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                let tls = tokio::time::timeout(t.dial, connector.connect(name, stream))
+                    .await
+                    .map_err(|_| unreachable(&format!("no TLS handshake within {:?}", t.dial)))?
+                    .map_err(|e| unreachable(&format!("TLS: {e}")))?;
+                http1(tls).await
+            }
+            #[cfg(test)]
+            Transport::Plain => http1(stream).await,
+        }
+        .map_err(|e| unreachable(&e))?;
         let req = Request::get(path_and_query)
             .header(HOST, &self.authority)
             .body(Empty::<Bytes>::new())
@@ -768,13 +791,23 @@ mod tests {
     }
 
     #[test]
-    fn peer_urls_are_plain_http_with_a_port() {
-        let p = Peer::parse("http://10.0.0.7:12501", Timeouts::default()).unwrap();
+    fn peer_urls_have_the_transport_s_scheme_and_a_port() {
+        let p = Peer::parse(
+            "http://10.0.0.7:12501",
+            Transport::Plain,
+            Timeouts::default(),
+        )
+        .unwrap();
         assert_eq!(
             (p.host.as_str(), p.port, p.authority.as_str()),
             ("10.0.0.7", 12501, "10.0.0.7:12501")
         );
-        let p = Peer::parse("http://[fd00::7]:12501/", Timeouts::default()).unwrap();
+        let p = Peer::parse(
+            "http://[fd00::7]:12501/",
+            Transport::Plain,
+            Timeouts::default(),
+        )
+        .unwrap();
         assert_eq!(p.host, "fd00::7");
         for bad in [
             "https://10.0.0.7:12501",
@@ -783,7 +816,10 @@ mod tests {
             "10.0.0.7:1",
             "",
         ] {
-            assert!(Peer::parse(bad, Timeouts::default()).is_err(), "{bad}");
+            assert!(
+                Peer::parse(bad, Transport::Plain, Timeouts::default()).is_err(),
+                "{bad}"
+            );
         }
     }
 

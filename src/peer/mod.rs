@@ -1,24 +1,36 @@
 //! Peer snapshot restore (hibernation spec §7): every node serves the raw files of its local
-//! cocoon snapshots over plain HTTP, and a waking node copies them straight into a staging
+//! cocoon snapshots to the other nodes (mutual TLS with node certificates, K7.1), and a waking
+//! node copies them straight into a staging
 //! directory for `cocoon vm clone --from-dir`, which beats a registry pull whenever the node
 //! that hibernated the VM is still up. The registry stays the identity anchor: the copy must
 //! carry the snapshot id the registry's config names, and `snapshot.json` is written from that
-//! config, never from anything the peer says.
+//! config, never from anything the peer says, and every file must hash to the digest the
+//! registry records for it.
 
 mod client;
+mod counters;
+mod credential;
 mod plan;
+mod schedule;
 mod server;
 mod source;
 mod staging;
+mod tls;
+mod verify;
 
 #[cfg(test)]
 mod protocol_tests;
+#[cfg(test)]
+mod tls_tests;
 
-pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Timeouts};
+pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Timeouts, Transport};
+pub use counters::{PeerCounters, Refusal};
 pub use plan::{plan_dir, Plan, PlanFile, Slice};
-pub use server::{spawn, Server, SnapshotIds};
+pub use server::{spawn, Counting, Server, SnapshotIds, MAX_PLANS};
 pub use source::{hibernate_source, HibernateSource, HIBERNATE_TAG};
 pub use staging::sweep_staging;
+pub use tls::{node_of, NodeTls};
+pub use verify::{Expected, FileDigest};
 
 const PLAN_PATH: &str = "/v1/snapshot-plan";
 const SLICE_PATH: &str = "/v1/snapshot-slice";

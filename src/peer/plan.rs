@@ -39,7 +39,7 @@ pub struct Slice {
 }
 
 impl Slice {
-    fn end(&self) -> u64 {
+    pub(super) fn end(&self) -> u64 {
         self.offset + self.length
     }
 }

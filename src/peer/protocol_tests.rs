@@ -97,7 +97,7 @@ impl Fixture {
     }
 
     async fn serve(mut self, ids: Arc<dyn SnapshotIds>, limit: Option<usize>) -> Fixture {
-        let mut server = Server::bind(self.addr, self.store.clone(), ids).unwrap();
+        let mut server = Server::bind_plain(self.addr, self.store.clone(), ids).unwrap();
         if let Some(n) = limit {
             server = server.with_stream_limit(n);
         }
@@ -118,13 +118,41 @@ impl Fixture {
             staging_root: self.staging.clone(),
             leaf: "vm-a".into(),
             snapshot_json: b"{\"version\": 1}\n".to_vec(),
+            files: expected_of(&self.store.join(ID)),
             timeouts: Timeouts::default(),
+            transport: Transport::Plain,
         }
     }
 
     fn leaf(&self) -> PathBuf {
         self.staging.join("vm-a")
     }
+}
+
+/// What the registry records for `dir` as cocoon exports it: each file's data extents as its
+/// sparse map, and the sha256 of their bytes.
+fn expected_of(dir: &Path) -> Expected {
+    use sha2::Digest;
+    let mut out = Expected::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        let f = std::fs::File::open(&path).unwrap();
+        let (size, extents) = super::plan::data_extents(&f).unwrap();
+        let mut h = sha2::Sha256::new();
+        for x in &extents {
+            let mut buf = vec![0u8; x.length as usize];
+            f.read_exact_at(&mut buf, x.offset).unwrap();
+            h.update(&buf);
+        }
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let digest = FileDigest {
+            sha256: format!("sha256:{:x}", h.finalize()),
+            size,
+            segments: Some(extents),
+        };
+        out.insert(name, digest);
+    }
+    out
 }
 
 fn same_bytes(a: &Path, b: &Path) -> bool {
@@ -323,6 +351,57 @@ async fn a_closed_port_is_unreachable() {
         .unwrap();
     let err = restore(fx.request(gone)).await.unwrap_err();
     assert_eq!(err.kind(), "unreachable", "{err}");
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_peer_serving_other_bytes_than_the_registry_records_fails_closed() {
+    let fx = Fixture::started().await;
+    let req = fx.request(fx.addr);
+    // The peer's own store changes after the push: its slices and checksums agree with each
+    // other, but not with the registry.
+    let m = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.store.join(ID).join("memory-ranges"))
+        .unwrap();
+    m.write_all_at(&[0xA5], 20 * MIB + 7).unwrap();
+    match restore(req).await.unwrap_err() {
+        PeerError::Altered(m) => assert!(m.contains("memory-ranges"), "{m}"),
+        other => panic!("{other}"),
+    }
+    assert!(!fx.leaf().exists(), "the altered copy was left staged");
+
+    // Bytes written into what the registry records as a hole are refused the same way.
+    let fx = Fixture::started().await;
+    let req = fx.request(fx.addr);
+    let m = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.store.join(ID).join("memory-ranges"))
+        .unwrap();
+    m.write_all_at(&[1], 150 * MIB).unwrap();
+    match restore(req).await.unwrap_err() {
+        PeerError::Altered(m) => assert!(m.contains("hole"), "{m}"),
+        other => panic!("{other}"),
+    }
+    assert!(!fx.leaf().exists());
+}
+
+#[tokio::test]
+async fn a_plan_without_a_file_the_registry_lists_fails() {
+    let fx = Fixture::started().await;
+    let mut req = fx.request(fx.addr);
+    req.files.insert(
+        "state.json".into(),
+        FileDigest {
+            sha256: "sha256:00".into(),
+            size: 2,
+            segments: None,
+        },
+    );
+    match restore(req).await.unwrap_err() {
+        PeerError::Altered(m) => assert!(m.contains("state.json"), "{m}"),
+        other => panic!("{other}"),
+    }
     assert!(!fx.leaf().exists());
 }
 
@@ -555,12 +634,13 @@ async fn names_resolve_through_cocoon_snapshot_inspect() {
 async fn a_taken_address_is_an_error_naming_vk_peer_addr() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
-    let err = spawn(
+    let err = Server::bind_plain(
         addr,
         PathBuf::from("/nonexistent"),
-        CocoonCli::new("cocoon"),
+        Arc::new(CocoonCli::new("cocoon")),
     )
-    .unwrap_err();
+    .err()
+    .expect("the address is taken");
     let msg = format!("{err:#}");
     assert!(
         msg.contains("VK_PEER_ADDR") && msg.contains(&addr.to_string()),

@@ -1,5 +1,7 @@
 //! The serving side of §7 on `VK_PEER_ADDR`, an actix-web server on a thread of its own
-//! like the kubelet API and `/metrics`.
+//! like the kubelet API and `/metrics`. K7.1, K7.2: mutual TLS with node certificates only; every
+//! request passes the node check before anything runs, and what a caller can make this node
+//! spend is capped (connections, handshakes, plan lookups, slice streams).
 //!
 //! A slice answer is sized: its body is the range's bytes followed by their CRC-32C
 //! ([`CRC_LEN`] bytes, big-endian), so a body cut anywhere is short of its `Content-Length`
@@ -12,8 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::body::SizedStream;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{ALLOW, CONTENT_TYPE};
 use actix_web::http::StatusCode;
+use actix_web::middleware::Next;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use anyhow::Context;
 use bytes::{Bytes, BytesMut};
@@ -24,9 +29,12 @@ use reconcilers::vm::CocoonErrorKind;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::counters::{PeerCounters, Refusal};
 use super::plan::{plan_dir, MAX_SLICE};
+use super::tls::{node_of_certificate, NodeTls};
 use super::{plain_name, CRC_LEN, PLAN_PATH, SLICE_PATH};
 use crate::cocoon::CocoonCli;
+use crate::metrics::{Cap, Metrics};
 use crate::registry::valid_snapshot_name;
 
 /// More concurrent slice streams than this are refused with 503, so that a burst of waking
@@ -37,6 +45,17 @@ pub const MAX_STREAMS: usize = 128;
 const READ_CHUNK: usize = 1 << 20;
 /// A connection that has not sent its request head by then is dropped.
 const HEADER_READ: Duration = Duration::from_secs(10);
+/// Plan lookups at once: each starts a `cocoon snapshot inspect` and scans a directory.
+pub const MAX_PLANS: usize = 8;
+/// Open connections per worker (two workers); past it, new ones wait in the kernel's backlog
+/// instead of holding descriptors and memory here.
+const MAX_CONNECTIONS: usize = 128;
+/// TLS handshakes in progress per worker.
+const MAX_HANDSHAKES: usize = 32;
+/// A connection that has not completed its handshake by then is dropped.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// An idle kept-alive connection is closed after this long.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// Name → id of a local cocoon snapshot. `Ok(None)` when cocoon does not know the name.
 pub trait SnapshotIds: Send + Sync + 'static {
@@ -59,41 +78,111 @@ impl SnapshotIds for CocoonCli {
     }
 }
 
+/// What the peer API counts: refused callers and, for the caps, `cap_refusals`.
+#[derive(Clone)]
+pub struct Counting {
+    pub metrics: Metrics,
+    pub peer: PeerCounters,
+}
+
 /// Binds `addr` (`VK_PEER_ADDR`) and serves snapshots stored under `snapshot_root`
-/// (`VK_COCOON_SNAPSHOT_DIR`), names resolved by `cocoon snapshot inspect`. A bind failure is
-/// returned, naming the address.
-pub fn spawn(addr: SocketAddr, snapshot_root: PathBuf, cocoon: CocoonCli) -> anyhow::Result<()> {
-    Server::bind(addr, snapshot_root, Arc::new(cocoon))?.spawn()
+/// (`VK_COCOON_SNAPSHOT_DIR`), names resolved by `cocoon snapshot inspect`, to other nodes
+/// only. A bind failure is returned, naming the address.
+pub fn spawn(
+    addr: SocketAddr,
+    snapshot_root: PathBuf,
+    cocoon: CocoonCli,
+    tls: &NodeTls,
+    counting: Counting,
+) -> anyhow::Result<()> {
+    Server::bind(addr, snapshot_root, Arc::new(cocoon), tls, counting)?.spawn()
 }
 
 /// A bound, not yet serving, peer endpoint.
 pub struct Server {
     listener: std::net::TcpListener,
+    tls: Option<rustls::ServerConfig>,
     state: State,
+}
+
+/// Who may call: node certificates, or (protocol tests only) anyone over plain HTTP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Callers {
+    Nodes,
+    #[cfg(test)]
+    Anyone,
 }
 
 struct State {
     root: PathBuf,
     ids: Arc<dyn SnapshotIds>,
     streams: Arc<Semaphore>,
+    plans: Arc<Semaphore>,
+    callers: Callers,
+    counting: Counting,
 }
+
+/// The verified client certificate of a connection, kept for the node check.
+#[derive(Clone)]
+struct ClientCert(Vec<u8>);
 
 impl Server {
     pub fn bind(
         addr: SocketAddr,
         snapshot_root: PathBuf,
         ids: Arc<dyn SnapshotIds>,
+        tls: &NodeTls,
+        counting: Counting,
+    ) -> anyhow::Result<Server> {
+        let config = tls.server_config_counting(counting.peer.clone())?;
+        let mut server = Server::bind_with(addr, snapshot_root, ids, counting)?;
+        server.tls = Some(config);
+        Ok(server)
+    }
+
+    /// Plain HTTP, every caller served: for the protocol tests, which tamper with the bytes
+    /// on the wire.
+    #[cfg(test)]
+    pub(super) fn bind_plain(
+        addr: SocketAddr,
+        snapshot_root: PathBuf,
+        ids: Arc<dyn SnapshotIds>,
+    ) -> anyhow::Result<Server> {
+        let counting = Counting {
+            metrics: Metrics::new(),
+            peer: PeerCounters::new(),
+        };
+        let mut server = Server::bind_with(addr, snapshot_root, ids, counting)?;
+        server.state.callers = Callers::Anyone;
+        Ok(server)
+    }
+
+    fn bind_with(
+        addr: SocketAddr,
+        snapshot_root: PathBuf,
+        ids: Arc<dyn SnapshotIds>,
+        counting: Counting,
     ) -> anyhow::Result<Server> {
         let listener = std::net::TcpListener::bind(addr)
             .with_context(|| format!("VK_PEER_ADDR: cannot listen on {addr}"))?;
         Ok(Server {
             listener,
+            tls: None,
             state: State {
                 root: snapshot_root,
                 ids,
                 streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+                plans: Arc::new(Semaphore::new(MAX_PLANS)),
+                callers: Callers::Nodes,
+                counting,
             },
         })
+    }
+
+    /// Replaces the `MAX_PLANS` limit.
+    pub fn with_plan_limit(mut self, plans: usize) -> Self {
+        self.state.plans = Arc::new(Semaphore::new(plans));
+        self
     }
 
     /// Replaces the `MAX_STREAMS` limit.
@@ -110,11 +199,12 @@ impl Server {
     /// `Send`, and a burst of slices must not compete with the loop's runtime).
     pub fn spawn(self) -> anyhow::Result<()> {
         let addr = self.local_addr()?;
-        let (listener, state) = (self.listener, web::Data::new(self.state));
+        let (listener, tls, state) = (self.listener, self.tls, web::Data::new(self.state));
         std::thread::Builder::new()
             .name("peer-api".into())
             .spawn(move || {
-                if let Err(e) = actix_web::rt::System::new().block_on(serve(listener, state)) {
+                let served = serve(listener, tls, state);
+                if let Err(e) = actix_web::rt::System::new().block_on(served) {
                     tracing::error!(%addr, error = %e, "peer API listener failed");
                 }
             })
@@ -123,10 +213,15 @@ impl Server {
     }
 }
 
-async fn serve(listener: std::net::TcpListener, state: web::Data<State>) -> io::Result<()> {
-    HttpServer::new(move || {
+async fn serve(
+    listener: std::net::TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    state: web::Data<State>,
+) -> io::Result<()> {
+    let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .wrap(actix_web::middleware::from_fn(only_nodes))
             .service(endpoint(PLAN_PATH).route(web::get().to(plan)))
             .service(endpoint(SLICE_PATH).route(web::get().to(slice)))
             .default_service(web::to(|| async {
@@ -135,10 +230,61 @@ async fn serve(listener: std::net::TcpListener, state: web::Data<State>) -> io::
     })
     .workers(2)
     .disable_signals()
-    .client_request_timeout(HEADER_READ)
-    .listen(listener)?
+    .on_connect(remember_client_cert)
+    .max_connections(MAX_CONNECTIONS)
+    .max_connection_rate(MAX_HANDSHAKES)
+    .tls_handshake_timeout(HANDSHAKE)
+    .keep_alive(KEEP_ALIVE)
+    .client_request_timeout(HEADER_READ);
+    match tls {
+        Some(config) => server.listen_rustls_0_23(listener, config)?,
+        None => server.listen(listener)?,
+    }
     .run()
     .await
+}
+
+fn remember_client_cert(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    type Tls = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
+    let Some(tls) = conn.downcast_ref::<Tls>() else {
+        return;
+    };
+    if let Some(cert) = tls.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+        ext.insert(ClientCert(cert.to_vec()));
+    }
+}
+
+/// K7.1: a request from anything but another node is answered 401 before any route runs.
+async fn only_nodes(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let state = req.app_data::<web::Data<State>>().cloned();
+    let refusal = match state.as_ref().map(|s| s.callers) {
+        None => Some((Refusal::NotANode, "the peer API has no state".to_string())),
+        #[cfg(test)]
+        Some(Callers::Anyone) => None,
+        Some(Callers::Nodes) => match req.conn_data::<ClientCert>() {
+            None => Some((
+                Refusal::NoCertificate,
+                "a node certificate signed by the cluster CA is required".to_string(),
+            )),
+            Some(ClientCert(der)) => node_of_certificate(der)
+                .err()
+                .map(|e| (Refusal::NotANode, e)),
+        },
+    };
+    match refusal {
+        None => Ok(next.call(req).await?.map_into_left_body()),
+        Some((why, msg)) => {
+            if let Some(s) = &state {
+                s.counting.peer.refused(why);
+            }
+            tracing::debug!(reason = why.as_str(), "peer API refused a caller: {msg}");
+            let res = text(StatusCode::UNAUTHORIZED, &msg);
+            Ok(req.into_response(res).map_into_right_body())
+        }
+    }
 }
 
 /// A path that answers GET only: any other method is 405 naming it.
@@ -176,6 +322,13 @@ async fn plan_of(state: &State, q: &Query) -> Answer {
     if !valid_snapshot_name(name) {
         return Err(bad(format!("{name:?} is not a snapshot name")));
     }
+    let _slot = state.plans.clone().try_acquire_owned().map_err(|_| {
+        state.counting.metrics.cap_refused(Cap::PeerRequests);
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("more than {MAX_PLANS} plan requests at once; retry later"),
+        )
+    })?;
     let id = match state.ids.id_of(name).await {
         Ok(Some(id)) => id,
         Ok(None) => return Err((StatusCode::NOT_FOUND, format!("no local snapshot {name:?}"))),
@@ -225,6 +378,7 @@ async fn slice_of(state: &State, q: &Query) -> Answer {
         )));
     }
     let permit = state.streams.clone().try_acquire_owned().map_err(|_| {
+        state.counting.metrics.cap_refused(Cap::PeerRequests);
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "too many slice streams".to_string(),

@@ -1,6 +1,7 @@
 //! What a peer restore needs from the registry: the `:hibernate` tag is the identity anchor,
 //! so the id to demand from the peer and the `snapshot.json` to write both come from its
-//! config blob, and the peer to ask from its `from-node` annotation.
+//! config blob, the peer to ask from its `from-node` annotation, and (K7.3) what every file the
+//! peer sends must hash to from the manifest.
 
 use crate::registry::{ArtifactKind, Registry, RegistryError, RemoteSnapshot};
 
@@ -14,6 +15,8 @@ pub struct HibernateSource {
     pub snapshot_json: Vec<u8>,
     /// The node that pushed the tag; `None` when the annotation is missing or empty.
     pub from_node: Option<String>,
+    /// Every file of the snapshot and its digest.
+    pub files: super::verify::Expected,
 }
 
 impl HibernateSource {
@@ -40,6 +43,7 @@ impl HibernateSource {
             snapshot_id: config.snapshot_id.clone(),
             snapshot_json: config.to_envelope(local_name),
             from_node: remote.from_node.clone().filter(|n| !n.is_empty()),
+            files: super::verify::expected(remote)?,
         })
     }
 }
@@ -59,9 +63,20 @@ pub async fn hibernate_source(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{ConfigBlob, Manifest};
+    use crate::registry::manifest::FileMeta;
+    use crate::registry::media::ANN_TITLE;
+    use crate::registry::{ConfigBlob, Descriptor, Manifest};
 
     fn remote(kind: ArtifactKind, config: Option<ConfigBlob>) -> RemoteSnapshot {
+        let mut layer = Descriptor {
+            media_type: "application/vnd.cocoonstack.vm.config+json".into(),
+            digest: "sha256:c0".into(),
+            size: 2,
+            ..Default::default()
+        };
+        layer
+            .annotations
+            .insert(ANN_TITLE.into(), "config.json".into());
         RemoteSnapshot {
             digest: "sha256:00".into(),
             kind,
@@ -71,7 +86,10 @@ mod tests {
             from_node: Some("node-a".into()),
             created: None,
             hypervisor: String::new(),
-            manifest: Manifest::default(),
+            manifest: Manifest {
+                layers: vec![layer],
+                ..Default::default()
+            },
             config,
         }
     }
@@ -81,6 +99,7 @@ mod tests {
             snapshot_id: "M4XW2HQ7K3ZT5N6R7P8S9JV2UA".into(),
             hypervisor: "cloud-hypervisor".into(),
             cpu: 2,
+            files: [("config.json".to_string(), FileMeta::default())].into(),
             ..Default::default()
         }
     }
@@ -93,6 +112,7 @@ mod tests {
         assert_eq!(s.snapshot_id, "M4XW2HQ7K3ZT5N6R7P8S9JV2UA");
         assert_eq!(s.from_node.as_deref(), Some("node-a"));
         assert_eq!(s.snapshot_json, config().to_envelope("vm-a"));
+        assert_eq!(s.files["config.json"].sha256, "sha256:c0");
         let env: serde_json::Value = serde_json::from_slice(&s.snapshot_json).unwrap();
         assert_eq!(env["config"]["id"], "M4XW2HQ7K3ZT5N6R7P8S9JV2UA");
         assert_eq!(env["config"]["name"], "vm-a");

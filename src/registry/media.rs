@@ -56,6 +56,9 @@ pub const ANN_FROM_NODE: &str = "cocoonstack.snapshot.from-node";
 pub const ANN_OWNER: &str = reconcilers::owner::ANNOTATION;
 pub const ANN_CHUNK_INDEX: &str = "cocoonstack.chunk.index";
 pub const ANN_CHUNK_COUNT: &str = "cocoonstack.chunk.count";
+/// K7.3: on every layer of a snapshot file, `sha256:<hex>` of the file's body in the export
+/// (the data segments of a sparse file, in order): what a peer's copy is checked against.
+pub const ANN_FILE_SHA256: &str = "cocoonstack.snapshot.file.sha256";
 
 /// The layer media type of a snapshot file, by its name.
 pub fn layer_type(file: &str) -> &'static str {

@@ -261,6 +261,7 @@ impl Registry {
         let mut layers: Vec<Descriptor> = Vec::new();
         let mut files: BTreeMap<String, FileMeta> = BTreeMap::new();
         let mut encoded_any = false;
+        tar.hash_bodies();
         while let Some(h) = tar
             .next_entry()
             .await
@@ -276,6 +277,7 @@ impl Registry {
             }
             let mut meta = file_meta(&h)?;
             let layer_type = media::layer_type(&h.name);
+            let first_layer = layers.len();
             match encoder.filter(|p| p.qualifies(h.size)) {
                 Some(plan) => {
                     let (descs, chunks) = plan
@@ -293,6 +295,13 @@ impl Registry {
                     }
                     layers.push(layer(layer_type, digest, h.size, &h.name));
                 }
+            }
+            let body = tar.take_body_digest().ok_or_else(|| {
+                RegistryError::Local(format!("{}: the body was not read to its end", h.name))
+            })?;
+            for l in &mut layers[first_layer..] {
+                l.annotations
+                    .insert(media::ANN_FILE_SHA256.to_string(), body.clone());
             }
             files.insert(h.name.clone(), meta);
         }

@@ -36,6 +36,9 @@ pub struct TarReader<R> {
     remaining: u64,
     pad: u64,
     done: bool,
+    /// The sha256 of the current entry's body so far, while bodies are hashed.
+    body_hash: Option<sha2::Sha256>,
+    hashing: bool,
 }
 
 impl<R: AsyncRead + Unpin> TarReader<R> {
@@ -45,7 +48,26 @@ impl<R: AsyncRead + Unpin> TarReader<R> {
             remaining: 0,
             pad: 0,
             done: false,
+            body_hash: None,
+            hashing: false,
         }
+    }
+
+    /// Every entry body read from now on is hashed as it passes (K7.3: the per-file digest a
+    /// peer restore checks its copy against).
+    pub fn hash_bodies(&mut self) {
+        self.hashing = true;
+    }
+
+    /// `sha256:<hex>` of the current entry's body, once it has been read to its end.
+    pub fn take_body_digest(&mut self) -> Option<String> {
+        use sha2::Digest as _;
+        if self.remaining != 0 {
+            return None;
+        }
+        self.body_hash
+            .take()
+            .map(|h| format!("sha256:{:x}", h.finalize()))
     }
 
     /// The next regular entry; `None` at the end-of-archive marker. Non-regular entries are
@@ -114,6 +136,7 @@ impl<R: AsyncRead + Unpin> TarReader<R> {
             let name = name.strip_prefix("./").unwrap_or(&name).to_string();
             self.remaining = size;
             self.pad = padding(size);
+            self.body_hash = self.hashing.then(<sha2::Sha256 as sha2::Digest>::new);
             return Ok(Some(EntryHeader {
                 name,
                 mode: h.mode().unwrap_or(0o640),
@@ -134,6 +157,9 @@ impl<R: AsyncRead + Unpin> TarReader<R> {
             return Err(bad("tar stream ends inside an entry body"));
         }
         self.remaining -= n as u64;
+        if let Some(h) = &mut self.body_hash {
+            sha2::Digest::update(h, &buf[..n]);
+        }
         Ok(n)
     }
 
@@ -158,7 +184,11 @@ impl<R: AsyncRead + Unpin> TarReader<R> {
         let size = self.remaining;
         self.remaining = 0;
         self.pad = 0;
-        self.read_small(size).await
+        let body = self.read_small(size).await?;
+        if let Some(h) = &mut self.body_hash {
+            sha2::Digest::update(h, &body);
+        }
+        Ok(body)
     }
 
     /// Reads past the end-of-archive marker to the end of the stream, so that whatever

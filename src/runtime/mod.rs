@@ -54,6 +54,8 @@ pub struct Settings {
     pub snapshot_dir: PathBuf,
     /// `VK_PEER_ADDR`.
     pub peer_addr: SocketAddr,
+    /// K7.1: `None` keeps the peer API off and every wake on the registry.
+    pub peer_tls: Option<crate::config::PeerTls>,
     pub snapshot: crate::config::SnapshotTransfer,
 }
 
@@ -74,14 +76,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     // N19: never another node's name.
     node::refuse_foreign(&client, &settings.node.name).await?;
     sweep_staging(&settings, &staging_dir);
-    // K7: a peer API that cannot listen is fatal, like every listener.
-    crate::peer::spawn(
-        settings.peer_addr,
-        settings.snapshot_dir.clone(),
-        settings.cocoon.clone(),
-    )?;
     let (tx, rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
+    let peer = serve_peers(&settings, &metrics)?;
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {
         metrics.enable_journal();
@@ -115,7 +112,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         settings.node.name.clone(),
         settings.dhcp_release_socket.clone(),
     )
-    .with_transfers(transfers(&settings, &client, &staging_dir)?)
+    .with_transfers(transfers(&settings, &client, &staging_dir, peer)?)
     .with_root_dir(settings.root_dir.clone().into());
     let tasks = start_sources(&settings, &client, &tx);
     let daemon = event_loop::Loop::new(settings, client, tx, metrics, exec, tasks, views);
@@ -197,11 +194,55 @@ fn serve_kubelet(
     )
 }
 
+/// K7.1, K7.2: the peer API, only with node credentials; what restores dial peers with, if any.
+/// A listener that cannot bind or credentials that cannot be loaded are fatal.
+fn serve_peers(
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<Option<crate::effects::registry::PeerAccess>> {
+    let Some(t) = &settings.peer_tls else {
+        tracing::warn!(
+            "peer API off: set VK_PEER_CA_FILE (the cluster CA) and VK_PEER_CERT (a node \
+             certificate: O=system:nodes, CN=system:node:<name>, e.g. the kubelet's \
+             kubelet-client-current.pem) to serve and use peer restores; hibernated VMs wake \
+             from the registry meanwhile"
+        );
+        return Ok(None);
+    };
+    let what = "peer API credentials (VK_PEER_CA_FILE / VK_PEER_CERT / VK_PEER_KEY)";
+    let tls = crate::peer::NodeTls::load(t).context(what)?;
+    let dial = std::sync::Arc::new(tls.client_config().context(what)?);
+    let counters = crate::peer::PeerCounters::new();
+    metrics
+        .register(counters.collector())
+        .context("registering the peer refusal counter")?;
+    crate::peer::spawn(
+        settings.peer_addr,
+        settings.snapshot_dir.clone(),
+        settings.cocoon.clone(),
+        &tls,
+        crate::peer::Counting {
+            metrics: metrics.clone(),
+            peer: counters.clone(),
+        },
+    )?;
+    tracing::info!(
+        addr = %settings.peer_addr,
+        identity = %tls.node,
+        "peer API serving other nodes over mutual TLS"
+    );
+    Ok(Some(crate::effects::registry::PeerAccess {
+        tls: dial,
+        counters,
+    }))
+}
+
 /// Registry transfers (`OCI_REGISTRY`), with peer restores; `None` while it is unset.
 fn transfers(
     settings: &Settings,
     client: &Client,
     staging_dir: &std::path::Path,
+    access: Option<crate::effects::registry::PeerAccess>,
 ) -> Result<Option<std::sync::Arc<crate::effects::registry::Transfers>>> {
     let Some(base) = &settings.registry else {
         return Ok(None);
@@ -217,6 +258,7 @@ fn transfers(
             port: settings.peer_addr.port(),
             staging: staging_dir.to_path_buf(),
             limiter: crate::peer::Limiter::per_node(),
+            access,
         },
     )
     .with_context(|| format!("OCI_REGISTRY={base:?}"))?;

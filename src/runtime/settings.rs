@@ -61,6 +61,7 @@ impl Settings {
             staging_dir: c.staging_dir.clone(),
             snapshot_dir: c.cocoon_snapshot_dir.clone(),
             peer_addr: c.peer_addr,
+            peer_tls: c.peer_tls.clone(),
             snapshot: c.snapshot.clone(),
         })
     }
