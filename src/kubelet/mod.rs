@@ -4,6 +4,7 @@
 
 pub mod auth;
 mod first_head;
+pub mod handshakes;
 pub mod log_query;
 mod log_time;
 mod logs;
@@ -12,7 +13,7 @@ mod stream;
 pub mod tls;
 mod upgrade;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +24,13 @@ use actix_service::{
     fn_factory, fn_service, map_config, IntoServiceFactory, Service, ServiceFactory,
     ServiceFactoryExt,
 };
-use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
+use actix_tls::accept::rustls_0_23::TlsStream;
 use actix_web::dev::AppConfig;
 use actix_web::rt::net::TcpStream;
 use actix_web::{web, App};
 
 use crate::cocoon::CocoonCli;
+use crate::metrics::Metrics;
 use crate::stats::Sampler;
 use crate::views::Views;
 
@@ -45,6 +47,8 @@ pub struct Ctx {
     pub streams: Arc<tokio::sync::Semaphore>,
     /// K4: an exec session in which nothing moves either way this long ends.
     pub exec_idle: Duration,
+    /// The daemon's metrics: served on `/metrics` (K8), and where the caps count (M7).
+    pub metrics: Metrics,
 }
 
 /// Each log stream holds a `cocoon` process and a connection; past this many, callers wait
@@ -68,7 +72,6 @@ type Conn = first_head::Replay<Tls>;
 
 /// How long a client has to send a whole request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn client_certificate(tls: &Tls) -> Option<auth::PeerCert> {
     let (_, session) = tls.get_ref();
@@ -122,6 +125,7 @@ fn app(
         )
         .route("/stats/summary", web::get().to(routes::stats_summary))
         .route("/stats/summary/", web::get().to(routes::stats_summary))
+        .route("/metrics", web::get().to(routes::metrics))
         .route("/metrics/resource", web::get().to(routes::metrics_resource))
         .route(
             "/metrics/resource/",
@@ -134,7 +138,8 @@ fn app(
 /// goes to [`upgrade::serve`] from there), then actix-http, whose upgrade extension point
 /// takes WebSocket upgrades to the same place.
 fn connections(
-    tls: rustls::ServerConfig,
+    tls: Arc<rustls::ServerConfig>,
+    handshakes: handshakes::Handshakes,
     ctx: web::Data<Ctx>,
     guard: web::Data<auth::Guard>,
 ) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = (), InitError = ()> {
@@ -189,12 +194,28 @@ fn connections(
             }))
         }
     });
-    let mut acceptor = Acceptor::new(tls);
-    acceptor.set_handshake_timeout(HANDSHAKE_TIMEOUT);
-    acceptor
-        .map_init_err(|_| ())
-        .map_err(|e| tracing::debug!(error = ?e, "kubelet API TLS handshake"))
-        .and_then(served)
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    // K10: the handshake runs within the bounds of `handshakes`, never behind idle ones.
+    let handshake = fn_service(move |tcp: TcpStream| {
+        let (acceptor, handshakes) = (acceptor.clone(), handshakes.clone());
+        async move {
+            let ip = tcp
+                .peer_addr()
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+            match handshakes.run(ip, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => Ok(Tls::from(tls)),
+                Ok(Err(e)) => {
+                    tracing::debug!(%ip, error = %e, "kubelet API TLS handshake failed");
+                    Err(())
+                }
+                Err(cut) => {
+                    tracing::debug!(%ip, ?cut, "kubelet API TLS handshake cut short");
+                    Err(())
+                }
+            }
+        }
+    });
+    handshake.and_then(served)
 }
 
 /// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
@@ -207,10 +228,12 @@ pub fn spawn(
     let listener = std::net::TcpListener::bind(addr).map_err(|e| {
         anyhow::anyhow!("VK_KUBELET_PORT: cannot listen on {addr} for the kubelet API: {e}")
     })?;
+    let handshakes = handshakes::Handshakes::new(ctx.metrics.clone());
     let data = web::Data::new(ctx);
     let guard = web::Data::new(guard);
     let mut tls = tls;
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = Arc::new(tls);
     let spawned = std::thread::Builder::new()
         .name("kubelet-api".into())
         .spawn(move || {
@@ -218,7 +241,12 @@ pub fn spawn(
                 .workers(2)
                 .disable_signals()
                 .listen("kubelet-api", listener, move || {
-                    connections(tls.clone(), data.clone(), guard.clone())
+                    connections(
+                        tls.clone(),
+                        handshakes.clone(),
+                        data.clone(),
+                        guard.clone(),
+                    )
                 });
             let run = async move {
                 match server {
