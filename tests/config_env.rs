@@ -167,7 +167,7 @@ fn defaults_are_the_documented_ones() {
     assert!(!c.kubelet_anonymous);
     assert!(c.kubelet_websocket);
     assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(30));
-    assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
+    assert_eq!(c.metrics_addr.to_string(), "127.0.0.1:9091");
     assert_eq!(c.peer_addr.to_string(), "0.0.0.0:12501");
     assert_eq!(c.log_level, LogLevel::Info);
     assert_eq!(c.orphan_policy, OrphanPolicy::Destroy);

@@ -9,7 +9,7 @@ pub mod log_query;
 mod log_time;
 mod logs;
 mod routes;
-mod stream;
+pub mod stream;
 pub mod tls;
 mod upgrade;
 

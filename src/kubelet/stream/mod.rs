@@ -10,7 +10,8 @@ mod exec;
 mod port_forward;
 mod remotecommand;
 mod spdy_dictionary;
-mod spdy_frame;
+/// Public for the load tests' own SPDY client (`tests/e2e_tenant_caps.rs`).
+pub mod spdy_frame;
 mod spdy_session;
 mod wire;
 
