@@ -9,7 +9,9 @@
 //! Tokens nobody has vouched for yet are what a caller can invent without end, so their
 //! reviews are bounded (K11): a few at once and a steady rate, the rest answered 429 without
 //! asking the apiserver; tokens found good and tokens found bad are cached apart, so a flood
-//! of bad ones never pushes out the callers already known.
+//! of bad ones never pushes out the callers already known, and a token found good in the
+//! last [`VOUCHED_TTL`] is reviewed again past those bounds, so a flood never holds up a
+//! known caller whose answer expired.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -34,6 +36,9 @@ use crate::metrics::{Cap, Metrics};
 /// Allowed answers are kept longer than denials, so a newly granted role takes effect soon.
 const ALLOWED_TTL: Duration = Duration::from_secs(30);
 const DENIED_TTL: Duration = Duration::from_secs(5);
+/// K11: how long a token the apiserver vouched for keeps its place ahead of the bounds on
+/// reviews; a caller cannot forge one, so this lane is no way around them.
+const VOUCHED_TTL: Duration = Duration::from_secs(600);
 /// Bounds each cache: a caller cycling through tokens cannot grow the daemon's memory.
 const CACHE_ENTRIES: usize = 1024;
 /// K11: TokenReviews of tokens not in a cache, at once. A review takes the apiserver a few
@@ -160,6 +165,10 @@ impl<K: Hash + Eq, V: Clone> Cache<K, V> {
         }
     }
 
+    fn remove(&mut self, k: &K) {
+        self.entries.remove(k);
+    }
+
     fn put(&mut self, k: K, v: V, until: Instant, now: Instant) {
         if self.entries.len() >= CACHE_ENTRIES {
             self.entries.retain(|_, (_, u)| *u > now);
@@ -221,6 +230,8 @@ struct Inner {
     /// Tokens the apiserver vouched for, and those it did not, apart (K11).
     tokens: Mutex<Cache<[u8; 32], User>>,
     rejected: Mutex<Cache<[u8; 32], ()>>,
+    /// Tokens the apiserver vouched for lately: reviewed again without waiting on the caps.
+    vouched: Mutex<Cache<[u8; 32], ()>>,
     reviews_at_once: Arc<tokio::sync::Semaphore>,
     review_rate: Mutex<Bucket>,
     decisions: Mutex<Cache<(User, Attributes), bool>>,
@@ -245,6 +256,7 @@ impl Guard {
             metrics,
             tokens: Mutex::new(Cache::new()),
             rejected: Mutex::new(Cache::new()),
+            vouched: Mutex::new(Cache::new()),
             reviews_at_once: Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE)),
             review_rate: Mutex::new(Bucket::new(
                 REVIEWS_PER_SECOND,
@@ -336,13 +348,19 @@ impl Guard {
         if lock(&self.0.rejected).get(&key, now).is_some() {
             return Ok(Review::Unknown);
         }
-        let Ok(_at_once) = self.0.reviews_at_once.clone().try_acquire_owned() else {
-            return Ok(Review::Throttled(format!(
-                "Too many requests: {REVIEWS_AT_ONCE} bearer tokens new to this node are being \
-                 checked with the apiserver already; retry in a second"
-            )));
+        let vouched = lock(&self.0.vouched).get(&key, now).is_some();
+        let at_once = self.0.reviews_at_once.clone().try_acquire_owned();
+        let _at_once = match at_once {
+            Ok(permit) => Some(permit),
+            Err(_) if vouched => None,
+            Err(_) => {
+                return Ok(Review::Throttled(format!(
+                    "Too many requests: {REVIEWS_AT_ONCE} bearer tokens new to this node are \
+                     being checked with the apiserver already; retry in a second"
+                )))
+            }
         };
-        if !lock(&self.0.review_rate).take(now) {
+        if !vouched && !lock(&self.0.review_rate).take(now) {
             return Ok(Review::Throttled(format!(
                 "Too many requests: this node checks at most {REVIEWS_PER_SECOND} new bearer \
                  tokens a second with the apiserver; retry in a second"
@@ -372,9 +390,11 @@ impl Guard {
         Ok(match user {
             Some(user) => {
                 lock(&self.0.tokens).put(key, user.clone(), now + ALLOWED_TTL, now);
+                lock(&self.0.vouched).put(key, (), now + VOUCHED_TTL, now);
                 Review::Known(user)
             }
             None => {
+                lock(&self.0.vouched).remove(&key);
                 lock(&self.0.rejected).put(key, (), now + DENIED_TTL, now);
                 Review::Unknown
             }

@@ -123,6 +123,12 @@ async fn random_tokens_cost_the_apiserver_the_burst_and_known_callers_nothing() 
         refusal.refusal().map(|(c, _)| c),
         Some(StatusCode::TOO_MANY_REQUESTS)
     );
+    // The known caller's answer expires: a token vouched for lately is reviewed again
+    // though the budget is spent.
+    let key: [u8; 32] = Sha256::digest(b"good-1").into();
+    lock(&g.0.tokens).remove(&key);
+    assert_eq!(g.check(None, Some("Bearer good-1"), attrs).await, Verdict::Allow);
+    assert_eq!(*reviews.borrow(), REVIEW_BURST as usize + 1);
 }
 
 #[tokio::test]

@@ -261,3 +261,51 @@ pub fn spawn(
     spawned.map_err(|e| anyhow::anyhow!("cannot start the kubelet API thread: {e}"))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use actix_web::test;
+
+    use super::*;
+
+    fn ctx() -> Ctx {
+        let views = crate::views::Views::default();
+        Ctx {
+            sampler: Arc::new(Sampler::new(views.clone(), "x.slice", "/x")),
+            views,
+            cocoon: CocoonCli::new("cocoon"),
+            node: "node-a".into(),
+            started: "2026-12-01T19:00:00Z".into(),
+            log_streams: log_streams(),
+            streams: streams(),
+            exec_idle: Duration::from_secs(30),
+            metrics: Metrics::new(),
+        }
+    }
+
+    fn guard(open: bool) -> auth::Guard {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        auth::Guard::new(client, "node-a".into(), true, open, Metrics::new())
+    }
+
+    /// K8: the daemon's own metrics on the kubelet port, behind the guard like every path.
+    #[actix_web::test]
+    async fn the_daemons_metrics_are_served_behind_the_guard() {
+        for (open, want) in [(true, 200), (false, 401)] {
+            let app = test::init_service(app(web::Data::new(ctx()), web::Data::new(guard(open))))
+                .await;
+            let req = test::TestRequest::get().uri("/metrics").to_request();
+            let resp = test::call_service(&app, req).await;
+            assert_eq!(resp.status().as_u16(), want, "open: {open}");
+            if open {
+                let body = test::read_body(resp).await;
+                let text = String::from_utf8_lossy(&body);
+                assert!(
+                    text.contains(r#"cocoon_vk_cap_refusals_total{cap="tls_handshake"} 0"#),
+                    "{text}"
+                );
+            }
+        }
+    }
+}

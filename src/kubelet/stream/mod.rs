@@ -27,6 +27,7 @@ use super::Ctx;
 use crate::metrics::Cap;
 use crate::views::VmView;
 use remotecommand::Streams;
+pub use port_forward::MAX_PAIRS;
 pub use wire::connection;
 use wire::{Inbound, Outbound};
 
