@@ -50,7 +50,10 @@ async fn node() -> Result<Node> {
     let (kubelet_port, metrics_port) = (e2e::ports::free_port()?, e2e::ports::free_port()?);
     let opts = DaemonOptions {
         env: vec![
-            ("VK_TLS_CERT".into(), pki.apiserver.cert.display().to_string()),
+            (
+                "VK_TLS_CERT".into(),
+                pki.apiserver.cert.display().to_string(),
+            ),
             ("VK_TLS_KEY".into(), pki.apiserver.key.display().to_string()),
             ("COCOON_SIM_EXEC".into(), "host".into()),
         ],
@@ -111,9 +114,8 @@ async fn refusals(n: &Node, cap: &str) -> Result<u64> {
 
 /// The pod is still Ready, and a legitimate caller still execs in it and reads its log.
 async fn still_served(n: &Node, marker: &str) -> Result<()> {
-    let ready = n
-        .tb
-        .kubectl(&[
+    let ready =
+        n.tb.kubectl(&[
             "get",
             "pod",
             POD,
@@ -143,13 +145,15 @@ async fn as_apiserver(n: &Node, path: &str) -> Result<String> {
 }
 
 /// K10: a thousand connections that never start a handshake, from one address and then from
-/// twenty, hold at most the handshake places and never keep the apiserver out.
+/// twenty, and a hundred that handshake and then say nothing, hold at most the places and
+/// never keep the apiserver out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_never_starve_the_kubelet_api() -> Result<()> {
     use vk_cocoon::kubelet::handshakes::{DEADLINE, PENDING, PER_ADDRESS};
     const ONE: usize = 500;
     const MANY: usize = 500;
     const ADDRESSES: u8 = 20;
+    const SILENT: usize = 100;
     let n = node().await?;
     let pid = n.d.proc.pid();
     let (rss0, fds0) = footprint(pid)?;
@@ -164,15 +168,21 @@ async fn idle_connections_never_starve_the_kubelet_api() -> Result<()> {
         idle.push(connect([127, 0, 0, 2]).await?);
     }
     let one_address = (ONE - PER_ADDRESS) as u64;
-    until("one address's connections over its share cut", LIMIT, || async {
-        Ok((refusals(&n, "tls_handshake").await? >= one_address).then_some(()))
-    })
+    until(
+        "one address's connections over its share cut",
+        LIMIT,
+        || async { Ok((refusals(&n, "tls_handshake").await? >= one_address).then_some(())) },
+    )
     .await?;
     for i in 0..MANY {
         let from = [127, 0, 0, 3 + (i % usize::from(ADDRESSES)) as u8];
         idle.push(connect(from).await?);
     }
-    let total = (ONE + MANY) as u64;
+    let mut silent = Vec::new();
+    for _ in 0..SILENT {
+        silent.push(tls_as_apiserver(&n, [127, 0, 0, 3 + ADDRESSES]).await?);
+    }
+    let total = (ONE + MANY + SILENT) as u64;
     until("the connections over all places cut", LIMIT, || async {
         Ok((refusals(&n, "tls_handshake").await? >= total - PENDING as u64).then_some(()))
     })
@@ -187,7 +197,10 @@ async fn idle_connections_never_starve_the_kubelet_api() -> Result<()> {
     ensure!(rss <= rss0 + RSS_GROWTH, "RSS {rss0} -> {rss}");
     // With every place taken by an idle connection, the apiserver still gets in.
     let pods = as_apiserver(&n, "/pods").await?;
-    ensure!(pods == "200", "the apiserver's certificate at /pods: {pods}");
+    ensure!(
+        pods == "200",
+        "the apiserver's certificate at /pods: {pods}"
+    );
     still_served(&n, "after-idle-connections").await?;
     // Every idle connection is cut exactly once, by a newcomer or by its deadline; none of
     // the legitimate ones is.
@@ -196,16 +209,24 @@ async fn idle_connections_never_starve_the_kubelet_api() -> Result<()> {
         Ok((got >= total).then_some(got))
     })
     .await?;
-    ensure!(all == total, "{all} handshakes cut for {total} idle connections");
+    ensure!(
+        all == total,
+        "{all} handshakes cut for {total} idle connections"
+    );
     let (_, fds) = footprint(pid)?;
-    ensure!(fds <= fds0 + FD_SLACK, "fds {fds0} -> {fds} once all are cut");
-    drop(idle);
+    ensure!(
+        fds <= fds0 + FD_SLACK,
+        "fds {fds0} -> {fds} once all are cut"
+    );
+    drop((idle, silent));
     Ok(())
 }
 
-/// A TLS connection to the kubelet port presenting the apiserver's client certificate.
+/// A TLS connection to the kubelet port from `from`, presenting the apiserver's client
+/// certificate.
 async fn tls_as_apiserver(
     n: &Node,
+    from: [u8; 4],
 ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -221,7 +242,11 @@ async fn tls_as_apiserver(
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)?;
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", n.kubelet_port)).await?;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::from((from, 0)))?;
+    let tcp = socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], n.kubelet_port)))
+        .await?;
     let name = ServerName::try_from("127.0.0.1")?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
     Ok(tls.connect(name, tcp).await?)
@@ -236,7 +261,7 @@ async fn a_port_forward_session_cannot_open_unbounded_connections() -> Result<()
     let n = node().await?;
     let pid = n.d.proc.pid();
     let (rss0, fds0) = footprint(pid)?;
-    let mut conn = tls_as_apiserver(&n).await?;
+    let mut conn = tls_as_apiserver(&n, [127, 0, 0, 1]).await?;
     let head = format!(
         "POST /portForward/{NS}/{POD} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n\
          Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\
@@ -248,7 +273,10 @@ async fn a_port_forward_session_cannot_open_unbounded_connections() -> Result<()
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        ensure!(conn.read_buf(&mut buf).await? > 0, "no answer to the upgrade");
+        ensure!(
+            conn.read_buf(&mut buf).await? > 0,
+            "no answer to the upgrade"
+        );
     };
     let answer = String::from_utf8_lossy(&buf.split_to(end)).into_owned();
     ensure!(answer.starts_with("HTTP/1.1 101"), "{answer}");
@@ -380,7 +408,9 @@ async fn random_tokens_cost_the_apiserver_a_bounded_number_of_reviews() -> Resul
     ] {
         n.tb.kubectl(&args).await?;
     }
-    let token = n.tb.kubectl(&["create", "token", "scraper", "-n", NS]).await?;
+    let token =
+        n.tb.kubectl(&["create", "token", "scraper", "-n", NS])
+            .await?;
     let bearer = format!("Authorization: Bearer {}", token.trim());
     let scrape = || async {
         let out = tokio::process::Command::new("curl")
@@ -438,18 +468,23 @@ async fn random_tokens_cost_the_apiserver_a_bounded_number_of_reviews() -> Resul
         unauthorized + throttled == REQUESTS,
         "answers other than 401 and 429: {:?}; curl said {}; handshakes cut {}",
         codes.lines().filter(|l| *l != "401" && *l != "429").count(),
-        String::from_utf8_lossy(&out.stderr).chars().take(600).collect::<String>(),
+        String::from_utf8_lossy(&out.stderr)
+            .chars()
+            .take(600)
+            .collect::<String>(),
         refusals(&n, "tls_handshake").await?
     );
     // The budget: the burst, then the rate for as long as the flood lasted.
-    let budget = u64::from(REVIEW_BURST)
-        + u64::from(REVIEWS_PER_SECOND) * (elapsed.as_secs() + 1);
+    let budget = u64::from(REVIEW_BURST) + u64::from(REVIEWS_PER_SECOND) * (elapsed.as_secs() + 1);
     ensure!(
         (unauthorized as u64) <= budget,
         "{unauthorized} tokens reviewed in {elapsed:?}, over the budget of {budget}"
     );
     let counted = refusals(&n, "token_reviews").await?;
-    ensure!(counted == throttled as u64, "{counted} counted, {throttled} answered 429");
+    ensure!(
+        counted == throttled as u64,
+        "{counted} counted, {throttled} answered 429"
+    );
     let reviews = token_reviews(&n.tb).await? - reviews0;
     ensure!(
         reviews <= budget,

@@ -611,7 +611,11 @@ mod tests {
         ] {
             let attrs = attributes(&Method::GET, path);
             assert!(attrs.read, "{path}");
-            assert_eq!(open.check(None, None, attrs).await, Verdict::Allow, "{path}");
+            assert_eq!(
+                open.check(None, None, attrs).await,
+                Verdict::Allow,
+                "{path}"
+            );
         }
         for (method, path) in [
             (Method::GET, "/exec/default/p/agent"),
@@ -628,7 +632,10 @@ mod tests {
             assert!(!attrs.read, "{method} {path}");
             match open.check(None, None, attrs).await {
                 Verdict::Unauthenticated(why) => {
-                    assert!(why.contains("only container logs, stats and metrics"), "{why}")
+                    assert!(
+                        why.contains("only container logs, stats and metrics"),
+                        "{why}"
+                    )
                 }
                 other => panic!("{method} {path}: {other:?}"),
             }

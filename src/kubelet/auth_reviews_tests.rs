@@ -88,7 +88,10 @@ async fn random_tokens_cost_the_apiserver_the_burst_and_known_callers_nothing() 
     let m = Metrics::new();
     let g = guard(client, &m);
     let attrs = attributes(&Method::GET, "/pods");
-    assert_eq!(g.check(None, Some("Bearer good-1"), attrs).await, Verdict::Allow);
+    assert_eq!(
+        g.check(None, Some("Bearer good-1"), attrs).await,
+        Verdict::Allow
+    );
     // A bad token asked again is answered from its cache.
     for _ in 0..3 {
         assert!(matches!(
@@ -99,7 +102,10 @@ async fn random_tokens_cost_the_apiserver_the_burst_and_known_callers_nothing() 
     assert_eq!(*reviews.borrow(), 2);
     let (mut refused, mut throttled_seen) = (0, 0);
     for i in 0..2000 {
-        match g.check(None, Some(&format!("Bearer random-{i}")), attrs).await {
+        match g
+            .check(None, Some(&format!("Bearer random-{i}")), attrs)
+            .await
+        {
             Verdict::Unauthenticated(_) => refused += 1,
             Verdict::Throttled(why) => {
                 assert!(why.contains("new bearer tokens a second"), "{why}");
@@ -113,7 +119,10 @@ async fn random_tokens_cost_the_apiserver_the_burst_and_known_callers_nothing() 
     assert_eq!(*reviews.borrow(), REVIEW_BURST as usize);
     assert_eq!(throttled(&m), (2000 - budget) as u64);
     // The caller known before the flood is still served, without a review.
-    assert_eq!(g.check(None, Some("Bearer good-1"), attrs).await, Verdict::Allow);
+    assert_eq!(
+        g.check(None, Some("Bearer good-1"), attrs).await,
+        Verdict::Allow
+    );
     assert_eq!(*reviews.borrow(), REVIEW_BURST as usize);
     // A caller new to the node, while the budget is spent, is told to retry; the apiserver
     // is not asked.
@@ -127,7 +136,10 @@ async fn random_tokens_cost_the_apiserver_the_burst_and_known_callers_nothing() 
     // though the budget is spent.
     let key: [u8; 32] = Sha256::digest(b"good-1").into();
     lock(&g.0.tokens).remove(&key);
-    assert_eq!(g.check(None, Some("Bearer good-1"), attrs).await, Verdict::Allow);
+    assert_eq!(
+        g.check(None, Some("Bearer good-1"), attrs).await,
+        Verdict::Allow
+    );
     assert_eq!(*reviews.borrow(), REVIEW_BURST as usize + 1);
 }
 
@@ -141,7 +153,8 @@ async fn no_more_reviews_than_the_cap_wait_at_once() {
     for i in 0..REVIEWS_AT_ONCE {
         let g = g.clone();
         waiting.push(tokio::spawn(async move {
-            g.check(None, Some(&format!("Bearer slow-{i}")), attrs).await
+            g.check(None, Some(&format!("Bearer slow-{i}")), attrs)
+                .await
         }));
     }
     reviews

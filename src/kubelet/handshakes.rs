@@ -1,5 +1,6 @@
-//! K10: the connections of the kubelet API still in their TLS handshake. A connection that
-//! never starts or never finishes its handshake holds a socket and a task for nothing; one
+//! K10: the connections of the kubelet API still in their TLS handshake, or past it and not
+//! yet done sending their first request head (a "handshake" below). A connection that never
+//! starts or never finishes its handshake holds a socket and a task for nothing; one
 //! caller opening them faster than they expire would otherwise hold every slot, and the
 //! apiserver's own connections would wait behind them. So each handshake has a deadline,
 //! at most [`PER_ADDRESS`] wait from one address and at most [`PENDING`] in all, and a
@@ -19,8 +20,8 @@ use tokio::sync::oneshot;
 
 use crate::metrics::{Cap, Metrics};
 
-/// A TLS handshake takes a few round trips; ten seconds covers a slow network many times
-/// over, and bounds how long an idle connection holds its slot.
+/// A TLS handshake and a request head take a few round trips; ten seconds covers a slow
+/// network many times over, and bounds how long an idle connection holds its slot.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 /// The apiserver, metrics-server and Prometheus together open a few connections at a time,
 /// each done with its handshake in milliseconds; 256 waiting at once is far past that, and
@@ -93,7 +94,12 @@ impl Handshakes {
         Self::with_limits(metrics, PENDING, PER_ADDRESS, DEADLINE)
     }
 
-    fn with_limits(metrics: Metrics, pending: usize, per_address: usize, deadline: Duration) -> Self {
+    fn with_limits(
+        metrics: Metrics,
+        pending: usize,
+        per_address: usize,
+        deadline: Duration,
+    ) -> Self {
         Self {
             waiting: Arc::new(Mutex::new(Waiting {
                 next: 0,
@@ -113,7 +119,10 @@ impl Handshakes {
         let (tx, rx) = oneshot::channel();
         let mut w = lock(&self.waiting);
         let mut evicted = 0;
-        let own = w.by_address.get(&ip).filter(|ids| ids.len() >= self.per_address);
+        let own = w
+            .by_address
+            .get(&ip)
+            .filter(|ids| ids.len() >= self.per_address);
         if let Some(&oldest) = own.and_then(|ids| ids.first()) {
             evicted += usize::from(w.remove(oldest));
         }

@@ -70,7 +70,8 @@ pub fn streams() -> Arc<tokio::sync::Semaphore> {
 type Tls = TlsStream<TcpStream>;
 type Conn = first_head::Replay<Tls>;
 
-/// How long a client has to send a whole request head.
+/// How long a client has to send a whole request head after its first (the first is bounded
+/// by K10).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn client_certificate(tls: &Tls) -> Option<auth::PeerCert> {
@@ -167,26 +168,19 @@ fn connections(
         let (ctx, guard) = (ctx.clone(), guard.clone());
         async move {
             let http = Rc::new(http.await.map_err(|_| ())?);
-            let config = actix_http::ServiceConfig::default();
-            Ok::<_, ()>(fn_service(move |io: Tls| {
-                let (http, config) = (http.clone(), config.clone());
+            Ok::<_, ()>(fn_service(move |opened: Opened| {
+                let http = http.clone();
                 let (ctx, guard) = (ctx.clone(), guard.clone());
                 async move {
-                    let peer = io.get_ref().0.peer_addr().ok();
-                    let cert = client_certificate(&io);
-                    let first = tokio::time::timeout(HEAD_TIMEOUT, first_head::read(io, &config));
-                    match first.await {
-                        Ok(first_head::First::Spdy(req, framed)) => {
-                            upgrade::serve(&ctx, &guard, cert, req, framed).await;
+                    match opened.first {
+                        first_head::First::Spdy(req, framed) => {
+                            upgrade::serve(&ctx, &guard, opened.cert, req, framed).await;
                         }
-                        Ok(first_head::First::Plain(conn)) => {
-                            let served = http.call((conn, actix_http::Protocol::Http1, peer));
-                            if let Err(e) = served.await {
+                        first_head::First::Plain(conn) => {
+                            let call = (conn, actix_http::Protocol::Http1, opened.peer);
+                            if let Err(e) = http.call(call).await {
                                 tracing::debug!(error = %e, "kubelet API connection");
                             }
-                        }
-                        Err(_) => {
-                            tracing::debug!("kubelet API client sent no request head in time")
                         }
                     }
                     Ok::<_, ()>(())
@@ -194,28 +188,57 @@ fn connections(
             }))
         }
     });
+    opening(tls, handshakes).and_then(served)
+}
+
+/// A connection through its TLS handshake and its first request head.
+struct Opened {
+    peer: Option<SocketAddr>,
+    cert: Option<auth::PeerCert>,
+    first: first_head::First<Tls>,
+}
+
+/// K10: the TLS handshake and the first request head, within the bounds of `handshakes`: a
+/// connection holds its place until it has asked for something, so one that handshakes and
+/// then says nothing is bounded like one that never handshakes.
+fn opening(
+    tls: Arc<rustls::ServerConfig>,
+    handshakes: handshakes::Handshakes,
+) -> impl ServiceFactory<TcpStream, Config = (), Response = Opened, Error = (), InitError = ()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    // K10: the handshake runs within the bounds of `handshakes`, never behind idle ones.
-    let handshake = fn_service(move |tcp: TcpStream| {
+    fn_factory(move || {
         let (acceptor, handshakes) = (acceptor.clone(), handshakes.clone());
         async move {
-            let ip = tcp
-                .peer_addr()
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-            match handshakes.run(ip, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => Ok(Tls::from(tls)),
-                Ok(Err(e)) => {
-                    tracing::debug!(%ip, error = %e, "kubelet API TLS handshake failed");
-                    Err(())
+            let config = actix_http::ServiceConfig::default();
+            Ok::<_, ()>(fn_service(move |tcp: TcpStream| {
+                let (acceptor, handshakes) = (acceptor.clone(), handshakes.clone());
+                let config = config.clone();
+                async move {
+                    let ip = tcp
+                        .peer_addr()
+                        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+                    let open = async {
+                        let tls = Tls::from(acceptor.accept(tcp).await?);
+                        let peer = tls.get_ref().0.peer_addr().ok();
+                        let cert = client_certificate(&tls);
+                        let first = first_head::read(tls, &config).await;
+                        std::io::Result::Ok(Opened { peer, cert, first })
+                    };
+                    match handshakes.run(ip, open).await {
+                        Ok(Ok(opened)) => Ok(opened),
+                        Ok(Err(e)) => {
+                            tracing::debug!(%ip, error = %e, "kubelet API TLS handshake failed");
+                            Err(())
+                        }
+                        Err(cut) => {
+                            tracing::debug!(%ip, ?cut, "kubelet API connection cut before its first request");
+                            Err(())
+                        }
+                    }
                 }
-                Err(cut) => {
-                    tracing::debug!(%ip, ?cut, "kubelet API TLS handshake cut short");
-                    Err(())
-                }
-            }
+            }))
         }
-    });
-    handshake.and_then(served)
+    })
 }
 
 /// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
@@ -241,12 +264,7 @@ pub fn spawn(
                 .workers(2)
                 .disable_signals()
                 .listen("kubelet-api", listener, move || {
-                    connections(
-                        tls.clone(),
-                        handshakes.clone(),
-                        data.clone(),
-                        guard.clone(),
-                    )
+                    connections(tls.clone(), handshakes.clone(), data.clone(), guard.clone())
                 });
             let run = async move {
                 match server {
@@ -293,8 +311,8 @@ mod tests {
     #[actix_web::test]
     async fn the_daemons_metrics_are_served_behind_the_guard() {
         for (open, want) in [(true, 200), (false, 401)] {
-            let app = test::init_service(app(web::Data::new(ctx()), web::Data::new(guard(open))))
-                .await;
+            let app =
+                test::init_service(app(web::Data::new(ctx()), web::Data::new(guard(open)))).await;
             let req = test::TestRequest::get().uri("/metrics").to_request();
             let resp = test::call_service(&app, req).await;
             assert_eq!(resp.status().as_u16(), want, "open: {open}");

@@ -163,7 +163,12 @@ mod tests {
     #[actix_web::test]
     async fn a_refused_upgrade_is_a_status_the_client_prints() {
         let (g, cert) = trusted();
-        let got = answer_to(&g, Some(cert.clone()), "/exec/default/p/c?command=ls&stdout=1").await;
+        let got = answer_to(
+            &g,
+            Some(cert.clone()),
+            "/exec/default/p/c?command=ls&stdout=1",
+        )
+        .await;
         assert!(got.starts_with("HTTP/1.1 404"), "{got}");
         assert!(got.contains("content-type: application/json"), "{got}");
         assert!(

@@ -26,8 +26,8 @@ use serde_json::json;
 use super::Ctx;
 use crate::metrics::Cap;
 use crate::views::VmView;
-use remotecommand::Streams;
 pub use port_forward::MAX_PAIRS;
+use remotecommand::Streams;
 pub use wire::connection;
 use wire::{Inbound, Outbound};
 
@@ -356,7 +356,11 @@ fn port_forward(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
                     ctx.metrics.cap_refused(Cap::PortForwardStreams);
                     return Answer::refuse(
                         StatusCode::BAD_REQUEST,
-                        format!("{} ports asked for: {}", p.len(), port_forward::too_many_pairs()),
+                        format!(
+                            "{} ports asked for: {}",
+                            p.len(),
+                            port_forward::too_many_pairs()
+                        ),
                     );
                 }
                 Ok(p) => Some(p),

@@ -551,14 +551,20 @@ mod tests {
         let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
         let mut stream = 1;
         for request in 0..MAX_PAIRS {
-            in_tx.send(open(&mut client, stream, "error", request)).unwrap();
+            in_tx
+                .send(open(&mut client, stream, "error", request))
+                .unwrap();
             stream += 2;
         }
         let odd = stream;
         in_tx.send(open(&mut client, odd, "resize", 9999)).unwrap();
         let (over_error, over_data) = (odd + 2, odd + 4);
-        in_tx.send(open(&mut client, over_error, "error", MAX_PAIRS)).unwrap();
-        in_tx.send(open(&mut client, over_data, "data", MAX_PAIRS)).unwrap();
+        in_tx
+            .send(open(&mut client, over_error, "error", MAX_PAIRS))
+            .unwrap();
+        in_tx
+            .send(open(&mut client, over_data, "data", MAX_PAIRS))
+            .unwrap();
         let inbound: Inbound =
             futures::stream::unfold(
                 in_rx,
