@@ -135,9 +135,9 @@ fn app(
         .default_service(web::to(routes::not_found))
 }
 
-/// One worker's connection service: TLS, then the first request head read (a SPDY upgrade
-/// goes to [`upgrade::serve`] from there), then actix-http, whose upgrade extension point
-/// takes WebSocket upgrades to the same place.
+/// One worker's connection service: TLS and the first request head, within K10's bounds
+/// ([`opening`]; a SPDY upgrade goes to [`upgrade::serve`] from there), then actix-http, whose
+/// upgrade extension point takes WebSocket upgrades to the same place.
 fn connections(
     tls: Arc<rustls::ServerConfig>,
     handshakes: handshakes::Handshakes,
