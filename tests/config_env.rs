@@ -173,7 +173,7 @@ fn defaults_are_the_documented_ones() {
     assert!(!c.kubelet_anonymous);
     assert!(c.kubelet_websocket);
     assert_eq!(c.exec_idle_timeout, std::time::Duration::from_secs(30));
-    assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9091");
+    assert_eq!(c.metrics_addr.to_string(), "127.0.0.1:9091");
     // K7.1, K7.2: on the node's own address, and off until the node credentials are given.
     assert_eq!(c.peer_addr, SocketAddr::new(c.node_ip, 12501));
     assert_eq!(c.peer_tls, None);

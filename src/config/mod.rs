@@ -335,7 +335,9 @@ impl Config {
         );
         let metrics_addr = e.or(
             "VK_METRICS_ADDR",
-            parse::listen_addr(":9091").expect("default"),
+            // Loopback: the metrics name every pod and namespace of the node, and this port
+            // asks for no credentials; scrapers in the cluster read the kubelet port (K8).
+            parse::listen_addr("127.0.0.1:9091").expect("default"),
             parse::listen_addr,
         );
         let peer_addr = e.or(

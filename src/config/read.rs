@@ -73,8 +73,9 @@ impl Env<'_> {
     pub(super) fn warn_if_anonymous(&mut self, anonymous: bool) {
         if anonymous {
             self.warnings.push(
-                "VK_KUBELET_ANONYMOUS=true: the kubelet API serves requests without credentials, \
-                 unchecked; anyone who reaches its port reads pod logs and stats"
+                "VK_KUBELET_ANONYMOUS=true: the kubelet API serves reads without credentials, \
+                 unchecked; anyone who reaches its port reads pod logs, stats and metrics \
+                 (exec, attach and port-forward still need credentials)"
                     .into(),
             );
         }

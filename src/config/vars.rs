@@ -66,7 +66,7 @@ pub const VARS: &[Var] = &[
     var(
         "VK_KUBELET_ANONYMOUS",
         "false",
-        "true: the kubelet API serves requests without credentials, unchecked (warning)",
+        "true: the kubelet API serves reads (container logs, stats, metrics) without credentials, unchecked (warning); exec, attach and port-forward still need credentials",
     ),
     var(
         "VK_KUBELET_WEBSOCKET",
@@ -78,7 +78,11 @@ pub const VARS: &[Var] = &[
         "30s",
         "an exec session in which nothing moves either way (client pings count) this long ends (s, m, h or d)",
     ),
-    var("VK_METRICS_ADDR", ":9091", "listen address of /metrics"),
+    var(
+        "VK_METRICS_ADDR",
+        "127.0.0.1:9091",
+        "listen address of the plain-HTTP /metrics (the same metrics are on the kubelet API port behind its authorization, nodes/metrics)",
+    ),
     var(
         "VK_PEER_ADDR",
         "VK_NODE_IP:12501",

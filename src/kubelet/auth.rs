@@ -2,15 +2,21 @@
 //! certificate (CN = user, O = groups) or a bearer token the apiserver vouches for
 //! (TokenReview) names the caller; the apiserver then says whether that caller may use this
 //! node's resource for the path (SubjectAccessReview). A request with no credentials is
-//! refused, unless `VK_KUBELET_ANONYMOUS` opens the API to everyone.
+//! refused, unless `VK_KUBELET_ANONYMOUS` opens the reads (logs, stats, metrics) to everyone.
 //!
 //! Decisions are cached briefly, so a `kubectl logs -f` reconnecting or a scraper every few
 //! seconds costs the apiserver one review per caller and path kind, not one per request.
+//! Tokens nobody has vouched for yet are what a caller can invent without end, so their
+//! reviews are bounded (K11): a few at once and a steady rate, the rest answered 429 without
+//! asking the apiserver; tokens found good and tokens found bad are cached apart, so a flood
+//! of bad ones never pushes out the callers already known, and a token found good in the
+//! last [`VOUCHED_TTL`] is reviewed again past those bounds, so a flood never holds up a
+//! known caller whose answer expired.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -23,12 +29,26 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::metrics::{Cap, Metrics};
 
 /// Allowed answers are kept longer than denials, so a newly granted role takes effect soon.
 const ALLOWED_TTL: Duration = Duration::from_secs(30);
 const DENIED_TTL: Duration = Duration::from_secs(5);
+/// K11: how long a token the apiserver vouched for keeps its place ahead of the bounds on
+/// reviews; a caller cannot forge one, so this lane is no way around them.
+const VOUCHED_TTL: Duration = Duration::from_secs(600);
 /// Bounds each cache: a caller cycling through tokens cannot grow the daemon's memory.
 const CACHE_ENTRIES: usize = 1024;
+/// K11: TokenReviews of tokens not in a cache, at once. A review takes the apiserver a few
+/// milliseconds; the callers with tokens (Prometheus, a person's curl) are few, and each
+/// needs one review per 30 s.
+pub const REVIEWS_AT_ONCE: usize = 4;
+/// K11: and in a steady stream, per second, after a burst of [`REVIEW_BURST`]: far more new
+/// callers a second than a node sees, and far less than would load an apiserver.
+pub const REVIEWS_PER_SECOND: u32 = 10;
+pub const REVIEW_BURST: u32 = 20;
 
 /// The DER of the client certificate the TLS layer verified for a connection.
 #[derive(Clone, Debug)]
@@ -47,6 +67,9 @@ pub struct User {
 pub struct Attributes {
     pub verb: &'static str,
     pub subresource: &'static str,
+    /// A read the open mode serves without credentials: a `get` of container logs, stats or
+    /// metrics (K9). Never exec, attach or port-forward, whose WebSockets are `get`s too.
+    pub read: bool,
 }
 
 /// The kubelet's mapping of paths to node subresources: stats, metrics and the node log
@@ -54,6 +77,9 @@ pub struct Attributes {
 /// port-forward) is `proxy`, the most powerful.
 pub fn attributes(method: &Method, path: &str) -> Attributes {
     let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
+    let readable = ["/containerLogs", "/stats", "/metrics", "/logs"]
+        .iter()
+        .any(|p| under(p));
     let subresource = if under("/stats") {
         "stats"
     } else if under("/metrics") {
@@ -71,7 +97,11 @@ pub fn attributes(method: &Method, path: &str) -> Attributes {
         Method::DELETE => "delete",
         _ => "get",
     };
-    Attributes { verb, subresource }
+    Attributes {
+        verb,
+        subresource,
+        read: readable && verb == "get",
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -81,6 +111,8 @@ pub enum Verdict {
     Unauthenticated(String),
     /// 403: a known caller without the permission.
     Forbidden(String),
+    /// 429: a token not seen yet, while the reviews of new tokens are at their cap (K11).
+    Throttled(String),
     /// 500: the apiserver could not be asked.
     Failed(String),
 }
@@ -92,15 +124,18 @@ impl Verdict {
             Verdict::Allow => None,
             Verdict::Unauthenticated(t) => Some((StatusCode::UNAUTHORIZED, t.as_str())),
             Verdict::Forbidden(t) => Some((StatusCode::FORBIDDEN, t.as_str())),
+            Verdict::Throttled(t) => Some((StatusCode::TOO_MANY_REQUESTS, t.as_str())),
             Verdict::Failed(t) => Some((StatusCode::INTERNAL_SERVER_ERROR, t.as_str())),
         }
     }
 
     fn response(&self) -> HttpResponse {
         let (code, text) = self.refusal().unwrap_or((StatusCode::OK, ""));
-        HttpResponse::build(code)
-            .content_type(PLAIN)
-            .body(text.to_string())
+        let mut res = HttpResponse::build(code);
+        if let Verdict::Throttled(_) = self {
+            res.insert_header((header::RETRY_AFTER, "1"));
+        }
+        res.content_type(PLAIN).body(text.to_string())
     }
 }
 
@@ -130,6 +165,10 @@ impl<K: Hash + Eq, V: Clone> Cache<K, V> {
         }
     }
 
+    fn remove(&mut self, k: &K) {
+        self.entries.remove(k);
+    }
+
     fn put(&mut self, k: K, v: V, until: Instant, now: Instant) {
         if self.entries.len() >= CACHE_ENTRIES {
             self.entries.retain(|_, (_, u)| *u > now);
@@ -143,12 +182,58 @@ impl<K: Hash + Eq, V: Clone> Cache<K, V> {
     }
 }
 
+/// A token bucket: `burst` at once, refilled at `rate` a second.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    rate: f64,
+    burst: f64,
+}
+
+impl Bucket {
+    fn new(rate: u32, burst: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            at: now,
+            rate: f64::from(rate),
+            burst: f64::from(burst),
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What the apiserver said of a token, or that it was not asked.
+enum Review {
+    Known(User),
+    Unknown,
+    /// K11: over the cap on reviews; the apiserver was not asked.
+    Throttled(String),
+}
+
 struct Inner {
     client: kube::Client,
     node: String,
     certificates: bool,
     anonymous: bool,
-    tokens: Mutex<Cache<[u8; 32], Option<User>>>,
+    metrics: Metrics,
+    /// Tokens the apiserver vouched for, and those it did not, apart (K11).
+    tokens: Mutex<Cache<[u8; 32], User>>,
+    rejected: Mutex<Cache<[u8; 32], ()>>,
+    /// Tokens the apiserver vouched for lately: reviewed again without waiting on the caps.
+    vouched: Mutex<Cache<[u8; 32], ()>>,
+    reviews_at_once: Arc<tokio::sync::Semaphore>,
+    review_rate: Mutex<Bucket>,
     decisions: Mutex<Cache<(User, Attributes), bool>>,
 }
 
@@ -156,13 +241,28 @@ struct Inner {
 pub struct Guard(Arc<Inner>);
 
 impl Guard {
-    pub fn new(client: kube::Client, node: String, certificates: bool, anonymous: bool) -> Self {
+    pub fn new(
+        client: kube::Client,
+        node: String,
+        certificates: bool,
+        anonymous: bool,
+        metrics: Metrics,
+    ) -> Self {
         Self(Arc::new(Inner {
             client,
             node,
             certificates,
             anonymous,
+            metrics,
             tokens: Mutex::new(Cache::new()),
+            rejected: Mutex::new(Cache::new()),
+            vouched: Mutex::new(Cache::new()),
+            reviews_at_once: Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE)),
+            review_rate: Mutex::new(Bucket::new(
+                REVIEWS_PER_SECOND,
+                REVIEW_BURST,
+                Instant::now(),
+            )),
             decisions: Mutex::new(Cache::new()),
         }))
     }
@@ -172,9 +272,10 @@ impl Guard {
         let i = &self.0;
         if i.anonymous {
             tracing::warn!(
-                "VK_KUBELET_ANONYMOUS=true: the kubelet API serves requests without credentials, \
-                 unchecked; anyone who reaches the port reads pod logs, stats and metrics. \
-                 Unset it and set VK_CLIENT_CA_FILE to check callers"
+                "VK_KUBELET_ANONYMOUS=true: the kubelet API serves reads without credentials, \
+                 unchecked; anyone who reaches the port reads pod logs, stats and metrics \
+                 (exec, attach and port-forward still need credentials). Unset it and set \
+                 VK_CLIENT_CA_FILE to check callers"
             );
         }
         if !i.certificates {
@@ -201,15 +302,26 @@ impl Guard {
             }
         } else if let Some(token) = authorization.and_then(bearer) {
             match self.review_token(token).await {
-                Ok(Some(u)) => u,
-                Ok(None) => return Verdict::Unauthenticated("Unauthorized".into()),
+                Ok(Review::Known(u)) => u,
+                Ok(Review::Unknown) => return Verdict::Unauthenticated("Unauthorized".into()),
+                Ok(Review::Throttled(why)) => {
+                    self.0.metrics.cap_refused(Cap::TokenReviews);
+                    return Verdict::Throttled(why);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "kubelet API: TokenReview failed");
                     return Verdict::Unauthenticated("Unauthorized".into());
                 }
             }
-        } else if self.0.anonymous {
+        } else if self.0.anonymous && attrs.read {
             return Verdict::Allow;
+        } else if self.0.anonymous {
+            return Verdict::Unauthenticated(
+                "Unauthorized: without credentials only container logs, stats and metrics may \
+                 be read (VK_KUBELET_ANONYMOUS); exec, attach, port-forward and every other \
+                 path need a client certificate or a bearer token"
+                    .into(),
+            );
         } else {
             return Verdict::Unauthenticated("Unauthorized".into());
         };
@@ -227,11 +339,32 @@ impl Guard {
         }
     }
 
-    async fn review_token(&self, token: &str) -> anyhow::Result<Option<User>> {
+    async fn review_token(&self, token: &str) -> anyhow::Result<Review> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
-        if let Some(hit) = lock(&self.0.tokens).get(&key, now) {
-            return Ok(hit);
+        if let Some(user) = lock(&self.0.tokens).get(&key, now) {
+            return Ok(Review::Known(user));
+        }
+        if lock(&self.0.rejected).get(&key, now).is_some() {
+            return Ok(Review::Unknown);
+        }
+        let vouched = lock(&self.0.vouched).get(&key, now).is_some();
+        let at_once = self.0.reviews_at_once.clone().try_acquire_owned();
+        let _at_once = match at_once {
+            Ok(permit) => Some(permit),
+            Err(_) if vouched => None,
+            Err(_) => {
+                return Ok(Review::Throttled(format!(
+                    "Too many requests: {REVIEWS_AT_ONCE} bearer tokens new to this node are \
+                     being checked with the apiserver already; retry in a second"
+                )))
+            }
+        };
+        if !vouched && !lock(&self.0.review_rate).take(now) {
+            return Ok(Review::Throttled(format!(
+                "Too many requests: this node checks at most {REVIEWS_PER_SECOND} new bearer \
+                 tokens a second with the apiserver; retry in a second"
+            )));
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -253,13 +386,19 @@ impl Guard {
             }),
             _ => None,
         };
-        let ttl = if user.is_some() {
-            ALLOWED_TTL
-        } else {
-            DENIED_TTL
-        };
-        lock(&self.0.tokens).put(key, user.clone(), now + ttl, now);
-        Ok(user)
+        let now = Instant::now();
+        Ok(match user {
+            Some(user) => {
+                lock(&self.0.tokens).put(key, user.clone(), now + ALLOWED_TTL, now);
+                lock(&self.0.vouched).put(key, (), now + VOUCHED_TTL, now);
+                Review::Known(user)
+            }
+            None => {
+                lock(&self.0.vouched).remove(&key);
+                lock(&self.0.rejected).put(key, (), now + DENIED_TTL, now);
+                Review::Unknown
+            }
+        })
     }
 
     async fn review_access(&self, user: User, attrs: Attributes) -> anyhow::Result<bool> {
@@ -295,6 +434,16 @@ impl Guard {
         let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
         lock(&self.0.decisions).put(key, allowed, now + ttl, now);
         Ok(allowed)
+    }
+}
+
+#[cfg(test)]
+impl Guard {
+    /// Remembers `user` as allowed `attrs`, as a SubjectAccessReview would have answered.
+    pub fn remember_allowed(&self, user: User, attrs: Attributes) {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(3600);
+        lock(&self.0.decisions).put((user, attrs), true, until, now);
     }
 }
 
@@ -366,6 +515,10 @@ pub async fn middleware(
 }
 
 #[cfg(test)]
+#[path = "auth_reviews_tests.rs"]
+mod reviews_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -422,13 +575,13 @@ mod tests {
 
     #[tokio::test]
     async fn without_credentials_only_the_open_mode_serves() {
-        let attrs = attributes(&Method::GET, "/pods");
-        let closed = Guard::new(unreachable(), "node-a".into(), true, false);
+        let attrs = attributes(&Method::GET, "/stats/summary");
+        let closed = Guard::new(unreachable(), "node-a".into(), true, false, Metrics::new());
         assert!(matches!(
             closed.check(None, None, attrs).await,
             Verdict::Unauthenticated(_)
         ));
-        let open = Guard::new(unreachable(), "node-a".into(), false, true);
+        let open = Guard::new(unreachable(), "node-a".into(), false, true, Metrics::new());
         assert_eq!(open.check(None, None, attrs).await, Verdict::Allow);
         // Credentials that are presented are checked even in the open mode: a token nobody
         // can vouch for is refused, and a certificate's user is still authorized.
@@ -442,6 +595,51 @@ mod tests {
                 .await,
             Verdict::Unauthenticated(_)
         ));
+    }
+
+    /// The open mode serves reads only: a WebSocket exec or port-forward is a `get` too, and
+    /// is refused like everything that is not a log, stats or metrics read.
+    #[tokio::test]
+    async fn without_credentials_the_open_mode_serves_reads_only() {
+        let open = Guard::new(unreachable(), "node-a".into(), false, true, Metrics::new());
+        for path in [
+            "/containerLogs/default/p/agent",
+            "/stats/summary",
+            "/metrics",
+            "/metrics/resource",
+            "/logs/syslog",
+        ] {
+            let attrs = attributes(&Method::GET, path);
+            assert!(attrs.read, "{path}");
+            assert_eq!(
+                open.check(None, None, attrs).await,
+                Verdict::Allow,
+                "{path}"
+            );
+        }
+        for (method, path) in [
+            (Method::GET, "/exec/default/p/agent"),
+            (Method::POST, "/exec/default/p/agent"),
+            (Method::GET, "/attach/default/p/agent"),
+            (Method::GET, "/portForward/default/p"),
+            (Method::POST, "/portForward/default/p"),
+            (Method::GET, "/pods"),
+            (Method::GET, "/runningpods/"),
+            (Method::POST, "/containerLogs/default/p/agent"),
+            (Method::GET, "/containerLogsx"),
+        ] {
+            let attrs = attributes(&method, path);
+            assert!(!attrs.read, "{method} {path}");
+            match open.check(None, None, attrs).await {
+                Verdict::Unauthenticated(why) => {
+                    assert!(
+                        why.contains("only container logs, stats and metrics"),
+                        "{why}"
+                    )
+                }
+                other => panic!("{method} {path}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -4,15 +4,16 @@
 
 pub mod auth;
 mod first_head;
+pub mod handshakes;
 pub mod log_query;
 mod log_time;
 mod logs;
 mod routes;
-mod stream;
+pub mod stream;
 pub mod tls;
 mod upgrade;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +24,13 @@ use actix_service::{
     fn_factory, fn_service, map_config, IntoServiceFactory, Service, ServiceFactory,
     ServiceFactoryExt,
 };
-use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
+use actix_tls::accept::rustls_0_23::TlsStream;
 use actix_web::dev::AppConfig;
 use actix_web::rt::net::TcpStream;
 use actix_web::{web, App};
 
 use crate::cocoon::CocoonCli;
+use crate::metrics::Metrics;
 use crate::stats::Sampler;
 use crate::views::Views;
 
@@ -45,6 +47,8 @@ pub struct Ctx {
     pub streams: Arc<tokio::sync::Semaphore>,
     /// K4: an exec session in which nothing moves either way this long ends.
     pub exec_idle: Duration,
+    /// The daemon's metrics: served on `/metrics` (K8), and where the caps count (M7).
+    pub metrics: Metrics,
 }
 
 /// Each log stream holds a `cocoon` process and a connection; past this many, callers wait
@@ -66,9 +70,9 @@ pub fn streams() -> Arc<tokio::sync::Semaphore> {
 type Tls = TlsStream<TcpStream>;
 type Conn = first_head::Replay<Tls>;
 
-/// How long a client has to send a whole request head.
+/// How long a client has to send a whole request head after its first (the first is bounded
+/// by K10).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn client_certificate(tls: &Tls) -> Option<auth::PeerCert> {
     let (_, session) = tls.get_ref();
@@ -122,6 +126,7 @@ fn app(
         )
         .route("/stats/summary", web::get().to(routes::stats_summary))
         .route("/stats/summary/", web::get().to(routes::stats_summary))
+        .route("/metrics", web::get().to(routes::metrics))
         .route("/metrics/resource", web::get().to(routes::metrics_resource))
         .route(
             "/metrics/resource/",
@@ -130,11 +135,12 @@ fn app(
         .default_service(web::to(routes::not_found))
 }
 
-/// One worker's connection service: TLS, then the first request head read (a SPDY upgrade
-/// goes to [`upgrade::serve`] from there), then actix-http, whose upgrade extension point
-/// takes WebSocket upgrades to the same place.
+/// One worker's connection service: TLS and the first request head, within K10's bounds
+/// ([`opening`]; a SPDY upgrade goes to [`upgrade::serve`] from there), then actix-http, whose
+/// upgrade extension point takes WebSocket upgrades to the same place.
 fn connections(
-    tls: rustls::ServerConfig,
+    tls: Arc<rustls::ServerConfig>,
+    handshakes: handshakes::Handshakes,
     ctx: web::Data<Ctx>,
     guard: web::Data<auth::Guard>,
 ) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = (), InitError = ()> {
@@ -162,26 +168,19 @@ fn connections(
         let (ctx, guard) = (ctx.clone(), guard.clone());
         async move {
             let http = Rc::new(http.await.map_err(|_| ())?);
-            let config = actix_http::ServiceConfig::default();
-            Ok::<_, ()>(fn_service(move |io: Tls| {
-                let (http, config) = (http.clone(), config.clone());
+            Ok::<_, ()>(fn_service(move |opened: Opened| {
+                let http = http.clone();
                 let (ctx, guard) = (ctx.clone(), guard.clone());
                 async move {
-                    let peer = io.get_ref().0.peer_addr().ok();
-                    let cert = client_certificate(&io);
-                    let first = tokio::time::timeout(HEAD_TIMEOUT, first_head::read(io, &config));
-                    match first.await {
-                        Ok(first_head::First::Spdy(req, framed)) => {
-                            upgrade::serve(&ctx, &guard, cert, req, framed).await;
+                    match opened.first {
+                        first_head::First::Spdy(req, framed) => {
+                            upgrade::serve(&ctx, &guard, opened.cert, req, framed).await;
                         }
-                        Ok(first_head::First::Plain(conn)) => {
-                            let served = http.call((conn, actix_http::Protocol::Http1, peer));
-                            if let Err(e) = served.await {
+                        first_head::First::Plain(conn) => {
+                            let call = (conn, actix_http::Protocol::Http1, opened.peer);
+                            if let Err(e) = http.call(call).await {
                                 tracing::debug!(error = %e, "kubelet API connection");
                             }
-                        }
-                        Err(_) => {
-                            tracing::debug!("kubelet API client sent no request head in time")
                         }
                     }
                     Ok::<_, ()>(())
@@ -189,12 +188,57 @@ fn connections(
             }))
         }
     });
-    let mut acceptor = Acceptor::new(tls);
-    acceptor.set_handshake_timeout(HANDSHAKE_TIMEOUT);
-    acceptor
-        .map_init_err(|_| ())
-        .map_err(|e| tracing::debug!(error = ?e, "kubelet API TLS handshake"))
-        .and_then(served)
+    opening(tls, handshakes).and_then(served)
+}
+
+/// A connection through its TLS handshake and its first request head.
+struct Opened {
+    peer: Option<SocketAddr>,
+    cert: Option<auth::PeerCert>,
+    first: first_head::First<Tls>,
+}
+
+/// K10: the TLS handshake and the first request head, within the bounds of `handshakes`: a
+/// connection holds its place until it has asked for something, so one that handshakes and
+/// then says nothing is bounded like one that never handshakes.
+fn opening(
+    tls: Arc<rustls::ServerConfig>,
+    handshakes: handshakes::Handshakes,
+) -> impl ServiceFactory<TcpStream, Config = (), Response = Opened, Error = (), InitError = ()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    fn_factory(move || {
+        let (acceptor, handshakes) = (acceptor.clone(), handshakes.clone());
+        async move {
+            let config = actix_http::ServiceConfig::default();
+            Ok::<_, ()>(fn_service(move |tcp: TcpStream| {
+                let (acceptor, handshakes) = (acceptor.clone(), handshakes.clone());
+                let config = config.clone();
+                async move {
+                    let ip = tcp
+                        .peer_addr()
+                        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+                    let open = async {
+                        let tls = Tls::from(acceptor.accept(tcp).await?);
+                        let peer = tls.get_ref().0.peer_addr().ok();
+                        let cert = client_certificate(&tls);
+                        let first = first_head::read(tls, &config).await;
+                        std::io::Result::Ok(Opened { peer, cert, first })
+                    };
+                    match handshakes.run(ip, open).await {
+                        Ok(Ok(opened)) => Ok(opened),
+                        Ok(Err(e)) => {
+                            tracing::debug!(%ip, error = %e, "kubelet API TLS handshake failed");
+                            Err(())
+                        }
+                        Err(cut) => {
+                            tracing::debug!(%ip, ?cut, "kubelet API connection cut before its first request");
+                            Err(())
+                        }
+                    }
+                }
+            }))
+        }
+    })
 }
 
 /// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
@@ -207,10 +251,12 @@ pub fn spawn(
     let listener = std::net::TcpListener::bind(addr).map_err(|e| {
         anyhow::anyhow!("VK_KUBELET_PORT: cannot listen on {addr} for the kubelet API: {e}")
     })?;
+    let handshakes = handshakes::Handshakes::new(ctx.metrics.clone());
     let data = web::Data::new(ctx);
     let guard = web::Data::new(guard);
     let mut tls = tls;
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = Arc::new(tls);
     let spawned = std::thread::Builder::new()
         .name("kubelet-api".into())
         .spawn(move || {
@@ -218,7 +264,7 @@ pub fn spawn(
                 .workers(2)
                 .disable_signals()
                 .listen("kubelet-api", listener, move || {
-                    connections(tls.clone(), data.clone(), guard.clone())
+                    connections(tls.clone(), handshakes.clone(), data.clone(), guard.clone())
                 });
             let run = async move {
                 match server {
@@ -232,4 +278,52 @@ pub fn spawn(
         });
     spawned.map_err(|e| anyhow::anyhow!("cannot start the kubelet API thread: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::test;
+
+    use super::*;
+
+    fn ctx() -> Ctx {
+        let views = crate::views::Views::default();
+        Ctx {
+            sampler: Arc::new(Sampler::new(views.clone(), "x.slice", "/x")),
+            views,
+            cocoon: CocoonCli::new("cocoon"),
+            node: "node-a".into(),
+            started: "2026-12-01T19:00:00Z".into(),
+            log_streams: log_streams(),
+            streams: streams(),
+            exec_idle: Duration::from_secs(30),
+            metrics: Metrics::new(),
+        }
+    }
+
+    fn guard(open: bool) -> auth::Guard {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        auth::Guard::new(client, "node-a".into(), true, open, Metrics::new())
+    }
+
+    /// K8: the daemon's own metrics on the kubelet port, behind the guard like every path.
+    #[actix_web::test]
+    async fn the_daemons_metrics_are_served_behind_the_guard() {
+        for (open, want) in [(true, 200), (false, 401)] {
+            let app =
+                test::init_service(app(web::Data::new(ctx()), web::Data::new(guard(open)))).await;
+            let req = test::TestRequest::get().uri("/metrics").to_request();
+            let resp = test::call_service(&app, req).await;
+            assert_eq!(resp.status().as_u16(), want, "open: {open}");
+            if open {
+                let body = test::read_body(resp).await;
+                let text = String::from_utf8_lossy(&body);
+                assert!(
+                    text.contains(r#"cocoon_vk_cap_refusals_total{cap="tls_handshake"} 0"#),
+                    "{text}"
+                );
+            }
+        }
+    }
 }

@@ -261,6 +261,14 @@ pub(crate) fn resource_metrics(s: &Sample, ts_ms: u128) -> String {
     out
 }
 
+/// GET /metrics (K8): the daemon's own metrics, for a scraper the guard let through as it
+/// lets a kubelet's `nodes/metrics` readers through.
+pub async fn metrics(ctx: web::Data<Ctx>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(ctx.metrics.render())
+}
+
 /// GET /metrics/resource (K6): the families metrics-server reads.
 pub async fn metrics_resource(ctx: web::Data<Ctx>) -> HttpResponse {
     let s = ctx.sampler.sample();
@@ -603,6 +611,7 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
             log_streams: super::super::log_streams(),
             streams: super::super::streams(),
             exec_idle: std::time::Duration::from_secs(30),
+            metrics: crate::metrics::Metrics::new(),
         };
         let app = test::init_service(
             App::new()

@@ -95,6 +95,7 @@ mod tests {
             log_streams: super::super::log_streams(),
             streams: super::super::streams(),
             exec_idle: std::time::Duration::from_secs(30),
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 
@@ -106,11 +107,31 @@ mod tests {
             "node-a".into(),
             true,
             open,
+            crate::metrics::Metrics::new(),
         )
+    }
+
+    /// A client certificate, and a guard that lets its user make every upgrade (a POST).
+    fn trusted() -> (Guard, PeerCert) {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-apiserver-kubelet-client");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = PeerCert(p.self_signed(&key).unwrap().der().to_vec());
+        let user = auth::user_of_certificate(&cert.0).unwrap();
+        let g = guard(false);
+        let post = actix_http::Method::POST;
+        g.remember_allowed(user, auth::attributes(&post, "/exec/default/p/c"));
+        (g, cert)
     }
 
     /// The whole answer to a SPDY upgrade of `target` from a caller without credentials.
     async fn answer(guard: &Guard, target: &str) -> String {
+        answer_to(guard, None, target).await
+    }
+
+    /// The whole answer to a SPDY upgrade of `target` from a caller presenting `cert`.
+    async fn answer_to(guard: &Guard, cert: Option<PeerCert>, target: &str) -> String {
         let (mut client, server) = tokio::io::duplex(64 << 10);
         let head = format!(
             "POST {target} HTTP/1.1\r\nHost: n\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
@@ -121,7 +142,7 @@ mod tests {
         let First::Spdy(req, framed) = first_head::read(server, &config).await else {
             panic!("not a SPDY upgrade");
         };
-        serve(&ctx(), guard, None, req, framed).await;
+        serve(&ctx(), guard, cert, req, framed).await;
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.unwrap();
         String::from_utf8(got).unwrap()
@@ -133,20 +154,30 @@ mod tests {
         assert!(got.starts_with("HTTP/1.1 401"), "{got}");
         assert!(got.contains("connection: close"), "{got}");
         assert!(got.ends_with("\r\n\r\nUnauthorized"), "{got}");
+        // The open mode serves reads only: an exec without credentials is refused, saying so.
+        let got = answer(&guard(true), "/exec/default/p/c?command=ls&stdout=1").await;
+        assert!(got.starts_with("HTTP/1.1 401"), "{got}");
+        assert!(got.contains("exec, attach, port-forward"), "{got}");
     }
 
     #[actix_web::test]
     async fn a_refused_upgrade_is_a_status_the_client_prints() {
-        let got = answer(&guard(true), "/exec/default/p/c?command=ls&stdout=1").await;
+        let (g, cert) = trusted();
+        let got = answer_to(
+            &g,
+            Some(cert.clone()),
+            "/exec/default/p/c?command=ls&stdout=1",
+        )
+        .await;
         assert!(got.starts_with("HTTP/1.1 404"), "{got}");
         assert!(got.contains("content-type: application/json"), "{got}");
         assert!(
             got.contains(r#""message":"pod default/p is not on this node""#),
             "{got}"
         );
-        let got = answer(&guard(true), "/pods").await;
+        let got = answer_to(&g, Some(cert.clone()), "/pods").await;
         assert!(got.starts_with("HTTP/1.1 404"), "{got}");
-        let got = answer(&guard(true), "/attach/default/p/c?stdout=1").await;
+        let got = answer_to(&g, Some(cert), "/attach/default/p/c?stdout=1").await;
         assert!(got.starts_with("HTTP/1.1 400"), "{got}");
         assert!(got.contains("attach is not supported"), "{got}");
     }

@@ -94,7 +94,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             sampler.clone(),
         )))
         .context("registering the VM stats collector")?;
-    serve_kubelet(&settings, &client, views.clone(), sampler)?;
+    serve_kubelet(&settings, &client, views.clone(), sampler, &metrics)?;
     if let Some(addr) = settings.metrics_addr {
         metrics::spawn_server(addr, metrics.clone())?;
     }
@@ -161,6 +161,7 @@ fn serve_kubelet(
     client: &Client,
     views: views::Views,
     sampler: std::sync::Arc<crate::stats::Sampler>,
+    metrics: &Metrics,
 ) -> Result<()> {
     let tls = crate::kubelet::tls::server_config(
         &settings.tls_cert,
@@ -175,6 +176,7 @@ fn serve_kubelet(
         settings.node.name.clone(),
         settings.client_ca_file.is_some(),
         settings.kubelet_anonymous,
+        metrics.clone(),
     );
     guard.announce();
     crate::kubelet::spawn(
@@ -190,6 +192,7 @@ fn serve_kubelet(
             log_streams: crate::kubelet::log_streams(),
             streams: crate::kubelet::streams(),
             exec_idle: settings.exec_idle,
+            metrics: metrics.clone(),
         },
     )
 }

@@ -10,7 +10,8 @@ mod exec;
 mod port_forward;
 mod remotecommand;
 mod spdy_dictionary;
-mod spdy_frame;
+/// Public for the load tests' own SPDY client (`tests/e2e_tenant_caps.rs`).
+pub mod spdy_frame;
 mod spdy_session;
 mod wire;
 
@@ -23,7 +24,9 @@ use futures::future::LocalBoxFuture;
 use serde_json::json;
 
 use super::Ctx;
+use crate::metrics::Cap;
 use crate::views::VmView;
+pub use port_forward::MAX_PAIRS;
 use remotecommand::Streams;
 pub use wire::connection;
 use wire::{Inbound, Outbound};
@@ -349,6 +352,17 @@ fn port_forward(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
     let channel_ports = match (&transport, transport.protocol()) {
         (Transport::WebSocket { .. }, PORT_FORWARD_CHANNELS) => {
             match port_forward::query_ports(head.uri.query().unwrap_or_default()) {
+                Ok(p) if p.len() > port_forward::MAX_PAIRS => {
+                    ctx.metrics.cap_refused(Cap::PortForwardStreams);
+                    return Answer::refuse(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "{} ports asked for: {}",
+                            p.len(),
+                            port_forward::too_many_pairs()
+                        ),
+                    );
+                }
                 Ok(p) => Some(p),
                 Err(e) => return Answer::refuse(StatusCode::BAD_REQUEST, e),
             }
@@ -362,6 +376,7 @@ fn port_forward(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
     tracing::info!(namespace = %ns, pod = %pod, transport = transport.name(),
         protocol = transport.protocol(), "port-forward");
     let response = switching(&transport);
+    let metrics = ctx.metrics.clone();
     let relay: Relay = match (transport, channel_ports) {
         (Transport::WebSocket { .. }, Some(ports)) => Box::new(move |raw, out| {
             Box::pin(async move {
@@ -374,14 +389,14 @@ fn port_forward(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
             Box::pin(async move {
                 let inbound = wire::ws_messages(raw, out.clone());
                 let session = spdy_session::Session::new(inbound, out, wire::ws_binary);
-                port_forward::spdy(session, ip).await;
+                port_forward::spdy(session, ip, metrics).await;
                 drop(permit);
             })
         }),
         (Transport::Spdy { .. }, _) => Box::new(move |raw, out| {
             Box::pin(async move {
                 let session = spdy_session::Session::new(raw, out, |b| b);
-                port_forward::spdy(session, ip).await;
+                port_forward::spdy(session, ip, metrics).await;
                 drop(permit);
             })
         }),

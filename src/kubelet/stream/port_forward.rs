@@ -7,6 +7,9 @@
 //! it) name their ports in the query instead: each port gets a data channel (2i) and an error
 //! channel (2i+1), both opened with the port number (two bytes, little-endian), and one
 //! connection to the guest for the life of the WebSocket.
+//!
+//! K12: one session forwards at most [`MAX_PAIRS`] connections at once; a pair over it is
+//! refused on its own error stream, and the session's other pairs carry on.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,9 +21,20 @@ use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::spdy_frame::Frame;
-use super::spdy_session::{Event, Session};
+use super::spdy_frame::{Frame, Headers};
+use super::spdy_session::{Closed, Event, Session};
 use super::wire::{self, Inbound, Outbound, IDLE};
+use crate::metrics::{Cap, Metrics};
+
+/// Connections one port-forward session forwards at once (stream pairs, including those
+/// still waiting for their second stream). `kubectl port-forward` opens a pair per local
+/// connection: a browser opens six per host, a load test a few dozen. Each pair holds a
+/// connection to the guest, a task and up to [`TO_GUEST_QUEUE`] frames; with the node's 32
+/// sessions (K4) this bounds the guest connections one node's callers hold to 2048.
+pub const MAX_PAIRS: usize = 64;
+
+/// SPDY's RST_STREAM status for a stream the server will not take.
+const REFUSED_STREAM: u32 = 3;
 
 const CONNECT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 32 * 1024;
@@ -186,8 +200,58 @@ async fn flush(held: &mut Held) {
     *held = None;
 }
 
+/// The message a pair over [`MAX_PAIRS`] gets on its error stream, which kubectl prints.
+pub fn too_many_pairs() -> String {
+    format!(
+        "vk-cocoon: this port-forward session already forwards {MAX_PAIRS} connections, the \
+         most one session may at once; close some, or start another port-forward"
+    )
+}
+
+/// A stream the client opened: its place in its pair, whose `requestID` is returned; `None`
+/// when the stream is refused (an unknown type, or a new pair over [`MAX_PAIRS`]).
+async fn open(
+    s: &mut Session,
+    pairs: &mut HashMap<String, Pair>,
+    stream: u32,
+    headers: &Headers,
+    metrics: &Metrics,
+) -> Result<Option<String>, Closed> {
+    let kind = Frame::header(headers, "streamType").unwrap_or_default();
+    let request = Frame::header(headers, "requestID").unwrap_or_default();
+    let port_text = Frame::header(headers, "port").unwrap_or_default();
+    if !matches!(kind, "error" | "data") {
+        let refused = Frame::RstStream {
+            stream,
+            status: REFUSED_STREAM,
+        };
+        s.send(refused).await?;
+        return Ok(None);
+    }
+    if !pairs.contains_key(request) && pairs.len() >= MAX_PAIRS {
+        metrics.cap_refused(Cap::PortForwardStreams);
+        tracing::info!(
+            max = MAX_PAIRS,
+            "port-forward: a connection over the session's cap refused"
+        );
+        let message = match kind {
+            "error" => Bytes::from(too_many_pairs()),
+            _ => Bytes::new(),
+        };
+        s.data(stream, message, true).await?;
+        return Ok(None);
+    }
+    let pair = pairs.entry(request.to_string()).or_default();
+    match kind {
+        "error" => pair.error = Some(stream),
+        _ => pair.data = Some(stream),
+    }
+    pair.port = port_text.to_string();
+    Ok(Some(request.to_string()))
+}
+
 /// Serves one port-forward connection over SPDY to the pod at `ip`.
-pub async fn spdy(mut s: Session, ip: IpAddr) {
+pub async fn spdy(mut s: Session, ip: IpAddr, metrics: Metrics) {
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     let mut by_stream: HashMap<u32, String> = HashMap::new();
     let (out_tx, mut out_rx) = mpsc::channel::<Send>(16);
@@ -198,17 +262,15 @@ pub async fn spdy(mut s: Session, ip: IpAddr) {
         tokio::select! {
             ev = s.next(), if held.is_none() => match ev {
                 Ok(Event::Opened { stream, headers }) => {
-                    let kind = Frame::header(&headers, "streamType").unwrap_or_default().to_string();
-                    let request = Frame::header(&headers, "requestID").unwrap_or_default().to_string();
-                    let port_text = Frame::header(&headers, "port").unwrap_or_default().to_string();
-                    let pair = pairs.entry(request.clone()).or_default();
-                    match kind.as_str() {
-                        "error" => pair.error = Some(stream),
-                        "data" => pair.data = Some(stream),
-                        _ => continue,
-                    }
-                    pair.port = port_text;
+                    let request = match open(&mut s, &mut pairs, stream, &headers, &metrics).await {
+                        Ok(Some(request)) => request,
+                        Ok(None) => continue,
+                        Err(Closed) => return,
+                    };
                     by_stream.insert(stream, request.clone());
+                    let Some(pair) = pairs.get_mut(&request) else {
+                        continue;
+                    };
                     if let (Some(error), Some(data), false) = (pair.error, pair.data, pair.started) {
                         let (tx, rx) = mpsc::channel(TO_GUEST_QUEUE);
                         pair.to_guest = Some(tx);
@@ -436,7 +498,7 @@ mod tests {
             .boxed_local();
         let (out, mut rx) = mpsc::channel(64);
         let session = Session::new(inbound, out, |b| b);
-        let run = spdy(session, addr.ip());
+        let run = spdy(session, addr.ip(), Metrics::new());
         let read = async {
             let mut reader = Codec::default();
             let mut buf = BytesMut::new();
@@ -464,6 +526,95 @@ mod tests {
                 data(1, true, b"")
             ]
         );
+    }
+
+    /// A session with [`MAX_PAIRS`] pairs waiting for their data streams: one more pair is
+    /// refused on its own streams (the message on its error stream), and an unknown stream
+    /// type takes no place.
+    #[tokio::test(start_paused = true)]
+    async fn a_pair_over_the_cap_is_refused_on_its_own_error_stream() {
+        use super::super::spdy_frame::Codec;
+        use bytes::BytesMut;
+
+        let mut client = Codec::default();
+        let open = |c: &mut Codec, stream: u32, kind: &str, request: usize| {
+            c.encode(&Frame::SynStream {
+                stream,
+                fin: false,
+                headers: vec![
+                    ("streamtype".into(), kind.into()),
+                    ("port".into(), "80".into()),
+                    ("requestid".into(), request.to_string()),
+                ],
+            })
+        };
+        let (in_tx, in_rx) = mpsc::unbounded_channel::<Bytes>();
+        let mut stream = 1;
+        for request in 0..MAX_PAIRS {
+            in_tx
+                .send(open(&mut client, stream, "error", request))
+                .unwrap();
+            stream += 2;
+        }
+        let odd = stream;
+        in_tx.send(open(&mut client, odd, "resize", 9999)).unwrap();
+        let (over_error, over_data) = (odd + 2, odd + 4);
+        in_tx
+            .send(open(&mut client, over_error, "error", MAX_PAIRS))
+            .unwrap();
+        in_tx
+            .send(open(&mut client, over_data, "data", MAX_PAIRS))
+            .unwrap();
+        let inbound: Inbound =
+            futures::stream::unfold(
+                in_rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            )
+            .boxed_local();
+        let (out, mut rx) = mpsc::channel(256);
+        let metrics = Metrics::new();
+        let session = Session::new(inbound, out, |b| b);
+        let run = spdy(session, "127.0.0.1".parse().unwrap(), metrics.clone());
+        let read = async {
+            let mut reader = Codec::default();
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            while got.len() < 3 {
+                buf.extend_from_slice(&rx.recv().await.unwrap());
+                while let Some(f) = reader.decode(&mut buf).unwrap() {
+                    if !matches!(f, Frame::SynReply { .. }) {
+                        got.push(f);
+                    }
+                }
+            }
+            drop(in_tx);
+            got
+        };
+        let ((), got) = tokio::join!(run, read);
+        assert_eq!(
+            got,
+            [
+                Frame::RstStream {
+                    stream: odd,
+                    status: REFUSED_STREAM
+                },
+                Frame::Data {
+                    stream: over_error,
+                    fin: true,
+                    data: Bytes::from(too_many_pairs())
+                },
+                Frame::Data {
+                    stream: over_data,
+                    fin: true,
+                    data: Bytes::new()
+                },
+            ]
+        );
+        let refused = metrics
+            .cap_refusals
+            .with_label_values(&["port_forward_streams"])
+            .get();
+        assert_eq!(refused, 2);
     }
 
     #[test]
