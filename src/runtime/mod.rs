@@ -64,7 +64,7 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-pub async fn run(settings: Settings) -> Result<()> {
+pub async fn run(mut settings: Settings) -> Result<()> {
     // First, so a signal that comes during startup is not lost either.
     let mut shutdown = Shutdown::listen()?;
     let client = Client::try_default()
@@ -74,6 +74,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     // N19: never another node's name.
     node::refuse_foreign(&client, &settings.node.name).await?;
     sweep_staging(&settings, &staging_dir);
+    let metrics = Metrics::new();
+    settings.cocoon.output_cap = crate::cocoon::capped::OutputCap::new(metrics.clone());
     // K7: a peer API that cannot listen is fatal, like every listener.
     crate::peer::spawn(
         settings.peer_addr,
@@ -81,7 +83,6 @@ pub async fn run(settings: Settings) -> Result<()> {
         settings.cocoon.clone(),
     )?;
     let (tx, rx) = crate::sources::event_queue();
-    let metrics = Metrics::new();
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {
         metrics.enable_journal();
