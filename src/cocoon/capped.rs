@@ -17,28 +17,29 @@ pub const MAX_STDOUT: usize = 16 << 20;
 /// The tail of stderr kept: the error line and the log lines just before it.
 pub const STDERR_KEEP: usize = 64 << 10;
 
-/// Counts refusals of the guest-output cap once the daemon's metrics are wired in.
+/// Counts a cap's refusals once the daemon's metrics are wired in (tests and tools run
+/// without them).
 #[derive(Clone, Default)]
-pub struct OutputCap(Option<Metrics>);
+pub struct CapCount(Option<Metrics>);
 
-impl OutputCap {
+impl CapCount {
     pub fn new(metrics: Metrics) -> Self {
-        OutputCap(Some(metrics))
+        CapCount(Some(metrics))
     }
 
-    pub fn refused(&self) {
+    pub fn refused(&self, cap: Cap) {
         if let Some(m) = &self.0 {
-            m.cap_refused(Cap::GuestOutput);
+            m.cap_refused(cap);
         }
     }
 }
 
-impl fmt::Debug for OutputCap {
+impl fmt::Debug for CapCount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(if self.0.is_some() {
-            "OutputCap(counted)"
+            "CapCount(counted)"
         } else {
-            "OutputCap"
+            "CapCount"
         })
     }
 }

@@ -32,7 +32,7 @@ pub struct CocoonCli {
     /// `COCOON_MACOS_VNC_PASSWORD`, added to a cocoon-macos argv that asks for a display.
     pub macos_vnc_password: Option<String>,
     /// Counts calls whose output passed what is kept of it (`capped`).
-    pub output_cap: capped::OutputCap,
+    pub caps: capped::CapCount,
 }
 
 impl CocoonCli {
@@ -44,7 +44,7 @@ impl CocoonCli {
             groups: ProcessGroups::default(),
             macos_bin: "cocoon-macos".into(),
             macos_vnc_password: None,
-            output_cap: capped::OutputCap::default(),
+            caps: capped::CapCount::default(),
         }
     }
 
@@ -156,7 +156,7 @@ impl CocoonCli {
                 if let Some(t) = tracked {
                     t.kill();
                 }
-                self.output_cap.refused();
+                self.caps.refused(crate::metrics::Cap::GuestOutput);
                 return Err(CocoonError::new(
                     CocoonErrorKind::BadOutput,
                     format!(
@@ -186,7 +186,7 @@ impl CocoonCli {
             }
         };
         if kept.capped() {
-            self.output_cap.refused();
+            self.caps.refused(crate::metrics::Cap::GuestOutput);
         }
         let stdout = String::from_utf8_lossy(&kept.stdout).into_owned();
         if status.success() {
@@ -233,7 +233,7 @@ mod tests {
         std::fs::write(&bin, format!("#!/bin/sh\n{script}\n")).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         CocoonCli {
-            output_cap: capped::OutputCap::new(metrics.clone()),
+            caps: capped::CapCount::new(metrics.clone()),
             ..CocoonCli::new(bin.display().to_string())
         }
     }

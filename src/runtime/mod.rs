@@ -75,7 +75,7 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     node::refuse_foreign(&client, &settings.node.name).await?;
     sweep_staging(&settings, &staging_dir);
     let metrics = Metrics::new();
-    settings.cocoon.output_cap = crate::cocoon::capped::OutputCap::new(metrics.clone());
+    settings.cocoon.caps = crate::cocoon::capped::CapCount::new(metrics.clone());
     // K7: a peer API that cannot listen is fatal, like every listener.
     crate::peer::spawn(
         settings.peer_addr,
