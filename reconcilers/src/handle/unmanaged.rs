@@ -15,7 +15,7 @@ use crate::vm::VmRecord;
 /// What the node says of an unmanaged pod's claim.
 pub(crate) enum Claim {
     /// The VM, as the pod may hold it: the node's record, probed at the proven address.
-    Proven(VmRecord),
+    Proven(Box<VmRecord>),
     /// Only cocoon-net's lease file, not read yet since this process started, can tell.
     Wait,
     /// Why the claim is refused, and what to do.
@@ -54,13 +54,13 @@ pub(crate) fn check(s: &State, key: &PodKey, spec: &VmSpec) -> Claim {
             .map(|l| l.ip.as_str())
     };
     if vm.ips.iter().any(|a| a == ip) || leased().any(|a| a == ip) {
-        return Claim::Proven(VmRecord {
+        return Claim::Proven(Box::new(VmRecord {
             id: id.to_string(),
             name: vm.name.clone(),
             state: "running".into(),
             static_ip: Some(ip.to_string()),
             ..VmRecord::default()
-        });
+        }));
     }
     if s.dhcp_file == DhcpFile::Unread && !vm.macs.is_empty() {
         return Claim::Wait;

@@ -108,7 +108,7 @@ pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: LifecycleReason)
 /// address this node proves are the pod's to name; anything else is refused.
 pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
     let record = match crate::unmanaged::check(s, key, spec) {
-        crate::unmanaged::Claim::Proven(record) => record,
+        crate::unmanaged::Claim::Proven(record) => *record,
         crate::unmanaged::Claim::Wait => return crate::unmanaged::wait(s, key),
         crate::unmanaged::Claim::Refused(msg) => return super::fail(s, key, msg),
     };
