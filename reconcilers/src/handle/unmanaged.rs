@@ -86,7 +86,7 @@ pub(crate) fn wait(s: &mut State, key: &PodKey) {
     });
 }
 
-/// The lease file was read for the first time: claims that waited for it are checked now.
+/// The lease file was read for the first time: the claims that waited for it are checked.
 pub(crate) fn leases_read(s: &mut State) {
     if !s.started() {
         return;

@@ -123,7 +123,7 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
         e.started_at = e.started_at.or(Some(now));
     }
     probe::start(s, key);
-    // A claim refused before and proven now is a new attempt: its failure ends (L3).
+    // A claim refused before and proven at last is a new attempt: its failure ends (L3).
     crate::lifecycle::attempt(s, key);
     provider::outcome(s, key, Op::Create, Outcome::Ok, LifecycleReason::Unmanaged);
 }
