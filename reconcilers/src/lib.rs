@@ -17,8 +17,8 @@ mod output;
 pub use input::event;
 pub use model::macos as macos_model;
 pub use model::{
-    annotations, backoff, config, entry, keys, moments, names, ops, owner, phase, pod, pod_table,
-    quantity, small_str, spec, state, status, time, vm, writer,
+    annotations, backoff, config, entry, keys, moments, names, node_vms, ops, owner, phase, pod,
+    pod_table, quantity, small_str, spec, state, status, time, vm, writer,
 };
 pub(crate) use output::macos_cmd;
 pub use output::{action, cocoon, fixup, labels, render};
@@ -27,7 +27,7 @@ pub use handle::dhcp;
 pub use handle::lifecycle;
 use handle::{
     create, delete, evict, guest, hibernate, intake, latency, macos, outcome, probe, provider,
-    publish, snapshot, stale_create, startup, sweep, timers, tracking, trust, vm_events,
+    publish, snapshot, stale_create, startup, sweep, timers, tracking, trust, unmanaged, vm_events,
 };
 
 pub use action::{Action, OpId, Timer};

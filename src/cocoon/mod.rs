@@ -9,6 +9,7 @@ use reconcilers::event::CocoonOk;
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::process::Command;
 
+pub mod capped;
 pub mod json;
 pub mod macos;
 pub mod process_groups;
@@ -30,6 +31,8 @@ pub struct CocoonCli {
     pub macos_bin: String,
     /// `COCOON_MACOS_VNC_PASSWORD`, added to a cocoon-macos argv that asks for a display.
     pub macos_vnc_password: Option<String>,
+    /// Counts calls whose output passed what is kept of it (`capped`).
+    pub caps: capped::CapCount,
 }
 
 impl CocoonCli {
@@ -41,6 +44,7 @@ impl CocoonCli {
             groups: ProcessGroups::default(),
             macos_bin: "cocoon-macos".into(),
             macos_vnc_password: None,
+            caps: capped::CapCount::default(),
         }
     }
 
@@ -124,7 +128,7 @@ impl CocoonCli {
         for (k, v) in &self.env {
             command.env(k, v);
         }
-        let child = command.spawn().map_err(|e| {
+        let mut child = command.spawn().map_err(|e| {
             CocoonError::new(
                 CocoonErrorKind::Transient,
                 format!("cannot start {bin}: {e} (check VK_COCOON_BIN / VK_COCOON_MACOS_BIN)"),
@@ -132,17 +136,44 @@ impl CocoonCli {
         })?;
         let tracked = child.id().map(|pid| self.groups.track(pid));
         let limit = self.timeouts.for_argv(argv);
-        let out = match tokio::time::timeout(limit, child.wait_with_output()).await {
-            Ok(r) => {
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let run = async {
+            let kept =
+                capped::read(stdout, stderr, capped::MAX_STDOUT, capped::STDERR_KEEP).await?;
+            match kept.stdout_over {
+                true => Ok::<_, std::io::Error>((None, kept)),
+                false => Ok((Some(child.wait().await?), kept)),
+            }
+        };
+        let (status, kept) = match tokio::time::timeout(limit, run).await {
+            Ok(Ok((Some(status), kept))) => {
                 if let Some(t) = tracked {
                     t.exited();
                 }
-                r.map_err(|e| {
-                    CocoonError::new(
-                        CocoonErrorKind::Transient,
-                        format!("cocoon {}: {e}", argv.join(" ")),
-                    )
-                })?
+                (status, kept)
+            }
+            Ok(Ok((None, _))) => {
+                if let Some(t) = tracked {
+                    t.kill();
+                }
+                self.caps.refused(crate::metrics::Cap::GuestOutput);
+                return Err(CocoonError::new(
+                    CocoonErrorKind::BadOutput,
+                    format!(
+                        "cocoon {}: its output passed {} MiB and it was stopped",
+                        argv.join(" "),
+                        capped::MAX_STDOUT >> 20
+                    ),
+                ));
+            }
+            Ok(Err(e)) => {
+                if let Some(t) = tracked {
+                    t.kill();
+                }
+                return Err(CocoonError::new(
+                    CocoonErrorKind::Transient,
+                    format!("cocoon {}: {e}", argv.join(" ")),
+                ));
             }
             Err(_) => {
                 if let Some(t) = tracked {
@@ -154,11 +185,14 @@ impl CocoonCli {
                 ));
             }
         };
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.success() {
+        if kept.capped() {
+            self.caps.refused(crate::metrics::Cap::GuestOutput);
+        }
+        let stdout = String::from_utf8_lossy(&kept.stdout).into_owned();
+        if status.success() {
             return Ok(stdout);
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = String::from_utf8_lossy(&kept.stderr);
         Err(CocoonError::classify(&format!("{stderr}\n{stdout}")))
     }
 }
@@ -187,6 +221,59 @@ async fn resolves_to_itself(dir: &str) -> Result<(), CocoonError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A `cocoon` that runs `script`, its calls counted on `metrics`.
+    fn stand_in(
+        dir: &std::path::Path,
+        script: &str,
+        metrics: &crate::metrics::Metrics,
+    ) -> CocoonCli {
+        let bin = dir.join("cocoon");
+        std::fs::write(&bin, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        CocoonCli {
+            caps: capped::CapCount::new(metrics.clone()),
+            ..CocoonCli::new(bin.display().to_string())
+        }
+    }
+
+    fn guest_output_refusals(m: &crate::metrics::Metrics) -> u64 {
+        m.cap_refusals
+            .with_label_values(&[crate::metrics::Cap::GuestOutput.as_str()])
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_guest_that_prints_without_end_is_stopped_at_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = crate::metrics::Metrics::new();
+        let cli = stand_in(dir.path(), "exec yes guest-output", &metrics);
+        let argv: Vec<String> = ["vm", "exec", "x", "--", "true"].map(String::from).into();
+        let err = cli.run(&argv).await.unwrap_err();
+        assert_eq!(err.kind, CocoonErrorKind::BadOutput, "{err:?}");
+        assert!(err.message.contains("16 MiB"), "{}", err.message);
+        assert_eq!(guest_output_refusals(&metrics), 1);
+        assert_eq!(cli.groups.live(), 0, "the writer's group was killed");
+    }
+
+    #[tokio::test]
+    async fn a_long_stderr_keeps_its_last_lines_for_the_classification() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = crate::metrics::Metrics::new();
+        let script =
+            "head -c 1000000 /dev/zero | tr '\\0' x >&2\necho 'Error: vm not found' >&2\nexit 1";
+        let cli = stand_in(dir.path(), script, &metrics);
+        let argv: Vec<String> = ["vm", "inspect", "x"].map(String::from).into();
+        let err = cli.run(&argv).await.unwrap_err();
+        assert_eq!(
+            err.kind,
+            CocoonErrorKind::VmNotFound,
+            "{}",
+            &err.message[err.message.len().saturating_sub(200)..]
+        );
+        assert_eq!(guest_output_refusals(&metrics), 1);
+    }
 
     #[tokio::test]
     async fn a_from_dir_through_a_symlink_is_refused() {

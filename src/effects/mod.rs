@@ -188,8 +188,9 @@ impl Executor {
                 ..
             } => {
                 let (tx, root) = (self.tx.clone(), self.cocoon_root_dir.clone());
+                let cap = self.cocoon.caps.clone();
                 tokio::spawn(async move {
-                    let result = sac_call::run(&root, &vm_id, nic_count, &nics).await;
+                    let result = sac_call::run(&root, &vm_id, nic_count, &nics, &cap).await;
                     let _ = tx.send(Event::SacDone { op, result }).await;
                 });
             }

@@ -63,7 +63,8 @@ impl Transfers {
         })?;
         let registry = Registry::from_config(base)?
             .with_spool_dir(staging)
-            .with_transfer(transfer);
+            .with_transfer(transfer)
+            .with_caps(cocoon.caps.clone());
         Ok(Transfers {
             registry,
             cocoon,

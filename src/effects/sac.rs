@@ -113,17 +113,49 @@ pub async fn set_static_ips(
     nics: &[SacNic],
     t: &SacTimeouts,
 ) -> Result<(), SacFailure> {
+    set_static_ips_capped(
+        socket,
+        nic_count,
+        nics,
+        t,
+        &crate::cocoon::capped::CapCount::default(),
+    )
+    .await
+}
+
+/// `set_static_ips`, counting on `cap` a dialog whose console printed more than is kept.
+pub async fn set_static_ips_capped(
+    socket: &Path,
+    nic_count: usize,
+    nics: &[SacNic],
+    t: &SacTimeouts,
+    cap: &crate::cocoon::capped::CapCount,
+) -> Result<(), SacFailure> {
     if nics.is_empty() {
         return Ok(());
     }
     let mut console = dial(socket, t).await?;
-    await_prompt(&mut console, socket, t).await?;
-    let nets = enumerate(&mut console, socket, nic_count, t).await?;
+    let result = dialog(&mut console, socket, nic_count, nics, t).await;
+    if console.trimmed {
+        cap.refused(crate::metrics::Cap::GuestOutput);
+    }
+    result
+}
+
+async fn dialog(
+    console: &mut Console,
+    socket: &Path,
+    nic_count: usize,
+    nics: &[SacNic],
+    t: &SacTimeouts,
+) -> Result<(), SacFailure> {
+    await_prompt(console, socket, t).await?;
+    let nets = enumerate(console, socket, nic_count, t).await?;
     let targets = targets(&nets, nics)?;
     for (net, nic) in &targets {
-        set(&mut console, socket, *net, nic, t).await?;
+        set(console, socket, *net, nic, t).await?;
     }
-    verify(&mut console, socket, &targets, t).await
+    verify(console, socket, &targets, t).await
 }
 
 async fn dial(socket: &Path, t: &SacTimeouts) -> Result<Console, SacFailure> {

@@ -17,6 +17,7 @@ pub async fn run(
     vm_id: &str,
     nic_count: u32,
     nics: &[SacNic],
+    cap: &crate::cocoon::capped::CapCount,
 ) -> Result<(), SacError> {
     let fail = |stage, message: String| SacError { stage, message };
     if !valid_vm_id(vm_id) {
@@ -47,11 +48,12 @@ pub async fn run(
             gateway: addr("gateway", &n.gateway)?,
         });
     }
-    sac::set_static_ips(
+    sac::set_static_ips_capped(
         &socket,
         nic_count as usize,
         &set,
         &sac::SacTimeouts::default(),
+        cap,
     )
     .await
     .map_err(|f| SacError {

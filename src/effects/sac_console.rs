@@ -48,6 +48,8 @@ pub(crate) struct Console {
     /// The bytes of `buf` already searched for a prompt: a console that prints a byte at a
     /// time is not searched again from the start for every byte.
     searched: usize,
+    /// Output was dropped to stay within `MAX_BUFFERED` (counted once per dialog).
+    pub(crate) trimmed: bool,
 }
 
 impl Console {
@@ -56,6 +58,7 @@ impl Console {
             stream: UnixStream::connect(socket).await?,
             buf: Vec::new(),
             searched: 0,
+            trimmed: false,
         })
     }
 
@@ -125,6 +128,7 @@ impl Console {
     async fn read(&mut self, by: Instant) -> Result<(), ConsoleError> {
         let dropped = keep_tail(&mut self.buf, MAX_BUFFERED);
         self.searched = self.searched.saturating_sub(dropped);
+        self.trimmed |= dropped > 0;
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout_at(by, self.stream.read(&mut chunk)).await {
             Err(_) => Err(ConsoleError::TimedOut),

@@ -240,3 +240,26 @@ fn the_buffer_keeps_its_tail() {
     assert_eq!(keep_tail(&mut buf, 64), 0);
     assert_eq!(buf.len(), 10);
 }
+
+/// A console that prints far more than is kept before it prompts: the dialog still works on
+/// the tail it keeps, and the dialog counts once against the guest-output cap.
+#[tokio::test]
+async fn a_flooding_console_is_counted_against_the_guest_caps() {
+    let s = setup();
+    let flood = Behaviour {
+        banner: 4 * super::sac_console::MAX_BUFFERED,
+        ..Default::default()
+    };
+    let fake = FakeSac::start(&s.socket, 1, flood);
+    let metrics = crate::metrics::Metrics::new();
+    let cap = crate::cocoon::capped::CapCount::new(metrics.clone());
+    let nics = [nic(0, [10, 0, 0, 5])];
+    super::sac::set_static_ips_capped(&fake.socket, 1, &nics, &quick(), &cap)
+        .await
+        .unwrap();
+    let refused = metrics
+        .cap_refusals
+        .with_label_values(&[crate::metrics::Cap::GuestOutput.as_str()])
+        .get();
+    assert_eq!(refused, 1);
+}

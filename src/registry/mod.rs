@@ -108,6 +108,8 @@ pub struct Registry {
     spool_dir: PathBuf,
     /// Largest zstd window a pulled frame may ask for, from the pull budget.
     window_log_max: u32,
+    /// Counts frames refused for inflating past their entry's size.
+    caps: crate::cocoon::capped::CapCount,
 }
 
 impl std::fmt::Debug for Registry {
@@ -158,7 +160,14 @@ impl Registry {
             auth,
             spool_dir: std::env::temp_dir(),
             window_log_max: window_log_for(2048),
+            caps: crate::cocoon::capped::CapCount::default(),
         })
+    }
+
+    /// Where refusals of the decode's cap are counted.
+    pub fn with_caps(mut self, caps: crate::cocoon::capped::CapCount) -> Self {
+        self.caps = caps;
+        self
     }
 
     /// Where a v2 chunk waits, compressed, for its digest (`VK_STAGING_DIR` in the daemon).

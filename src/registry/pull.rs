@@ -166,8 +166,14 @@ impl Registry {
                         out.put(&b).await?;
                     }
                     Some(d) => {
-                        for chunk in d.feed(b)? {
+                        // One decoded piece at a time: a frame that inflates past the entry's
+                        // size is refused having held one piece, not all it inflates to.
+                        d.push(b);
+                        while let Some(chunk) = d.next_out()? {
                             written += chunk.len() as u64;
+                            if written > e.size {
+                                self.caps.refused(crate::metrics::Cap::RegistryChunk);
+                            }
                             check_room(e, written)?;
                             out.put(&chunk).await?;
                         }
@@ -230,11 +236,15 @@ fn check_room(e: &PlannedEntry, written: u64) -> Result<(), RegistryError> {
     Ok(())
 }
 
-/// One self-contained zstd frame, decoded as its compressed bytes arrive.
+/// One self-contained zstd frame, decoded as its compressed bytes arrive, at most
+/// `DECODE_OUT` bytes at a time.
 struct ZstdFrame {
     d: zstd::stream::raw::Decoder<'static>,
     /// The frame has ended; anything after it is an error.
     ended: bool,
+    /// Compressed bytes not decoded yet, from `pos`.
+    input: Bytes,
+    pos: usize,
 }
 
 const DECODE_OUT: usize = 256 << 10;
@@ -245,54 +255,51 @@ impl ZstdFrame {
             .map_err(|e| RegistryError::Local(format!("zstd decoder: {e}")))?;
         d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(window_log_max))
             .map_err(|e| RegistryError::Local(format!("zstd decoder: {e}")))?;
-        Ok(Self { d, ended: false })
+        Ok(Self {
+            d,
+            ended: false,
+            input: Bytes::new(),
+            pos: 0,
+        })
     }
 
-    fn feed(&mut self, input: Bytes) -> Result<Vec<Vec<u8>>, RegistryError> {
+    /// The next compressed bytes, once the ones before are decoded (`next_out` gave `None`).
+    fn push(&mut self, input: Bytes) {
+        self.input = input;
+        self.pos = 0;
+    }
+
+    /// The next decoded piece, or `None` once the pushed bytes are used up and the decoder
+    /// holds no more output.
+    fn next_out(&mut self) -> Result<Option<Vec<u8>>, RegistryError> {
         use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
-        let mut inb = InBuffer::around(&input);
-        let mut outs = Vec::new();
-        while inb.pos() < input.len() {
-            if self.ended {
+        loop {
+            let more = self.pos < self.input.len();
+            if more && self.ended {
                 return Err(RegistryError::Refused(
                     "bytes after the end of a zstd frame".into(),
                 ));
             }
             let mut buf = vec![0u8; DECODE_OUT];
+            let mut inb = InBuffer::around(&self.input[self.pos..]);
             let mut outb = OutBuffer::around(&mut buf[..]);
             let hint = self
                 .d
                 .run(&mut inb, &mut outb)
                 .map_err(|e| RegistryError::Refused(format!("zstd frame does not decode: {e}")))?;
+            self.pos += inb.pos();
             let n = outb.pos();
             if hint == 0 {
                 self.ended = true;
             }
-            buf.truncate(n);
-            if !buf.is_empty() {
-                outs.push(buf);
+            if n > 0 {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            if !more {
+                return Ok(None);
             }
         }
-        // Output still buffered inside the decoder comes out with empty input.
-        loop {
-            let mut buf = vec![0u8; DECODE_OUT];
-            let mut empty = InBuffer::around(&[]);
-            let mut outb = OutBuffer::around(&mut buf[..]);
-            let hint = self
-                .d
-                .run(&mut empty, &mut outb)
-                .map_err(|e| RegistryError::Refused(format!("zstd frame does not decode: {e}")))?;
-            let n = outb.pos();
-            if hint == 0 {
-                self.ended = true;
-            }
-            if n == 0 {
-                break;
-            }
-            buf.truncate(n);
-            outs.push(buf);
-        }
-        Ok(outs)
     }
 
     fn finish(self, digest: &str) -> Result<(), RegistryError> {
@@ -326,14 +333,14 @@ mod tests {
         let mut f = ZstdFrame::new(27).unwrap();
         let mut got = Vec::new();
         for part in z.chunks(1000) {
-            for c in f.feed(Bytes::copy_from_slice(part)).unwrap() {
+            for c in feed(&mut f, part).unwrap() {
                 got.extend_from_slice(&c);
             }
         }
         f.finish("d").unwrap();
         assert_eq!(got, data);
         let mut f = ZstdFrame::new(27).unwrap();
-        assert!(f.feed(Bytes::from_static(b"definitely not zstd")).is_err());
+        assert!(feed(&mut f, b"definitely not zstd").is_err());
         // A frame whose window is over the budget is refused, not allocated.
         let big = {
             let mut e = zstd::stream::raw::Encoder::new(3).unwrap();
@@ -349,9 +356,37 @@ mod tests {
             out
         };
         let mut f = ZstdFrame::new(20).unwrap();
-        assert!(f.feed(Bytes::from(big)).is_err());
+        assert!(feed(&mut f, &big).is_err());
         let mut f = ZstdFrame::new(27).unwrap();
-        f.feed(Bytes::copy_from_slice(&z[..z.len() / 2])).unwrap();
+        feed(&mut f, &z[..z.len() / 2]).unwrap();
         assert!(f.finish("d").is_err());
+    }
+
+    /// Every piece the pushed bytes decode to.
+    fn feed(f: &mut ZstdFrame, part: &[u8]) -> Result<Vec<Vec<u8>>, RegistryError> {
+        f.push(Bytes::copy_from_slice(part));
+        let mut out = Vec::new();
+        while let Some(c) = f.next_out()? {
+            out.push(c);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn a_zstd_bomb_comes_out_one_bounded_piece_at_a_time() {
+        // 64 MiB of zeros in a few KiB: one push of all of it yields one piece per call.
+        let bomb = zstd::bulk::compress(&vec![0u8; 64 << 20], 19).unwrap();
+        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+        let mut f = ZstdFrame::new(27).unwrap();
+        f.push(Bytes::from(bomb));
+        let first = f.next_out().unwrap().expect("a piece");
+        assert!(first.len() <= DECODE_OUT);
+        let mut total = first.len();
+        while let Some(c) = f.next_out().unwrap() {
+            assert!(c.len() <= DECODE_OUT);
+            total += c.len();
+        }
+        assert_eq!(total, 64 << 20);
+        f.finish("d").unwrap();
     }
 }

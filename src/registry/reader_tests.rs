@@ -418,3 +418,78 @@ async fn cloud_image_disks_concatenate_in_title_order() {
     ));
     assert!(sink.is_empty());
 }
+
+/// A v2 chunk of a few KiB that inflates to 64 MiB where its file is 1 MiB is refused once
+/// its output passes 1 MiB, before the rest is decoded or held, and counted against the
+/// `registry_chunk` cap.
+#[tokio::test]
+async fn a_zstd_bomb_is_refused_at_its_files_size() {
+    let bomb = zstd::bulk::compress(&vec![0u8; 64 << 20], 19).unwrap();
+    let zmem = "application/vnd.cocoonstack.vm.memory+zstd";
+    let cfg_body: &[u8] = b"{\"cpus\":2}";
+    let mut config = ConfigBlob {
+        schema_version: "v2".into(),
+        snapshot_id: "SNAPID".into(),
+        hypervisor: "cloud-hypervisor".into(),
+        ..Default::default()
+    };
+    config.files.insert(
+        "config.json".into(),
+        FileMeta {
+            mode: 0o640,
+            size: cfg_body.len() as i64,
+            ..Default::default()
+        },
+    );
+    config.files.insert(
+        "memory-ranges".into(),
+        FileMeta {
+            mode: 0o600,
+            size: 1 << 20,
+            chunks: vec![digest_of(&bomb)],
+            ..Default::default()
+        },
+    );
+    let a = Artifact {
+        manifest: Manifest {
+            schema_version: 2,
+            media_type: media::OCI_MANIFEST.into(),
+            artifact_type: media::SNAPSHOT_V2.into(),
+            config: None,
+            layers: vec![
+                layer(media::VM_CONFIG, "config.json", cfg_body),
+                layer(zmem, "memory-ranges", &bomb),
+            ],
+            manifests: Vec::new(),
+            annotations: BTreeMap::new(),
+        },
+        config,
+        blobs: vec![
+            (digest_of(cfg_body), cfg_body.to_vec()),
+            (digest_of(&bomb), bomb.clone()),
+        ],
+    };
+    let reg = FakeRegistry::start().await;
+    publish(&reg, &a, "bomb");
+    let metrics = crate::metrics::Metrics::new();
+    let r = client(&reg)
+        .await
+        .with_caps(crate::cocoon::capped::CapCount::new(metrics.clone()));
+    let mut sink = Vec::new();
+    match r.pull_snapshot("vm-a", "bomb", &mut sink, "x").await {
+        Err(RegistryError::Refused(m)) => {
+            assert!(m.contains("decodes past its files[].size"), "{m}")
+        }
+        other => panic!("want the bomb refused, got {other:?}"),
+    }
+    assert!(
+        sink.len() < 2 << 20,
+        "{} bytes reached the sink",
+        sink.len()
+    );
+    let refused = metrics
+        .cap_refusals
+        .with_label_values(&[crate::metrics::Cap::RegistryChunk.as_str()])
+        .get();
+    assert_eq!(refused, 1);
+}

@@ -66,7 +66,7 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-pub async fn run(settings: Settings) -> Result<()> {
+pub async fn run(mut settings: Settings) -> Result<()> {
     // First, so a signal that comes during startup is not lost either.
     let mut shutdown = Shutdown::listen()?;
     let client = Client::try_default()
@@ -78,6 +78,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     sweep_staging(&settings, &staging_dir);
     let (tx, rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
+    settings.cocoon.caps = crate::cocoon::capped::CapCount::new(metrics.clone());
     let peer = serve_peers(&settings, &metrics)?;
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {

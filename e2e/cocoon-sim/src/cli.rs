@@ -401,6 +401,10 @@ pub enum FaultCmd {
         stderr: String,
         #[arg(long, default_value_t = 1)]
         times: u32,
+        /// Print `--stdout` over and over until the reader goes away: a guest that never
+        /// stops talking
+        #[arg(long)]
+        flood: bool,
     },
     /// Make post-clone fixups (`vm exec` of the fixup script) fail in the guest
     Fixup {

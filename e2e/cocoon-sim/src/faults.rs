@@ -33,6 +33,9 @@ pub struct ExecScript {
     pub stdout: String,
     #[serde(default)]
     pub stderr: String,
+    /// `stdout` is printed again and again until the reader goes away.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flood: bool,
 }
 
 #[derive(Serialize, Deserialize, Default, Clone, Debug)]

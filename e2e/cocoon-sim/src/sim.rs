@@ -216,6 +216,7 @@ fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
             stdout,
             stderr,
             times,
+            flood,
         } => {
             let v = lookup(env, &vm)?;
             faults::update(env, |f| {
@@ -225,6 +226,7 @@ fn fault(env: &Env, cmd: FaultCmd) -> Result<()> {
                         exit_code,
                         stdout: stdout.clone(),
                         stderr: stderr.clone(),
+                        flood,
                     });
                 }
             })

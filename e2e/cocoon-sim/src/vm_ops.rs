@@ -184,6 +184,10 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
         guest_side_effects(env, &vm, argv).map_err(setup)?;
     }
     let code = match faults::take_exec(env, &vm.id).map_err(setup)? {
+        Some(s) if s.flood => {
+            let _ = drain_stdin(interactive);
+            flood(&s.stdout)
+        }
         Some(s) => {
             let _ = drain_stdin(interactive);
             print!("{}", s.stdout);
@@ -205,6 +209,14 @@ pub fn exec(env: &Env, interactive: bool, vars: &[String], args: &[String]) -> R
         return Err(Error::Exit(code));
     }
     Ok(())
+}
+
+/// A guest that never stops printing: `text` again and again until stdout is closed.
+fn flood(text: &str) -> i32 {
+    let line = format!("{text}\n").repeat(64);
+    let mut out = std::io::stdout().lock();
+    while out.write_all(line.as_bytes()).is_ok() {}
+    141
 }
 
 pub fn logs(env: &Env, tail: Option<i64>, follow: bool, args: &[String]) -> Result<()> {

@@ -20,7 +20,7 @@ pub const IP_WAIT_MS: u64 = 45_000;
 /// start carries the whole table as upserts. Only the MACs in the diff are touched and only
 /// their pods refreshed: removed ones first, then upserted ones, each in MAC order.
 pub fn changed(s: &mut State, upsert: Vec<DhcpLease>, mut remove: Vec<SmallStr>) {
-    s.dhcp_file = DhcpFile::Read;
+    let first = std::mem::replace(&mut s.dhcp_file, DhcpFile::Read) == DhcpFile::Unread;
     let upsert = normalize(upsert);
     for mac in remove.iter_mut() {
         mac.make_ascii_lowercase();
@@ -46,6 +46,9 @@ pub fn changed(s: &mut State, upsert: Vec<DhcpLease>, mut remove: Vec<SmallStr>)
                 crate::probe::retarget(s, &key);
             }
         }
+    }
+    if first {
+        crate::unmanaged::leases_read(s);
     }
 }
 

@@ -24,4 +24,5 @@ pub(crate) mod sweep;
 pub(crate) mod timers;
 pub(crate) mod tracking;
 pub(crate) mod trust;
+pub(crate) mod unmanaged;
 pub(crate) mod vm_events;

@@ -30,6 +30,8 @@ pub fn try_start(s: &mut State) {
         Startup::Started => Vec::new(),
     };
     let macos_vms = crate::macos::take_inventory(s);
+    let now = s.now;
+    s.node_vms.seed(&vms, now);
     // B3: records still `creating` are settled first and never enter the adoption index.
     let (stale, vms): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| v.is_creating());
     for vm in &stale {
@@ -37,11 +39,14 @@ pub fn try_start(s: &mut State) {
     }
     let mut claimed: BTreeSet<String> = BTreeSet::new();
     // T3: when pods contest a VM, the oldest claims it first (then key order), so a pod made
-    // later to name another's VM never wins it.
+    // later to name another's VM never wins it. T10: unmanaged pods come after every managed
+    // one, so naming a managed pod's VM never takes it away.
     let mut keys: Vec<PodKey> = s.pods.keys();
     keys.sort_by_key(|k| {
+        let e = &s.pods[k];
         (
-            s.pods[k].pod.creation_timestamp.unwrap_or(i64::MAX),
+            e.spec.as_ref().is_ok_and(|sp| !sp.managed),
+            e.pod.creation_timestamp.unwrap_or(i64::MAX),
             k.clone(),
         )
     });

@@ -34,6 +34,8 @@ pub(crate) fn start(s: &mut State, periodic: bool) {
         SweepState::Out { rearm } => *rearm |= periodic,
         SweepState::Idle => {
             s.sweep.cocoon = SweepState::Out { rearm: periodic };
+            let now = s.now;
+            s.node_vms.listing(now);
             s.run_cocoon(CocoonOwner::Sweep, None, CocoonCmd::VmList);
         }
     }
@@ -57,15 +59,20 @@ pub(crate) fn done(s: &mut State, result: Result<CocoonOk, CocoonError>) {
             return crate::outcome::unexpected(s, &what);
         }
         Err(e) => {
+            s.node_vms.list_failed();
             return s.emit(Action::Log {
                 level: Level::Warn,
                 message: format!(
                     "sweep: cocoon vm list failed, trying again later: {}",
                     e.message
                 ),
-            })
+            });
         }
     };
+    // T10: a VM the list lacks is gone, and with it an unmanaged pod's claim on it.
+    for id in s.node_vms.listed(&vms) {
+        crate::unmanaged::vm_gone(s, &id);
+    }
     // B8: an orphan that is no longer listed (someone removed it) is no longer adoptable.
     s.unclaimed
         .retain(|_, orphan| vms.iter().any(|v| v.id == orphan.id));

@@ -21,6 +21,16 @@ const RECHECK: Backoff = Backoff::doubling(1000, 30_000);
 const RECHECK_BUDGET_MS: i64 = 30 * 60 * 1000;
 
 pub fn stream_event(s: &mut State, kind: VmEventKind, vm: VmRecord) {
+    // T10: the node's VM table, which unmanaged pods' claims are checked against.
+    let now = s.now;
+    match kind {
+        VmEventKind::Added | VmEventKind::Modified => s.node_vms.reported(&vm, now),
+        VmEventKind::Deleted => {
+            if s.node_vms.deleted(&vm.id) && s.started() {
+                crate::unmanaged::vm_gone(s, &vm.id);
+            }
+        }
+    }
     // W3: a record that says `running` is no hint. Every (re)connect begins with `ADDED` for
     // each VM (CLI-7), and one that is not running then is how a VM that stopped while
     // nothing watched (the process was down, the stream reconnecting) is found: `vm list`

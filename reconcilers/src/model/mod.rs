@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod macos;
 pub mod moments;
 pub mod names;
+pub mod node_vms;
 pub mod ops;
 pub mod owner;
 pub mod phase;

@@ -43,6 +43,9 @@ pub struct State {
     /// VMs found at startup that no pod claimed, by name, under `alert`/`keep` (B8): the next
     /// create of that name adopts instead of colliding.
     pub unclaimed: BTreeMap<String, VmRecord>,
+    /// Every VM cocoon reports on this node, which an unmanaged pod's claim must match (T10).
+    #[serde(default, skip_serializing_if = "crate::node_vms::NodeVms::is_empty")]
+    pub node_vms: crate::node_vms::NodeVms,
     pub relist: Relist,
     /// Until the startup reconcile, with the first `cocoon vm list` it waits for.
     pub startup: Startup,
@@ -250,6 +253,7 @@ impl State {
             vm_ids: BTreeMap::new(),
             vm_names: BTreeMap::new(),
             unclaimed: BTreeMap::new(),
+            node_vms: crate::node_vms::NodeVms::default(),
             relist: Relist::default(),
             startup: Startup::default(),
             dhcp_leases: BTreeMap::new(),

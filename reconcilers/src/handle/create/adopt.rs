@@ -104,14 +104,13 @@ pub fn adopt(s: &mut State, key: &PodKey, vm: VmRecord, reason: LifecycleReason)
     crate::guest::lease(s, key, IpWait::Adopt);
 }
 
-/// C5: an unmanaged pod brings its own VM; vk only probes the annotated IP.
+/// C5: an unmanaged pod brings its own VM; vk only probes its address. T10: only a VM and
+/// address this node proves are the pod's to name; anything else is refused.
 pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
-    let record = VmRecord {
-        id: spec.static_id.clone().unwrap_or_default(),
-        name: spec.vm_name.clone(),
-        state: "running".into(),
-        static_ip: spec.static_ip.clone(),
-        ..VmRecord::default()
+    let record = match crate::unmanaged::check(s, key, spec) {
+        crate::unmanaged::Claim::Proven(record) => *record,
+        crate::unmanaged::Claim::Wait => return crate::unmanaged::wait(s, key),
+        crate::unmanaged::Claim::Refused(msg) => return super::fail(s, key, msg),
     };
     let now = s.now;
     let tracked = Tracked {
@@ -124,7 +123,8 @@ pub fn adopt_unmanaged(s: &mut State, key: &PodKey, spec: &VmSpec) {
         e.started_at = e.started_at.or(Some(now));
     }
     probe::start(s, key);
-    crate::lifecycle::stamp(s, key);
+    // A claim refused before and proven at last is a new attempt: its failure ends (L3).
+    crate::lifecycle::attempt(s, key);
     provider::outcome(s, key, Op::Create, Outcome::Ok, LifecycleReason::Unmanaged);
 }
 
