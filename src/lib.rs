@@ -1,6 +1,7 @@
 //! vk-cocoon, the shell around the pure core in `reconcilers`.
 
 pub mod backoff;
+pub mod caps;
 pub mod cocoon;
 pub mod config;
 pub mod effects;

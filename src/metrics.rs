@@ -195,6 +195,11 @@ impl Metrics {
         self.api_writes.with_label_values(&[kind.as_str()]).inc();
     }
 
+    /// The handle a cap's enforcer counts its refusals with.
+    pub fn cap_count(&self) -> crate::caps::CapCount {
+        crate::caps::CapCount::new(self.cap_refusals.clone())
+    }
+
     /// A cap refused or cut something (a connection, a stream, a review, bytes).
     pub fn cap_refused(&self, cap: Cap) {
         self.cap_refusals.with_label_values(&[cap.as_str()]).inc();

@@ -6,43 +6,14 @@
 //! drained and dropped. Every call that hits either cap counts one
 //! `cocoon_vk_cap_refusals_total{cap="guest_output"}`.
 
-use std::fmt;
-
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::metrics::{Cap, Metrics};
+pub use crate::caps::CapCount;
 
 /// The largest stdout kept: far above any `vm list` or record cocoon prints.
 pub const MAX_STDOUT: usize = 16 << 20;
 /// The tail of stderr kept: the error line and the log lines just before it.
 pub const STDERR_KEEP: usize = 64 << 10;
-
-/// Counts a cap's refusals once the daemon's metrics are wired in (tests and tools run
-/// without them).
-#[derive(Clone, Default)]
-pub struct CapCount(Option<Metrics>);
-
-impl CapCount {
-    pub fn new(metrics: Metrics) -> Self {
-        CapCount(Some(metrics))
-    }
-
-    pub fn refused(&self, cap: Cap) {
-        if let Some(m) = &self.0 {
-            m.cap_refused(cap);
-        }
-    }
-}
-
-impl fmt::Debug for CapCount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "CapCount(counted)"
-        } else {
-            "CapCount"
-        })
-    }
-}
 
 /// A child's output as kept.
 #[derive(Debug, Default)]

@@ -156,7 +156,7 @@ impl CocoonCli {
                 if let Some(t) = tracked {
                     t.kill();
                 }
-                self.caps.refused(crate::metrics::Cap::GuestOutput);
+                self.caps.refused(crate::caps::Cap::GuestOutput);
                 return Err(CocoonError::new(
                     CocoonErrorKind::BadOutput,
                     format!(
@@ -186,7 +186,7 @@ impl CocoonCli {
             }
         };
         if kept.capped() {
-            self.caps.refused(crate::metrics::Cap::GuestOutput);
+            self.caps.refused(crate::caps::Cap::GuestOutput);
         }
         let stdout = String::from_utf8_lossy(&kept.stdout).into_owned();
         if status.success() {
@@ -233,14 +233,14 @@ mod tests {
         std::fs::write(&bin, format!("#!/bin/sh\n{script}\n")).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         CocoonCli {
-            caps: capped::CapCount::new(metrics.clone()),
+            caps: metrics.cap_count(),
             ..CocoonCli::new(bin.display().to_string())
         }
     }
 
     fn guest_output_refusals(m: &crate::metrics::Metrics) -> u64 {
         m.cap_refusals
-            .with_label_values(&[crate::metrics::Cap::GuestOutput.as_str()])
+            .with_label_values(&[crate::caps::Cap::GuestOutput.as_str()])
             .get()
     }
 

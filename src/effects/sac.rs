@@ -118,7 +118,7 @@ pub async fn set_static_ips(
         nic_count,
         nics,
         t,
-        &crate::cocoon::capped::CapCount::default(),
+        &crate::caps::CapCount::default(),
     )
     .await
 }
@@ -129,7 +129,7 @@ pub async fn set_static_ips_capped(
     nic_count: usize,
     nics: &[SacNic],
     t: &SacTimeouts,
-    cap: &crate::cocoon::capped::CapCount,
+    cap: &crate::caps::CapCount,
 ) -> Result<(), SacFailure> {
     if nics.is_empty() {
         return Ok(());
@@ -137,7 +137,7 @@ pub async fn set_static_ips_capped(
     let mut console = dial(socket, t).await?;
     let result = dialog(&mut console, socket, nic_count, nics, t).await;
     if console.trimmed {
-        cap.refused(crate::metrics::Cap::GuestOutput);
+        cap.refused(crate::caps::Cap::GuestOutput);
     }
     result
 }

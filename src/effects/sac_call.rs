@@ -17,7 +17,7 @@ pub async fn run(
     vm_id: &str,
     nic_count: u32,
     nics: &[SacNic],
-    cap: &crate::cocoon::capped::CapCount,
+    cap: &crate::caps::CapCount,
 ) -> Result<(), SacError> {
     let fail = |stage, message: String| SacError { stage, message };
     if !valid_vm_id(vm_id) {

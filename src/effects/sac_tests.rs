@@ -252,14 +252,14 @@ async fn a_flooding_console_is_counted_against_the_guest_caps() {
     };
     let fake = FakeSac::start(&s.socket, 1, flood);
     let metrics = crate::metrics::Metrics::new();
-    let cap = crate::cocoon::capped::CapCount::new(metrics.clone());
+    let cap = metrics.cap_count();
     let nics = [nic(0, [10, 0, 0, 5])];
     super::sac::set_static_ips_capped(&fake.socket, 1, &nics, &quick(), &cap)
         .await
         .unwrap();
     let refused = metrics
         .cap_refusals
-        .with_label_values(&[crate::metrics::Cap::GuestOutput.as_str()])
+        .with_label_values(&[crate::caps::Cap::GuestOutput.as_str()])
         .get();
     assert_eq!(refused, 1);
 }

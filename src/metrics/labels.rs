@@ -11,6 +11,8 @@ use reconcilers::labels::{
 };
 pub use reconcilers::labels::{HibernatePhase, Outcome, PostCloneKind};
 
+pub use crate::caps::Cap;
+
 macro_rules! label {
     ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$doc])*
@@ -37,19 +39,6 @@ label! {
         LaneFull => "lane_full",
         Timeout => "timeout",
         Rejected => "rejected",
-    }
-}
-
-label! {
-    /// `cap` of `cocoon_vk_cap_refusals_total`: the limit on what a tenant or a caller can make
-    /// the root daemon spend that refused or cut something.
-    Cap {
-        TlsHandshake => "tls_handshake",
-        PortForwardStreams => "port_forward_streams",
-        TokenReviews => "token_reviews",
-        GuestOutput => "guest_output",
-        RegistryChunk => "registry_chunk",
-        PeerRequests => "peer_requests",
     }
 }
 

@@ -109,7 +109,7 @@ pub struct Registry {
     /// Largest zstd window a pulled frame may ask for, from the pull budget.
     window_log_max: u32,
     /// Counts frames refused for inflating past their entry's size.
-    caps: crate::cocoon::capped::CapCount,
+    caps: crate::caps::CapCount,
 }
 
 impl std::fmt::Debug for Registry {
@@ -160,12 +160,12 @@ impl Registry {
             auth,
             spool_dir: std::env::temp_dir(),
             window_log_max: window_log_for(2048),
-            caps: crate::cocoon::capped::CapCount::default(),
+            caps: crate::caps::CapCount::default(),
         })
     }
 
     /// Where refusals of the decode's cap are counted.
-    pub fn with_caps(mut self, caps: crate::cocoon::capped::CapCount) -> Self {
+    pub fn with_caps(mut self, caps: crate::caps::CapCount) -> Self {
         self.caps = caps;
         self
     }

@@ -172,7 +172,7 @@ impl Registry {
                         while let Some(chunk) = d.next_out()? {
                             written += chunk.len() as u64;
                             if written > e.size {
-                                self.caps.refused(crate::metrics::Cap::RegistryChunk);
+                                self.caps.refused(crate::caps::Cap::RegistryChunk);
                             }
                             check_room(e, written)?;
                             out.put(&chunk).await?;

@@ -472,9 +472,7 @@ async fn a_zstd_bomb_is_refused_at_its_files_size() {
     let reg = FakeRegistry::start().await;
     publish(&reg, &a, "bomb");
     let metrics = crate::metrics::Metrics::new();
-    let r = client(&reg)
-        .await
-        .with_caps(crate::cocoon::capped::CapCount::new(metrics.clone()));
+    let r = client(&reg).await.with_caps(metrics.cap_count());
     let mut sink = Vec::new();
     match r.pull_snapshot("vm-a", "bomb", &mut sink, "x").await {
         Err(RegistryError::Refused(m)) => {
@@ -489,7 +487,7 @@ async fn a_zstd_bomb_is_refused_at_its_files_size() {
     );
     let refused = metrics
         .cap_refusals
-        .with_label_values(&[crate::metrics::Cap::RegistryChunk.as_str()])
+        .with_label_values(&[crate::caps::Cap::RegistryChunk.as_str()])
         .get();
     assert_eq!(refused, 1);
 }

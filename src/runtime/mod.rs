@@ -78,7 +78,7 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     sweep_staging(&settings, &staging_dir);
     let (tx, rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
-    settings.cocoon.caps = crate::cocoon::capped::CapCount::new(metrics.clone());
+    settings.cocoon.caps = metrics.cap_count();
     let peer = serve_peers(&settings, &metrics)?;
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {

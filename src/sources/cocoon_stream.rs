@@ -63,7 +63,7 @@ pub async fn run(cli: CocoonCli, tx: EventTx) {
             match lines.next_line().await {
                 Ok(Line::Text(line)) if line.trim().is_empty() => continue,
                 Ok(Line::TooLong(len)) => {
-                    cli.caps.refused(crate::metrics::Cap::GuestOutput);
+                    cli.caps.refused(crate::caps::Cap::GuestOutput);
                     error = Some(format!("event line of {len} bytes exceeds the 1 MiB cap"));
                     break;
                 }
