@@ -133,9 +133,18 @@ fn the_sample_page_has_a_row_per_pod_with_the_timeline_argv() {
         on_page.iter().map(String::as_str).collect::<BTreeSet<_>>(),
         printed.into_iter().collect::<BTreeSet<_>>()
     );
-    // Nothing was folded in this short story, and every event is on the page once as its
-    // row's own.
-    let own = doc.select(&sel("li:not(.o):not(.n):not(.d) > .v")).count() as u64;
+    // Every event is on the page once as its row's own: an entry alone, or folded with the
+    // same-shaped ones after it into one entry marked ×N.
+    let own: u64 = doc
+        .select(&sel("li:not(.o):not(.n):not(.d)"))
+        .filter(|li| li.select(&sel(":scope > .v")).next().is_some())
+        .map(|li| {
+            li.select(&sel(":scope > em"))
+                .next()
+                .map(|em| text(em).trim_start_matches('×').parse::<u64>().unwrap())
+                .unwrap_or(1)
+        })
+        .sum();
     assert_eq!(own, summary.steps);
 }
 
