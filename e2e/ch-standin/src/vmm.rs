@@ -307,3 +307,7 @@ pub(crate) fn boot_line(memory: &GuestMemory, nic: Option<&Nic>) -> String {
         memory.hostname
     )
 }
+
+#[cfg(test)]
+#[path = "vmm_tests.rs"]
+mod tests;

@@ -10,7 +10,7 @@ pub mod shared;
 
 use std::sync::Arc;
 
-use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::dhcpv4;
 use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr, Ipv4Cidr};
@@ -58,11 +58,17 @@ fn run(shared: &GuestShared, console: &Console) {
         let mut fds = vec![shared.wake_fd()];
         let mut timeout = -1;
         if let (true, Some(s)) = (running, stack.as_mut()) {
-            let now = Instant::now();
-            s.iface.poll(now, &mut s.device, &mut s.sockets);
-            dhcp_step(s, shared, console);
-            s.services.step(&mut s.sockets, shared, console);
-            s.iface.poll(now, &mut s.device, &mut s.sockets);
+            // Serve, then poll (sending what was served), until a poll changes no socket:
+            // a frame taken in by that poll (the ACK that establishes a connection) must
+            // reach the services before the thread sleeps.
+            s.iface.poll(Instant::now(), &mut s.device, &mut s.sockets);
+            loop {
+                dhcp_step(s, shared, console);
+                s.services.step(&mut s.sockets, shared, console);
+                if s.iface.poll(Instant::now(), &mut s.device, &mut s.sockets) == PollResult::None {
+                    break;
+                }
+            }
             timeout = s
                 .iface
                 .poll_delay(Instant::now(), &s.sockets)
