@@ -28,7 +28,7 @@ pub enum Launch {
     Vmm {
         api_socket: Option<String>,
         /// Present when a payload (`--kernel`/`--firmware`) was given: create and boot at once.
-        vm: Option<VmParams>,
+        vm: Option<Box<VmParams>>,
         /// `--restore source_url=…`: restore at once.
         restore: Option<String>,
         log_file: Option<String>,
@@ -115,7 +115,7 @@ where
     let payload = m.contains_id("kernel") || m.contains_id("firmware");
     Ok(Launch::Vmm {
         api_socket: string(&m, "api-socket"),
-        vm: payload.then(|| vm_params(&m)),
+        vm: payload.then(|| Box::new(vm_params(&m))),
         restore: string(&m, "restore"),
         log_file: string(&m, "log-file"),
         no_shutdown: m.get_flag("no-shutdown"),

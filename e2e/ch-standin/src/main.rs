@@ -57,7 +57,7 @@ fn main() -> ExitCode {
 
 async fn run(
     socket: Option<PathBuf>,
-    vm: Option<cli::VmParams>,
+    vm: Option<Box<cli::VmParams>>,
     restore: Option<String>,
     no_shutdown: bool,
 ) -> ExitCode {
@@ -109,7 +109,7 @@ async fn run(
 /// A payload on the command line creates and boots the VM at once; `--restore` restores.
 fn start_vm(
     vmm: &Mutex<Vmm>,
-    vm: Option<cli::VmParams>,
+    vm: Option<Box<cli::VmParams>>,
     restore: Option<String>,
 ) -> Result<(), String> {
     let mut vmm = vmm.lock().unwrap_or_else(|e| e.into_inner());

@@ -37,8 +37,16 @@ impl Drop for Netns {
 }
 
 fn ip(ns: &str, args: &[&str]) {
-    let out = Command::new("ip").args(["netns", "exec", ns, "ip"]).args(args).output().unwrap();
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "ip"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn setup() -> Option<Netns> {
@@ -52,10 +60,29 @@ fn setup() -> Option<Netns> {
         return None;
     }
     let ns = Netns(format!("chsi-{}", std::process::id()));
-    let out = Command::new("ip").args(["netns", "add", &ns.0]).output().unwrap();
-    assert!(out.status.success(), "netns add: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ip")
+        .args(["netns", "add", &ns.0])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "netns add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     ip(&ns.0, &["link", "set", "lo", "up"]);
-    ip(&ns.0, &["tuntap", "add", "dev", TAP, "mode", "tap", "multi_queue", "vnet_hdr"]);
+    ip(
+        &ns.0,
+        &[
+            "tuntap",
+            "add",
+            "dev",
+            TAP,
+            "mode",
+            "tap",
+            "multi_queue",
+            "vnet_hdr",
+        ],
+    );
     ip(&ns.0, &["addr", "add", "10.215.0.1/24", "dev", TAP]);
     ip(&ns.0, &["link", "set", TAP, "up"]);
     Some(ns)
@@ -68,7 +95,11 @@ fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
         s.spawn(|| {
             let fd = std::fs::File::open(&path).unwrap();
             // SAFETY: setns on this thread only, with a namespace fd we hold open.
-            assert_eq!(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {path}");
+            assert_eq!(
+                unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
+                0,
+                "setns {path}"
+            );
             f()
         })
         .join()
@@ -115,13 +146,21 @@ fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
     let net = format!("tap={TAP},mac={MAC1},num_queues=4,queue_size=256,offload_tso=on,offload_ufo=on,offload_csum=on");
     let cmdline = format!("console=hvc0 net.ifnames=0 cocoon.hostname=net-0 ip={GUEST}::10.215.0.1:255.255.255.0:net-0:eth0:off");
     let prefix = ["ip", "netns", "exec", ns.0.as_str()];
-    let mut first = Vmm::launch(&prefix, &p.args(&sock, &cmdline, Some(&net)), &sock, &dir.path().join("ch1.log"));
+    let mut first = Vmm::launch(
+        &prefix,
+        &p.args(&sock, &cmdline, Some(&net)),
+        &sock,
+        &dir.path().join("ch1.log"),
+    );
 
-    until("the guest answers ping", Duration::from_secs(20), || ping(&ns.0));
+    until("the guest answers ping", Duration::from_secs(20), || {
+        ping(&ns.0)
+    });
     in_netns(&ns.0, || {
         assert_eq!(banner(), "SSH-2.0-cocoon-standin\r\n");
         let mut s = connect(8080, Duration::from_secs(5)).unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: guest\r\n\r\n").unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: guest\r\n\r\n")
+            .unwrap();
         let mut resp = String::new();
         s.read_to_string(&mut resp).unwrap();
         assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
@@ -134,7 +173,10 @@ fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
     // Paused, the guest answers nothing.
     assert_eq!(first.call("PUT", "vm.pause", None).0, 204);
     in_netns(&ns.0, || {
-        assert!(connect(22, Duration::from_millis(500)).is_err(), "a paused guest accepted a connection");
+        assert!(
+            connect(22, Duration::from_millis(500)).is_err(),
+            "a paused guest accepted a connection"
+        );
     });
     let snap = dir.path().join("snap");
     std::fs::create_dir(&snap).unwrap();
@@ -145,26 +187,53 @@ fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
 
     // cocoon's restore: an empty VMM in the netns, vm.restore, the NIC hot-swap, vm.resume.
     let sock2 = dir.path().join("api2.sock");
-    let second = Vmm::launch(&prefix, &["--api-socket".into(), sock2.display().to_string()], &sock2, &dir.path().join("ch2.log"));
+    let second = Vmm::launch(
+        &prefix,
+        &["--api-socket".into(), sock2.display().to_string()],
+        &sock2,
+        &dir.path().join("ch2.log"),
+    );
     let req = format!(r#"{{"source_url":"file://{}"}}"#, snap.display());
     assert_eq!(second.call("PUT", "vm.restore", Some(&req)).0, 204);
-    let info: serde_json::Value = serde_json::from_str(&second.call("GET", "vm.info", None).1).unwrap();
+    let info: serde_json::Value =
+        serde_json::from_str(&second.call("GET", "vm.info", None).1).unwrap();
     assert_eq!(info["state"], "Paused");
     let old_id = info["config"]["net"][0]["id"].as_str().unwrap().to_string();
-    assert_eq!(second.call("PUT", "vm.remove-device", Some(&format!(r#"{{"id":"{old_id}"}}"#))).0, 204);
-    let add = format!(r#"{{"tap":"{TAP}","mac":"{MAC2}","num_queues":4,"queue_size":256,"offload_tso":true,"offload_ufo":true,"offload_csum":true}}"#);
+    assert_eq!(
+        second
+            .call(
+                "PUT",
+                "vm.remove-device",
+                Some(&format!(r#"{{"id":"{old_id}"}}"#))
+            )
+            .0,
+        204
+    );
+    let add = format!(
+        r#"{{"tap":"{TAP}","mac":"{MAC2}","num_queues":4,"queue_size":256,"offload_tso":true,"offload_ufo":true,"offload_csum":true}}"#
+    );
     assert_eq!(second.call("PUT", "vm.add-net", Some(&add)).0, 200);
     assert_eq!(second.call("PUT", "vm.resume", None).0, 204);
 
     // The host still has the old MAC for the guest's address; a real guest's new NIC is
     // learnt the same way, by asking again.
     ip(&ns.0, &["neigh", "flush", "dev", TAP]);
-    until("the restored guest answers ping", Duration::from_secs(20), || ping(&ns.0));
+    until(
+        "the restored guest answers ping",
+        Duration::from_secs(20),
+        || ping(&ns.0),
+    );
     in_netns(&ns.0, || {
         assert_eq!(value("GET\n"), "before-snapshot\n");
         assert_eq!(banner(), "SSH-2.0-cocoon-standin\r\n");
     });
-    let neigh = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "neigh", "show", GUEST]).output().unwrap();
-    assert!(String::from_utf8_lossy(&neigh.stdout).contains(MAC2), "the guest answers with the hot-swapped MAC");
+    let neigh = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "ip", "neigh", "show", GUEST])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&neigh.stdout).contains(MAC2),
+        "the guest answers with the hot-swapped MAC"
+    );
     assert!(second.log().contains("restored from"), "{}", second.log());
 }
