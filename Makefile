@@ -23,10 +23,12 @@ build:
 test: deps lint unit e2e
 
 # reconcilers with its testkit (scenario files, property tests), the cocoon simulator's
-# contract tests, and this package's unit and integration tests that need no testbed.
+# contract tests, the cloud-hypervisor stand-in's tests, and this package's unit and
+# integration tests that need no testbed.
 unit:
 	$(CARGO) test -j$(JOBS) -p reconcilers --all-features
 	$(CARGO) test -j$(JOBS) -p cocoon-sim
+	$(CARGO) test -j$(JOBS) -p ch-standin
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --all-features --lib --bins $(ROOT_TESTS)
 
 # The testbed's smoke tests and the daemon end to end (kube-apiserver + etcd, the cocoon

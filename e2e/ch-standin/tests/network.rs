@@ -7,11 +7,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::Duration;
 
+use common::netns::{connect, in_netns, ip, ping, setup};
 use common::{until, Payload, Vmm};
 
 const GUEST: &str = "10.215.0.2";
@@ -19,111 +18,8 @@ const TAP: &str = "tapchsi0";
 const MAC1: &str = "02:c5:00:00:00:01";
 const MAC2: &str = "02:c5:00:00:00:02";
 
-/// The skip rule of `e2e::skip::unless_ci`, copied to keep this crate's dependencies lean.
-fn unless_ci(reason: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("CI must provide what this test needs: {reason}");
-    }
-    eprintln!("skipped: {reason} (a failure when CI is set)");
-}
-
-/// A namespace the test created; deleted (with its TAP) however the test ends.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn ip(ns: &str, args: &[&str]) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ip"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn setup() -> Option<Netns> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        unless_ci("network namespaces and TAPs need root");
-        return None;
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        unless_ci("iproute2 (`ip`) is not installed");
-        return None;
-    }
-    let ns = Netns(format!("chsi-{}", std::process::id()));
-    let out = Command::new("ip")
-        .args(["netns", "add", &ns.0])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "netns add: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ip(&ns.0, &["link", "set", "lo", "up"]);
-    ip(
-        &ns.0,
-        &[
-            "tuntap",
-            "add",
-            "dev",
-            TAP,
-            "mode",
-            "tap",
-            "multi_queue",
-            "vnet_hdr",
-        ],
-    );
-    ip(&ns.0, &["addr", "add", "10.215.0.1/24", "dev", TAP]);
-    ip(&ns.0, &["link", "set", TAP, "up"]);
-    Some(ns)
-}
-
-/// Runs `f` on a thread that has entered the namespace, so its sockets live there.
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let fd = std::fs::File::open(&path).unwrap();
-            // SAFETY: setns on this thread only, with a namespace fd we hold open.
-            assert_eq!(
-                unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
-                0,
-                "setns {path}"
-            );
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
-
-fn connect(port: u16, timeout: Duration) -> std::io::Result<TcpStream> {
-    let addr: SocketAddr = format!("{GUEST}:{port}").parse().unwrap();
-    let s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    Ok(s)
-}
-
-fn ping(ns: &str) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-c", "1", "-W", "1", GUEST])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 fn value(cmd: &str) -> String {
-    let mut s = connect(7777, Duration::from_secs(5)).unwrap();
+    let mut s = connect(GUEST, 7777, Duration::from_secs(5)).unwrap();
     s.write_all(cmd.as_bytes()).unwrap();
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).unwrap();
@@ -131,7 +27,7 @@ fn value(cmd: &str) -> String {
 }
 
 fn banner() -> String {
-    let s = connect(22, Duration::from_secs(5)).unwrap();
+    let s = connect(GUEST, 22, Duration::from_secs(5)).unwrap();
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).unwrap();
     line
@@ -139,7 +35,9 @@ fn banner() -> String {
 
 #[test]
 fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
-    let Some(ns) = setup() else { return };
+    let Some(ns) = setup("net", TAP, true) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let p = Payload::write(dir.path(), r#"{"tcp_ports":[22,8080],"value_port":7777}"#);
     let sock = dir.path().join("api.sock");
@@ -154,11 +52,11 @@ fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
     );
 
     until("the guest answers ping", Duration::from_secs(20), || {
-        ping(&ns.0)
+        ping(&ns.0, GUEST)
     });
     in_netns(&ns.0, || {
         assert_eq!(banner(), "SSH-2.0-cocoon-standin\r\n");
-        let mut s = connect(8080, Duration::from_secs(5)).unwrap();
+        let mut s = connect(GUEST, 8080, Duration::from_secs(5)).unwrap();
         s.write_all(b"GET / HTTP/1.1\r\nHost: guest\r\n\r\n")
             .unwrap();
         let mut resp = String::new();
@@ -174,7 +72,7 @@ fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
     assert_eq!(first.call("PUT", "vm.pause", None).0, 204);
     in_netns(&ns.0, || {
         assert!(
-            connect(22, Duration::from_millis(500)).is_err(),
+            connect(GUEST, 22, Duration::from_millis(500)).is_err(),
             "a paused guest accepted a connection"
         );
     });
@@ -221,7 +119,7 @@ fn guest_serves_and_its_value_survives_snapshot_kill_restore() {
     until(
         "the restored guest answers ping",
         Duration::from_secs(20),
-        || ping(&ns.0),
+        || ping(&ns.0, GUEST),
     );
     in_netns(&ns.0, || {
         assert_eq!(value("GET\n"), "before-snapshot\n");

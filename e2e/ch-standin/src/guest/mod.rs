@@ -72,7 +72,7 @@ fn run(shared: &GuestShared, console: &Console) {
             timeout = s
                 .iface
                 .poll_delay(Instant::now(), &s.sockets)
-                .map(|d| d.total_millis().min(i32::MAX as u64) as i32)
+                .map(|d| d.total_micros().div_ceil(1000).min(i32::MAX as u64) as i32)
                 .unwrap_or(-1);
             fds.extend(s.device.fds());
         }
@@ -134,11 +134,12 @@ fn dhcp_step(s: &mut Stack, shared: &GuestShared, console: &Console) {
             }
             console.line(&format!("dhcp: eth0 {}/{}", ip.address, ip.prefix));
         }
-        Some(dhcpv4::Event::Deconfigured) => {
+        // The client reports Deconfigured once at start too, with nothing to lose.
+        Some(dhcpv4::Event::Deconfigured) if !s.iface.ip_addrs().is_empty() => {
             s.iface.update_ip_addrs(|a| a.clear());
             console.line("dhcp: eth0 lost its lease");
         }
-        None => {}
+        Some(dhcpv4::Event::Deconfigured) | None => {}
     }
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
