@@ -6,6 +6,7 @@
 #   etcd                      go.etcd.io/etcd/server/v3 (cold: ~2 min)
 #   registry                  distribution v3 cmd/registry (cold: ~2 min)
 #   metrics-server            sigs.k8s.io/metrics-server (cold: ~5 min; for `kubectl top`)
+#   cocoon (`build-deps.sh cocoon`) the real cocoon CLI from shared/vendor (cold: 1-4 min)
 # A second run finds the binaries and returns in well under a second.
 set -euo pipefail
 
@@ -127,14 +128,36 @@ build_metrics_server() {
     "-X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION"
 }
 
+# The real cocoon CLI, from the source kept beside the repository (shared/vendor): the Go
+# module proxy does not serve cocoonstack modules; every other dependency comes from it.
+COCOON_COMMIT=${COCOON_COMMIT:-34c6c4a8ebdd}
+build_cocoon() {
+  local out="$BIN/cocoon-$COCOON_COMMIT"
+  if [[ -x $out ]]; then log "cocoon $COCOON_COMMIT cached"; return; fi
+  need_go
+  local here tarball dir="$CACHE/src/cocoon-$COCOON_COMMIT"
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  tarball="$here/../../../shared/vendor/cocoon-$COCOON_COMMIT.tar.gz"
+  [[ -f $tarball ]] || { echo "$tarball is missing: the real cocoon builds from shared/vendor beside the repository" >&2; exit 1; }
+  log "cocoon $COCOON_COMMIT: cold build from $tarball, usually 1-4 minutes on 2 cores"
+  rm -rf "$dir" && mkdir -p "$dir"
+  tar -xzf "$tarball" -C "$dir" --strip-components=1
+  (cd "$dir" && CGO_ENABLED=0 go build -v \
+    -ldflags "-X github.com/cocoonstack/cocoon/version.REVISION=$COCOON_COMMIT" \
+    -o "$out.tmp" . 2>&1) | progress cocoon
+  mv "$out.tmp" "$out"
+  ln -sf "cocoon-$COCOON_COMMIT" "$BIN/cocoon-real"
+}
+
 what=${1:-all}
 case $what in
   k8s) build_k8s ;;
   etcd) build_etcd ;;
   registry) build_registry ;;
   metrics-server) build_metrics_server ;;
-  all) build_etcd; build_registry; build_metrics_server; build_k8s ;;
-  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server]" >&2; exit 2 ;;
+  cocoon) build_cocoon ;;
+  all) build_etcd; build_registry; build_metrics_server; build_k8s; build_cocoon ;;
+  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server|cocoon]" >&2; exit 2 ;;
 esac
 for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION kube-scheduler-$K8S_VERSION \
   kube-controller-manager-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION \
