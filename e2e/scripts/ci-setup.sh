@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the e2e harness needs on a fresh Debian machine, then builds the control-plane
 # binaries. Safe to rerun: a warm machine skips apt entirely and finds the binaries cached.
-#   Debian packages  iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base
+#   Debian packages  iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils
 #                    (cold: ~1 min, warm: 0 s; util-linux brings setpriv, for the daemon run
-#                    without CAP_NET_RAW; dnsmasq-base, the DHCP server of ch-standin's test)
-#   build-deps.sh    the k8s control plane, etcd, registry, metrics-server (cold: ~20 min, warm: <1 s)
+#                    without CAP_NET_RAW; dnsmasq-base, the DHCP server of ch-standin's test; qemu-utils, the
+#                    qcow2 disk the real cocoon imports)
+#   build-deps.sh    the k8s control plane, etcd, registry, metrics-server, the real cocoon CLI
+#                    (cold: ~20 min, warm: <1 s)
 set -euo pipefail
 
 log() { printf '[ci-setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -13,7 +15,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # dpkg, not `command -v`: prometheus also needs its config and users from the package, and a
 # stray binary on PATH would hide a missing install.
 missing=()
-for pkg in iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base; do
+for pkg in iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q '^install ok installed$'; then
     missing+=("$pkg")
   fi
@@ -30,7 +32,7 @@ if ((${#missing[@]})); then
   "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
   log "packages installed in ${SECONDS}s"
 else
-  log "Debian packages already installed (iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base)"
+  log "Debian packages already installed (iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils)"
 fi
 
 # The package's service (when the machine runs an init that starts it) would hold :9090 and
