@@ -7,6 +7,7 @@
 #   registry                  distribution v3 cmd/registry (cold: ~2 min)
 #   metrics-server            sigs.k8s.io/metrics-server (cold: ~5 min; for `kubectl top`)
 #   cocoon (`build-deps.sh cocoon`) the real cocoon CLI from shared/vendor (cold: 1-4 min)
+#   mkfs.erofs                erofs-utils 1.8.6 from Debian trixie's source package (cold: ~25 s)
 # A second run finds the binaries and returns in well under a second.
 set -euo pipefail
 
@@ -149,6 +150,56 @@ build_cocoon() {
   ln -sf "cocoon-$COCOON_COMMIT" "$BIN/cocoon-real"
 }
 
+# mkfs.erofs with `--tar=f`, which the real cocoon's `image pull` of an OCI image runs for every
+# layer: bookworm's erofs-utils 1.5 predates it. Built from trixie's Debian source package (the
+# upstream tarball it names) through a private apt configuration under the cache, so the
+# machine's own sources and package state are never touched. Only what mkfs needs: lz4 (cocoon
+# asks for lz4hc) and libuuid; no fuse, selinux, lzma or zlib.
+EROFS_VERSION=${EROFS_VERSION:-1.8.6}
+EROFS_DEBIAN_VERSION=${EROFS_DEBIAN_VERSION:-$EROFS_VERSION-1}
+build_erofs() {
+  local out="$BIN/mkfs.erofs-$EROFS_VERSION"
+  if [[ -x $out ]]; then log "mkfs.erofs $EROFS_VERSION cached"; ln -sf "mkfs.erofs-$EROFS_VERSION" "$BIN/mkfs.erofs"; return; fi
+  local apt="$CACHE/apt-trixie-src" dir="$CACHE/src/erofs-utils-$EROFS_VERSION"
+  log "mkfs.erofs $EROFS_VERSION: cold build from Debian trixie's source package, usually ~25 s"
+  SECONDS=0
+  mkdir -p "$apt/etc/sources.list.d" "$apt/etc/preferences.d" "$apt/state/lists/partial" \
+    "$apt/cache/archives/partial"
+  printf 'deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main\n' \
+    >"$apt/etc/sources.list"
+  local opts=(
+    -o "Dir::Etc::SourceList=$apt/etc/sources.list"
+    -o "Dir::Etc::SourceParts=$apt/etc/sources.list.d"
+    -o "Dir::Etc::PreferencesParts=$apt/etc/preferences.d"
+    -o "Dir::State=$apt/state"
+    -o "Dir::State::status=/var/lib/dpkg/status"
+    -o "Dir::Cache=$apt/cache"
+    # The cache may belong to a user _apt cannot write for.
+    -o "APT::Sandbox::User=$(id -un)"
+  )
+  log "mkfs.erofs: apt-get update of trixie's source index (private configuration in $apt)"
+  apt-get -q "${opts[@]}" update >"$apt/update.log" 2>&1 ||
+    { cat "$apt/update.log" >&2; echo "apt-get update of trixie's sources failed" >&2; exit 1; }
+  rm -rf "$dir" && mkdir -p "$dir/pkg" "$dir/src"
+  (cd "$dir/pkg" && apt-get -q "${opts[@]}" source --download-only "erofs-utils=$EROFS_DEBIAN_VERSION" >"$dir/source.log" 2>&1) ||
+    { cat "$dir/source.log" >&2; echo "apt-get source erofs-utils=$EROFS_DEBIAN_VERSION failed" >&2; exit 1; }
+  tar -xzf "$dir/pkg/erofs-utils_$EROFS_VERSION.orig.tar.gz" -C "$dir/src" --strip-components=1
+  log "mkfs.erofs: autogen, configure, make"
+  (
+    cd "$dir/src"
+    ./autogen.sh
+    ./configure --disable-lzma --without-zlib --disable-fuse --without-selinux \
+      --disable-shared --enable-static
+    make -j2
+  ) >"$dir/build.log" 2>&1 || { tail -30 "$dir/build.log" >&2; echo "building erofs-utils failed (log: $dir/build.log)" >&2; exit 1; }
+  "$dir/src/mkfs/mkfs.erofs" --help 2>&1 | grep -q -- '--tar=' ||
+    { echo "the built mkfs.erofs has no --tar" >&2; exit 1; }
+  cp "$dir/src/mkfs/mkfs.erofs" "$out.tmp"
+  mv "$out.tmp" "$out"
+  ln -sf "mkfs.erofs-$EROFS_VERSION" "$BIN/mkfs.erofs"
+  log "mkfs.erofs $EROFS_VERSION built in ${SECONDS}s"
+}
+
 what=${1:-all}
 case $what in
   k8s) build_k8s ;;
@@ -156,8 +207,9 @@ case $what in
   registry) build_registry ;;
   metrics-server) build_metrics_server ;;
   cocoon) build_cocoon ;;
-  all) build_etcd; build_registry; build_metrics_server; build_k8s; build_cocoon ;;
-  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server|cocoon]" >&2; exit 2 ;;
+  erofs) build_erofs ;;
+  all) build_etcd; build_registry; build_metrics_server; build_k8s; build_cocoon; build_erofs ;;
+  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server|cocoon|erofs]" >&2; exit 2 ;;
 esac
 for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION kube-scheduler-$K8S_VERSION \
   kube-controller-manager-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION \

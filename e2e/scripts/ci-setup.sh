@@ -2,11 +2,16 @@
 # Installs what the e2e harness needs on a fresh Debian machine, then builds the control-plane
 # binaries. Safe to rerun: a warm machine skips apt entirely and finds the binaries cached.
 #   Debian packages  iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils
+#                    e2fsprogs containernetworking-plugins debian-archive-keyring gcc make autoconf
+#                    automake libtool pkg-config liblz4-dev uuid-dev
 #                    (cold: ~1 min, warm: 0 s; util-linux brings setpriv, for the daemon run
 #                    without CAP_NET_RAW; dnsmasq-base, the DHCP server of ch-standin's test; qemu-utils, the
-#                    qcow2 disk the real cocoon imports)
-#   build-deps.sh    the k8s control plane, etcd, registry, metrics-server, the real cocoon CLI
-#                    (cold: ~20 min, warm: <1 s)
+#                    qcow2 disk the real cocoon imports; e2fsprogs, the mkfs.ext4 of the real cocoon's
+#                    COW disk for an OCI image; containernetworking-plugins, the bridge and host-local
+#                    plugins of the real cocoon's CNI network (/usr/lib/cni); the keyring, compilers,
+#                    autotools, lz4 and uuid headers build mkfs.erofs from trixie's source package)
+#   build-deps.sh    the k8s control plane, etcd, registry, metrics-server, the real cocoon CLI,
+#                    mkfs.erofs (cold: ~20 min, warm: <1 s)
 set -euo pipefail
 
 log() { printf '[ci-setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -14,8 +19,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # dpkg, not `command -v`: prometheus also needs its config and users from the package, and a
 # stray binary on PATH would hide a missing install.
+pkgs=(iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils e2fsprogs
+  containernetworking-plugins debian-archive-keyring gcc make autoconf automake libtool pkg-config
+  liblz4-dev uuid-dev)
 missing=()
-for pkg in iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils; do
+for pkg in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q '^install ok installed$'; then
     missing+=("$pkg")
   fi
@@ -32,7 +40,7 @@ if ((${#missing[@]})); then
   "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
   log "packages installed in ${SECONDS}s"
 else
-  log "Debian packages already installed (iproute2 iputils-ping util-linux prometheus ca-certificates dnsmasq-base qemu-utils)"
+  log "Debian packages already installed (${pkgs[*]})"
 fi
 
 # The package's service (when the machine runs an init that starts it) would hold :9090 and
