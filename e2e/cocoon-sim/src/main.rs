@@ -28,13 +28,14 @@ mod sim;
 mod snapshot;
 mod sparse;
 mod store;
+mod tier;
 mod timefmt;
 mod vm;
 mod vm_ops;
 mod vmnet;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::Parser;
+use clap::{FromArgMatches, Parser};
 
 use cli::{Cli, Cmd};
 use error::{Error, Result};
@@ -128,8 +129,7 @@ fn dispatch(cli: Cli) -> Result<()> {
 }
 
 fn help_and_exit() -> i32 {
-    use clap::CommandFactory;
-    let _ = Cli::command().print_help();
+    let _ = tier::command(tier::current()).print_help();
     0
 }
 
@@ -179,7 +179,25 @@ fn main() {
     if macos::personality(&mut argv) {
         return main_macos(&argv);
     }
-    let cli = match Cli::try_parse_from(&argv) {
+    if let Err(e) = tier::check_env() {
+        finish(Err(e));
+    }
+    let tier = tier::current();
+    let mut grammar = tier::command(tier);
+    if tier == tier::Tier::S {
+        match tier::screen(&grammar, &argv) {
+            Some(tier::Screened::UnknownFlag(text)) => finish(error::fail(text)),
+            Some(tier::Screened::VmHelp) => {
+                let help = grammar.try_get_matches_from_mut(["cocoon", "vm", "--help"]);
+                parse_error(help.expect_err("--help ends the parse"), &argv, "cocoon")
+            }
+            None => {}
+        }
+    }
+    let cli = match grammar
+        .try_get_matches_from_mut(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(c) => c,
         Err(e) => parse_error(e, &argv, "cocoon"),
     };

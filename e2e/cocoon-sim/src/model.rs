@@ -256,6 +256,14 @@ impl StoredVm {
     /// reconciled one. The PID is only reported while the stored state is `running`, as cocoon
     /// reads its PID file only then.
     pub fn to_out(&self, state: &str) -> VmOut {
+        let out = self.to_out_newer(state);
+        match crate::tier::current() {
+            crate::tier::Tier::N => out,
+            crate::tier::Tier::S => out.without_newer_fields(),
+        }
+    }
+
+    fn to_out_newer(&self, state: &str) -> VmOut {
         let running = self.state == "running";
         VmOut {
             id: self.id.clone(),
@@ -294,6 +302,21 @@ impl StoredVm {
             transition_generation: self.transition_generation,
             last_transition_reason: self.last_transition_reason.clone(),
             last_transition_at: self.last_transition_at.map(rfc3339_nano),
+        }
+    }
+}
+
+impl VmOut {
+    /// The reference release's record: none of the fields newer releases added.
+    pub fn without_newer_fields(self) -> VmOut {
+        VmOut {
+            vsock_socket: String::new(),
+            net_backend: String::new(),
+            netns_path: String::new(),
+            transition_generation: 0,
+            last_transition_reason: String::new(),
+            last_transition_at: None,
+            ..self
         }
     }
 }
