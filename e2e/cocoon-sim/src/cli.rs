@@ -252,7 +252,7 @@ pub enum ImageCmd {
     },
     /// Show image info (JSON)
     Inspect { args: Vec<String> },
-    /// Import an image from stdin
+    /// Import an image from files or stdin
     Import { args: Vec<String> },
     /// List images
     #[command(alias = "ls")]

@@ -6,8 +6,7 @@ use std::io::Read;
 
 use crate::cli::ImageCmd;
 use crate::config::Env;
-use crate::error::{fail, Result};
-use crate::exact_args;
+use crate::error::{fail, Context, Result};
 use crate::faults;
 use crate::ids;
 use crate::model::ImageRec;
@@ -15,6 +14,7 @@ use crate::names;
 use crate::output::{self, log};
 use crate::store::Store;
 use crate::timefmt::{now_ns, rfc3339_nano};
+use crate::{exact_args, min_args};
 
 const FAKE_SIZE: i64 = 268_435_456;
 
@@ -102,11 +102,18 @@ fn inspect(env: &Env, args: &[String]) -> Result<()> {
 
 /// Type from magic bytes: qcow2 `QFI\xfb` is a cloud image, tar or gzip an OCI layer.
 fn import(env: &Env, args: &[String]) -> Result<()> {
-    exact_args(args, 1)?;
+    min_args(args, 1)?;
     let name = &args[0];
     let fx = faults::on_verb(env, "image import")?;
     let mut data = Vec::new();
-    std::io::stdin().lock().read_to_end(&mut data)?;
+    if args.len() == 1 {
+        std::io::stdin().lock().read_to_end(&mut data)?;
+    }
+    // Several files are the parts of one split image, in order, as cocoon reads them.
+    for file in &args[1..] {
+        let mut f = std::fs::File::open(file).ctx(format!("open {file}"))?;
+        f.read_to_end(&mut data)?;
+    }
     fx.sleep();
     let is_tar = data.len() > 262 && &data[257..262] == b"ustar";
     let kind = if data.starts_with(b"QFI\xfb") {

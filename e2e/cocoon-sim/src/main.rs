@@ -11,6 +11,8 @@ mod events;
 mod faults;
 mod fixup;
 mod guest;
+#[cfg(test)]
+mod help_probe;
 mod hub;
 mod ids;
 mod images;

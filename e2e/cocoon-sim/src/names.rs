@@ -43,6 +43,28 @@ fn valid_name(n: &str, extra: &[u8]) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c) || extra.contains(c))
 }
 
+/// go-units' `HumanSize` (cocoon's `FormatSize`): decimal units, four significant digits,
+/// trailing zeros dropped as Go's `%.4g` does.
+pub fn human_size(bytes: i64) -> String {
+    const UNITS: [&str; 9] = ["B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"];
+    let mut size = bytes as f64;
+    let mut unit = 0;
+    while size >= 1000.0 && unit < UNITS.len() - 1 {
+        size /= 1000.0;
+        unit += 1;
+    }
+    let int_digits = if size < 1.0 {
+        1
+    } else {
+        size.log10().floor() as usize + 1
+    };
+    let mut s = format!("{:.*}", 4usize.saturating_sub(int_digits), size);
+    if s.contains('.') {
+        s = s.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    format!("{s}{}", UNITS[unit])
+}
+
 pub fn valid_vm_name(n: &str) -> bool {
     valid_name(n, b"")
 }
@@ -129,6 +151,16 @@ mod tests {
         assert_eq!(ram_in_bytes("2Gi").unwrap(), 2 << 30);
         assert_eq!(ram_in_bytes("1GB").unwrap(), 1 << 30);
         assert!(ram_in_bytes("lots").is_err());
+    }
+
+    #[test]
+    fn human_sizes_read_like_go_units() {
+        assert_eq!(human_size(512 << 20), "536.9MB");
+        assert_eq!(human_size(1 << 30), "1.074GB");
+        assert_eq!(human_size(10 << 30), "10.74GB");
+        assert_eq!(human_size(1000), "1kB");
+        assert_eq!(human_size(999), "999B");
+        assert_eq!(human_size(0), "0B");
     }
 
     #[test]

@@ -393,8 +393,9 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
             let v = names::ram_in_bytes(m).ctx(format!("invalid --memory {m:?}"))?;
             if v < snap.memory {
                 return fail(format!(
-                    "--memory {v} below snapshot minimum {}",
-                    snap.memory
+                    "--memory {} below snapshot minimum {}",
+                    names::human_size(v),
+                    names::human_size(snap.memory)
                 ));
             }
             v
@@ -406,8 +407,9 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
             let v = names::ram_in_bytes(m).ctx(format!("invalid --storage {m:?}"))?;
             if v < snap.storage {
                 return fail(format!(
-                    "--storage {v} below snapshot minimum {}",
-                    snap.storage
+                    "--storage {} below snapshot minimum {}",
+                    names::human_size(v),
+                    names::human_size(snap.storage)
                 ));
             }
             v
