@@ -126,7 +126,8 @@ fn owner_line(pid: u32) -> String {
 
 /// Tears down a run directory whether or not its owner is alive: the process groups it
 /// recorded (only if they still carry its marker: pids get recycled), any other process with
-/// its marker, then its cleanup commands, then the directory.
+/// its marker, the real cocoon's VMs and network, then its cleanup commands, then the
+/// directory.
 pub fn teardown_dir(run: &Path) {
     step!("tearing down {}", run.display());
     let recorded: Vec<i32> = fs::read_to_string(run.join(PIDS))
@@ -163,6 +164,7 @@ pub fn teardown_dir(run: &Path) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    crate::real_cocoon::teardown_in(run);
     run_cleanup_commands(run);
     if let Err(e) = fs::remove_dir_all(run) {
         if e.kind() != std::io::ErrorKind::NotFound {

@@ -12,6 +12,7 @@ use crate::etcd::Etcd;
 use crate::metrics_server::MetricsServer;
 use crate::procs::Proc;
 use crate::prometheus::{Prometheus, ScrapeJob};
+use crate::real_cocoon::RealCocoon;
 use crate::registry::Registry;
 use crate::rundir::RunDir;
 use crate::scheduler::Scheduler;
@@ -31,7 +32,10 @@ pub struct TestbedOptions {
     pub registry: bool,
     /// Start Prometheus scraping these jobs (it always scrapes itself too).
     pub prometheus: Option<Vec<ScrapeJob>>,
+    /// A cocoon host: the simulator, or the real cocoon when `TESTBED_COCOON=real`.
     pub sim: bool,
+    /// The real cocoon CLI on the cloud-hypervisor stand-in, whatever `TESTBED_COCOON` says.
+    pub real_cocoon: bool,
     /// Start metrics-server as the `metrics.k8s.io` API, scraping every this often (at least
     /// 10 s, its floor); implies the control plane.
     pub metrics_server: Option<std::time::Duration>,
@@ -55,6 +59,7 @@ impl TestbedOptions {
             registry: true,
             prometheus: Some(Vec::new()),
             sim: true,
+            real_cocoon: false,
             metrics_server: None,
             namespaces: Vec::new(),
         }
@@ -82,6 +87,12 @@ impl TestbedOptions {
         self
     }
 
+    /// The real cocoon instead of the simulator (see [`crate::real_cocoon`]).
+    pub fn with_real_cocoon(mut self) -> Self {
+        self.real_cocoon = true;
+        self
+    }
+
     /// metrics-server behind the apiserver, for `kubectl top` (see [`crate::metrics_server`]).
     /// Opt-in: it costs a build (`build-deps.sh metrics-server`) and ~1 s of start.
     pub fn with_metrics_server(mut self) -> Self {
@@ -97,7 +108,8 @@ impl TestbedOptions {
 }
 
 /// A running testbed. Dropping it (also while a test panics) stops every process it started,
-/// runs `cocoon sim cleanup` and removes the run directory.
+/// runs `cocoon sim cleanup` (or removes the real cocoon's VMs and network) and removes the run
+/// directory.
 pub struct Testbed {
     // Teardown order: consumers before what they consume, the run directory last.
     pub metrics_server: Option<MetricsServer>,
@@ -108,6 +120,9 @@ pub struct Testbed {
     pub apiserver: Option<ApiServer>,
     pub etcd: Option<Etcd>,
     pub sim: Option<CocoonSim>,
+    /// The real cocoon, when the options or `TESTBED_COCOON=real` asked for it; then `sim` is
+    /// `None`.
+    pub real_cocoon: Option<RealCocoon>,
     /// More cocoon hosts, for tests with more than one node (`add_host`).
     pub hosts: Vec<CocoonSim>,
     pub pki: Option<Pki>,
@@ -144,12 +159,15 @@ impl Testbed {
             apiserver: None,
             etcd: None,
             sim: None,
+            real_cocoon: None,
             hosts: Vec::new(),
             pki: None,
             client: None,
             run: RunDir::create()?,
         };
-        if opts.sim {
+        if opts.real_cocoon || (opts.sim && crate::real_cocoon::requested()?) {
+            tb.real_cocoon = Some(RealCocoon::start(&tb.run)?);
+        } else if opts.sim {
             tb.sim = Some(CocoonSim::new(&tb.run)?);
         }
         let run = &tb.run;
@@ -332,6 +350,11 @@ impl Testbed {
             v.push(("COCOON_SIM_BIN".into(), s.bin.display().to_string()));
             v.extend(s.env().into_iter().filter(|(k, _)| k != "PATH"));
         }
+        if let Some(r) = &self.real_cocoon {
+            v.push(("TESTBED_COCOON".into(), "real".into()));
+            v.push(("TESTBED_COCOON_BIN".into(), r.bin.display().to_string()));
+            v.extend(r.env().into_iter().filter(|(k, _)| k != "PATH"));
+        }
         if let Some(p) = &self.pki {
             v.push(("TESTBED_CA".into(), p.ca.cert.display().to_string()));
         }
@@ -394,6 +417,8 @@ impl Testbed {
             // Its cleanup is recorded in the run directory; `testbed down` runs it.
             std::mem::forget(s);
         }
+        // Nothing of it runs until a VM does; `testbed down` removes those and its network.
+        drop(self.real_cocoon.take());
         for h in self.hosts.drain(..) {
             std::mem::forget(h);
         }
