@@ -5,11 +5,13 @@
 #                          eval "$$(make -s testbed-up)"
 #   make testbed-status  list testbed runs and their processes
 #   make testbed-down    stop and remove everything testbed-up started
+#   make e2e-real        the real-cocoon lane: the real cocoon CLI on the cloud-hypervisor stand-in
+#                        (TESTBED_COCOON=real makes testbed-up and the testbed use it too)
 
 E2E_TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 TESTBED_BIN := $(E2E_TARGET_DIR)/debug/testbed
 
-.PHONY: deps testbed-deps testbed-build testbed-up testbed-down testbed-status
+.PHONY: deps testbed-deps testbed-build testbed-up testbed-down testbed-status e2e-real
 
 # A prerequisite-only rule, so the top-level Makefile may still give `deps` its own recipe.
 deps: testbed-deps
@@ -34,3 +36,13 @@ testbed-status:
 testbed-down:
 	@test -x $(TESTBED_BIN) || cargo build -j2 -p vk-cocoon-e2e --bin testbed >&2
 	@$(TESTBED_BIN) down
+
+# The real-cocoon lane, alone: tests of this package in E2E_REAL_TESTS, of the root package in
+# E2E_REAL_ROOT_TESTS (file names without .rs), all with TESTBED_COCOON=real so a testbed that
+# asks for a cocoon host gets the real one.
+E2E_REAL_TESTS := real_cocoon_network
+E2E_REAL_ROOT_TESTS :=
+
+e2e-real: deps
+	TESTBED_COCOON=real cargo test -j2 -p vk-cocoon-e2e $(addprefix --test ,$(E2E_REAL_TESTS)) -- --test-threads=1
+	$(if $(strip $(E2E_REAL_ROOT_TESTS)),TESTBED_COCOON=real cargo test -j2 -p vk-cocoon $(addprefix --test ,$(E2E_REAL_ROOT_TESTS)) -- --test-threads=1)
