@@ -5,6 +5,7 @@
 use std::process::Stdio;
 
 use reconcilers::cocoon::{Binary, CloneSource, CocoonCmd, Output};
+use reconcilers::cocoon_caps::{unsupported, CocoonCaps, Verb};
 use reconcilers::event::CocoonOk;
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::process::Command;
@@ -13,6 +14,7 @@ pub mod capped;
 pub mod json;
 pub mod macos;
 pub mod process_groups;
+pub mod tier;
 pub mod timeouts;
 
 pub use process_groups::kill_group;
@@ -33,6 +35,8 @@ pub struct CocoonCli {
     pub macos_vnc_password: Option<String>,
     /// Counts calls whose output passed what is kept of it (`capped`).
     pub caps: capped::CapCount,
+    /// CLI-10: what this cocoon supports (`tier::detect`); a call it lacks is never made.
+    pub verbs: CocoonCaps,
 }
 
 impl CocoonCli {
@@ -45,10 +49,20 @@ impl CocoonCli {
             macos_bin: "cocoon-macos".into(),
             macos_vnc_password: None,
             caps: capped::CapCount::default(),
+            verbs: CocoonCaps::CURRENT,
         }
     }
 
+    /// CLI-10: the refusal of a verb this cocoon lacks, if it lacks it.
+    pub fn lacks(&self, verb: Verb) -> Option<CocoonError> {
+        (!self.verbs.has(verb))
+            .then(|| CocoonError::new(CocoonErrorKind::Unsupported, unsupported(verb)))
+    }
+
     pub async fn call(&self, cmd: &CocoonCmd) -> Result<CocoonOk, CocoonError> {
+        if let Some(refused) = cmd.needs().and_then(|v| self.lacks(v)) {
+            return Err(refused);
+        }
         if let CocoonCmd::VmClone {
             source: CloneSource::FromDir(dir),
             ..
@@ -273,6 +287,33 @@ mod tests {
             &err.message[err.message.len().saturating_sub(200)..]
         );
         assert_eq!(guest_output_refusals(&metrics), 1);
+    }
+
+    /// CLI-10: an older cocoon would answer the verb with its help and exit 0; the call is
+    /// refused before anything runs (the binary here does not even exist).
+    #[tokio::test]
+    async fn a_verb_this_cocoon_lacks_is_refused_without_running_it() {
+        let cli = CocoonCli {
+            verbs: CocoonCaps::REFERENCE,
+            ..CocoonCli::new("/nonexistent/cocoon")
+        };
+        let exec = CocoonCmd::VmExec {
+            id: "v".into(),
+            argv: vec!["true".into()],
+        };
+        let err = cli.call(&exec).await.unwrap_err();
+        assert_eq!(err.kind, CocoonErrorKind::Unsupported, "{err:?}");
+        assert!(err.message.contains("`cocoon vm exec`"), "{}", err.message);
+        let stale = CocoonCmd::ReconcileStaleCreate { id: "v".into() };
+        let err = cli.call(&stale).await.unwrap_err();
+        assert!(
+            err.message.contains("reconcile-stale-create"),
+            "{}",
+            err.message
+        );
+        // A verb it has is run (and fails here only because the binary is missing).
+        let err = cli.call(&CocoonCmd::VmList).await.unwrap_err();
+        assert_eq!(err.kind, CocoonErrorKind::Transient, "{err:?}");
     }
 
     #[tokio::test]

@@ -442,6 +442,8 @@ impl Config {
                 .as_ref()
                 .map(|p| p.display().to_string()),
             macos_vnc: self.macos_vnc_password.is_some(),
+            // CLI-10: learned from the binary at startup (`cocoon::tier::detect`).
+            cocoon: reconcilers::cocoon_caps::CocoonCaps::CURRENT,
         }
     }
 }

@@ -78,6 +78,9 @@ pub async fn container_logs(
             format!("vk-cocoon: Windows guest: use RDP to {ip}\n"),
         );
     }
+    if let Some(refused) = ctx.cocoon.lacks(reconcilers::cocoon_caps::Verb::Logs) {
+        return text(StatusCode::NOT_IMPLEMENTED, refused.message);
+    }
     let Ok(permit) = ctx.log_streams.clone().try_acquire_owned() else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,

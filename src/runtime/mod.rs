@@ -79,6 +79,10 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     let (tx, rx) = crate::sources::event_queue();
     let metrics = Metrics::new();
     settings.cocoon.caps = metrics.cap_count();
+    // CLI-10: before the kubelet API and the loop take their copies of the client, and before
+    // the core's configuration is journaled.
+    settings.cocoon.verbs = crate::cocoon::tier::detect(&settings.cocoon).await;
+    settings.core.cocoon = settings.cocoon.verbs;
     let peer = serve_peers(&settings, &metrics)?;
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {

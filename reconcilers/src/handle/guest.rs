@@ -7,6 +7,7 @@ use crate::action::{
     Action, CountHistogram, Counter, EventSource, EventType, Level, RegistryCall, SacNic, Timer,
 };
 use crate::cocoon::CocoonCmd;
+use crate::cocoon_caps::{self, Verb};
 use crate::entry::FixupEnd;
 use crate::event::{CocoonOk, RegistryError, RegistryOk, SacError, SacStage};
 use crate::fixup;
@@ -165,6 +166,15 @@ fn attempt(s: &mut State, key: &PodKey) {
     };
     let id = r.vm.record.id.clone();
     let kind = f.kind;
+    // CLI-10: without the verb no attempt can succeed, and an older cocoon would answer one
+    // with its help text and exit 0.
+    if !s.config.cocoon.exec {
+        let why = cocoon_caps::unsupported(Verb::Exec);
+        if let Some(f) = fixup_mut(s, key) {
+            f.errors.push(why.clone());
+        }
+        return give_up(s, key, Some(why));
+    }
     match fixup::argv(kind, &spec.vm_name, &r.vm.record) {
         Ok(argv) => {
             let op = s.run_cocoon(
@@ -284,6 +294,12 @@ fn announce(s: &mut State, key: &PodKey, kind: FixupKind, attempts: u32) {
 
 /// C13 exhaustion: the state goes `failed` for good, with the hint and the attempts' errors.
 fn exhausted(s: &mut State, key: &PodKey) {
+    give_up(s, key, None)
+}
+
+/// C13 on exhaustion, or at once (`unattempted`: why no attempt could be made). The Event's
+/// reason is the exhaustion's either way, so whoever watches for a failed fix-up sees both.
+fn give_up(s: &mut State, key: &PodKey, unattempted: Option<String>) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let name = e.vm_name().unwrap_or_default().to_string();
     let Phase::Running(r) = &mut e.phase else {
@@ -311,12 +327,19 @@ fn exhausted(s: &mut State, key: &PodKey) {
         });
     }
     let last = f.errors.last().map_or("", |e| e.as_str());
-    let msg = format!(
-        "post-clone {} fix-up of {name} gave up after {} attempts in 180s; last: {last} \
-         (all errors in post-clone-errors, the command in post-clone-hint)",
-        f.kind.as_str(),
-        f.attempts
-    );
+    let msg = match unattempted {
+        None => format!(
+            "post-clone {} fix-up of {name} gave up after {} attempts in 180s; last: {last} \
+             (all errors in post-clone-errors, the command in post-clone-hint)",
+            f.kind.as_str(),
+            f.attempts
+        ),
+        Some(why) => format!(
+            "post-clone {} fix-up of {name} cannot run: {why}; until it runs the guest keeps \
+             its source's hostname and addresses (the command is in post-clone-hint)",
+            f.kind.as_str()
+        ),
+    };
     event(
         s,
         key,

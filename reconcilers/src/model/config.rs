@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cocoon_caps::CocoonCaps;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OrphanPolicy {
@@ -63,6 +65,9 @@ pub struct Config {
     /// password itself stays in the shell.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub macos_vnc: bool,
+    /// CLI-10: what this node's cocoon can do, read from its help texts at startup.
+    #[serde(default, skip_serializing_if = "CocoonCaps::is_current")]
+    pub cocoon: CocoonCaps,
 }
 
 impl Default for Config {
@@ -77,6 +82,7 @@ impl Default for Config {
             release_dhcp_leases: false,
             clone_from_dir_root: None,
             macos_vnc: false,
+            cocoon: CocoonCaps::CURRENT,
         }
     }
 }

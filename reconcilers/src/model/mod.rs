@@ -4,6 +4,7 @@
 
 pub mod annotations;
 pub mod backoff;
+pub mod cocoon_caps;
 pub mod config;
 pub mod entry;
 pub mod keys;

@@ -131,7 +131,10 @@ impl CocoonError {
             CocoonErrorKind::NotRunning
         } else if has("unknown command") {
             CocoonErrorKind::Unsupported
-        } else if has("not supported") || has("below snapshot minimum") || has("mutually exclusive")
+        } else if has("not supported")
+            || has("below snapshot minimum")
+            || has("mutually exclusive")
+            || has("unknown flag")
         {
             CocoonErrorKind::InvalidArgs
         } else {
@@ -186,6 +189,8 @@ mod tests {
                 "Error: unknown command \"reconcile-stale-create\" for \"cocoon vm\"",
                 Unsupported,
             ),
+            // A flag this cocoon does not know will not be known on a retry either.
+            ("Error: unknown flag: --restore-mode", InvalidArgs),
             ("Error: exec: executable file not found in $PATH", Transient),
             ("Error: config file not found", Transient),
         ];

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cocoon_caps::Verb;
 use crate::config::RestoreMode;
 use crate::spec::CpuPolicy;
 
@@ -34,7 +35,9 @@ pub enum CocoonCmd {
         image: String,
         #[serde(deserialize_with = "opt_i128")]
         cpu: Option<i128>,
-        cpu_policy: CpuPolicy,
+        /// `None`: this cocoon has no cgroup CPU flags (CLI-10).
+        #[serde(default)]
+        cpu_policy: Option<CpuPolicy>,
         #[serde(deserialize_with = "opt_i128")]
         memory: Option<i128>,
         #[serde(deserialize_with = "opt_i128")]
@@ -51,7 +54,12 @@ pub enum CocoonCmd {
         no_direct_io: bool,
         pull: bool,
         restore_mode: Option<RestoreMode>,
-        cpu_policy: CpuPolicy,
+        /// `--on-demand`, the older spelling of `--restore-mode ondemand` (CLI-10).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        on_demand: bool,
+        /// `None`: this cocoon has no cgroup CPU flags (CLI-10).
+        #[serde(default)]
+        cpu_policy: Option<CpuPolicy>,
         /// `--nics`: a cloud-hypervisor + Windows hibernate snapshot has none, and its clone
         /// hot-adds one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,6 +198,38 @@ impl CocoonCmd {
         a
     }
 
+    /// The verb of an older cocoon's missing set this command needs, if any (CLI-10).
+    pub fn needs(&self) -> Option<Verb> {
+        match self {
+            CocoonCmd::VmExec { .. } => Some(Verb::Exec),
+            CocoonCmd::VmNet { .. } => Some(Verb::Net),
+            CocoonCmd::ReconcileStaleCreate { .. } => Some(Verb::ReconcileStaleCreate),
+            CocoonCmd::VmClone {
+                source: CloneSource::FromDir(_),
+                ..
+            } => Some(Verb::CloneFromDir),
+            CocoonCmd::VmClone {
+                source: CloneSource::Snapshot(_),
+                ..
+            }
+            | CocoonCmd::ImagePull { .. }
+            | CocoonCmd::VmRun { .. }
+            | CocoonCmd::VmInspect { .. }
+            | CocoonCmd::VmList
+            | CocoonCmd::VmRm { .. }
+            | CocoonCmd::VmStart { .. }
+            | CocoonCmd::SnapshotInspect { .. }
+            | CocoonCmd::SnapshotRm { .. }
+            | CocoonCmd::SnapshotSave { .. }
+            | CocoonCmd::MacosImagePull { .. }
+            | CocoonCmd::MacosRun { .. }
+            | CocoonCmd::MacosInspect { .. }
+            | CocoonCmd::MacosList
+            | CocoonCmd::MacosStart { .. }
+            | CocoonCmd::MacosRm { .. } => None,
+        }
+    }
+
     /// Which binary runs the command.
     pub fn binary(&self) -> Binary {
         match self {
@@ -325,6 +365,7 @@ fn boot_argv(cmd: &CocoonCmd, push: &mut impl FnMut(&str)) {
             no_direct_io,
             pull,
             restore_mode,
+            on_demand,
             cpu_policy,
             nics,
         } => {
@@ -348,6 +389,9 @@ fn boot_argv(cmd: &CocoonCmd, push: &mut impl FnMut(&str)) {
             if let Some(m) = restore_mode {
                 push("--restore-mode");
                 push(m.as_str());
+            }
+            if *on_demand {
+                push("--on-demand");
             }
             cpu_flags(push, cpu_policy);
             match source {
@@ -387,7 +431,8 @@ fn words(push: &mut impl FnMut(&str), words: &[&str]) {
     }
 }
 
-fn cpu_flags(push: &mut impl FnMut(&str), p: &CpuPolicy) {
+fn cpu_flags(push: &mut impl FnMut(&str), p: &Option<CpuPolicy>) {
+    let Some(p) = p else { return };
     push("--cpu-weight");
     push(&p.weight.to_string());
     if let (Some(q), Some(per)) = (p.quota_us, p.period_us) {
@@ -408,11 +453,11 @@ mod tests {
             name: "vk-a".into(),
             image: "ubuntu:24.04".into(),
             cpu: Some(2),
-            cpu_policy: CpuPolicy {
+            cpu_policy: Some(CpuPolicy {
                 weight: 39,
                 quota_us: None,
                 period_us: None,
-            },
+            }),
             memory: Some(4 << 30),
             storage: None,
             network: None,

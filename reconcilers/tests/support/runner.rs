@@ -1,7 +1,7 @@
 //! The scenario command language: each command drives or inspects a testkit `World` and
 //! returns the lines it shows. A block is one or more commands, `----`, then their output.
 //!
-//! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, node_ip, dhcp=off|DURATION,
+//! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, cocoon=reference|current, node_ip, dhcp=off|DURATION,
 //! stream=off, release=off, echo=off; before anything else touches the world), `pod KEY
 //! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`,
 //! `tag NAME:TAG [kind=snapshot|cloud-image|container-image] [id=…] [hypervisor=…] [image=…]
@@ -46,6 +46,7 @@
 use std::collections::BTreeMap;
 
 use reconcilers::action::{Action, Timer};
+use reconcilers::cocoon_caps::CocoonCaps;
 use reconcilers::config::{Config, OrphanPolicy, RestoreMode};
 use reconcilers::event::{
     CocoonOk, Envelope, Event, KubeError, KubeErrorKind, SnapshotInfo, StaleOutcome, VmEventKind,
@@ -282,6 +283,12 @@ impl Runner {
                     }
                 }
                 "node_ip" => self.config.node_ip = v.clone(),
+                "cocoon" => {
+                    self.config.cocoon = match v.as_str() {
+                        "reference" => CocoonCaps::REFERENCE,
+                        _ => CocoonCaps::CURRENT,
+                    }
+                }
                 "dhcp" => {
                     self.dhcp = match v.as_str() {
                         "off" => None,

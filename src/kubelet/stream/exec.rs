@@ -66,6 +66,11 @@ pub async fn windows_notice(ip: String, out: mpsc::Sender<Out>) {
     let _ = out.send(Out::Status(success())).await;
 }
 
+/// A command this node cannot run at all (CLI-10): kubectl prints `message` and exits 1.
+pub async fn refuse(message: String, out: mpsc::Sender<Out>) {
+    let _ = out.send(Out::Status(failure(message))).await;
+}
+
 /// cocoon's own failure (bad VM, no agent) rather than the guest command's: exit 1 with an
 /// `Error: exec:` line, as cocoon-cli documents it.
 fn cocoon_failure(code: i32, stderr_tail: &[u8]) -> Option<String> {

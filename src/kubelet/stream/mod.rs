@@ -291,11 +291,15 @@ fn exec(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
     let idle = ctx.exec_idle;
     let worker: remotecommand::Worker<_> = Box::new(move |stdin, out| {
         let windows_ip = vm.windows.then(|| vm.ip.clone().unwrap_or_default());
+        let refused = cli.lacks(reconcilers::cocoon_caps::Verb::Exec);
         let argv = exec::argv(&vm.vm_id, stdin.is_some(), &q.command);
         async move {
-            match windows_ip {
-                Some(ip) => exec::windows_notice(ip, out).await,
-                None => exec::run(&cli, argv, stdin, streams.stdout, streams.stderr, out).await,
+            match (windows_ip, refused) {
+                (Some(ip), _) => exec::windows_notice(ip, out).await,
+                (None, Some(refused)) => exec::refuse(refused.message, out).await,
+                (None, None) => {
+                    exec::run(&cli, argv, stdin, streams.stdout, streams.stderr, out).await
+                }
             }
         }
     });

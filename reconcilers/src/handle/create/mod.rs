@@ -140,12 +140,12 @@ pub(crate) fn registry_step_done(
     settle_snapshot_claim(s, key);
 }
 
-pub(super) fn run_cmd(spec: &VmSpec) -> CocoonCmd {
+pub(super) fn run_cmd(s: &State, spec: &VmSpec) -> CocoonCmd {
     CocoonCmd::VmRun {
         name: spec.vm_name.clone(),
         image: spec.image.clone(),
         cpu: spec.vcpus,
-        cpu_policy: spec.cpu,
+        cpu_policy: s.config.cocoon.cpu_knobs.then_some(spec.cpu),
         memory: spec.memory_bytes,
         storage: spec.storage_bytes,
         network: spec.network.clone(),
@@ -163,6 +163,12 @@ pub(super) fn clone_cmd(s: &State, spec: &VmSpec, source: CloneSource, pull: boo
             Some(s.config.restore_mode)
         }
     };
+    let caps = s.config.cocoon;
+    // CLI-10: an older cocoon knows only lazy restore, as `--on-demand`; copy is its default.
+    let (restore_mode, on_demand) = match caps.restore_mode {
+        true => (restore_mode, false),
+        false => (None, restore_mode == Some(RestoreMode::Ondemand)),
+    };
     CocoonCmd::VmClone {
         name: spec.vm_name.clone(),
         source,
@@ -170,7 +176,8 @@ pub(super) fn clone_cmd(s: &State, spec: &VmSpec, source: CloneSource, pull: boo
         no_direct_io: spec.no_direct_io,
         pull,
         restore_mode,
-        cpu_policy: spec.cpu,
+        on_demand,
+        cpu_policy: caps.cpu_knobs.then_some(spec.cpu),
         nics: None,
     }
 }

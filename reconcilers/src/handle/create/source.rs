@@ -67,10 +67,16 @@ pub(super) fn snapshot_found(
     }
     let pull = spec.fork_from.is_none() && !snap.image.is_empty();
     let mut cmd = clone_cmd(s, spec, CloneSource::Snapshot(name), pull);
-    if let CocoonCmd::VmClone { restore_mode, .. } = &mut cmd {
+    if let CocoonCmd::VmClone {
+        restore_mode,
+        on_demand,
+        ..
+    } = &mut cmd
+    {
         // The backend of a clone is the snapshot's, not the pod's.
         if snap.hypervisor == Backend::Firecracker.as_str() {
             *restore_mode = None;
+            *on_demand = false;
         }
     }
     step(s, key, CreateStep::Clone, cmd);

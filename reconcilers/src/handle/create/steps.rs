@@ -202,7 +202,10 @@ fn source_done(
                 ..
             }),
         ) => first_source_step(s, key, spec),
-        (CreateStep::PullImage, Ok(CocoonOk::Done)) => step(s, key, CreateStep::Run, run_cmd(spec)),
+        (CreateStep::PullImage, Ok(CocoonOk::Done)) => {
+            let cmd = run_cmd(s, spec);
+            step(s, key, CreateStep::Run, cmd)
+        }
         (CreateStep::InspectSnapshot { name }, Ok(CocoonOk::Snapshot { snapshot })) => {
             snapshot_found(s, key, spec, name, snapshot)
         }
@@ -569,7 +572,10 @@ fn registry_cancelled(
 /// C7.2: the cloud image is imported: it runs like a pulled image.
 fn imported(s: &mut State, key: &PodKey, spec: &VmSpec, result: Result<RegistryOk, RegistryError>) {
     match result {
-        Ok(RegistryOk::Pulled) => step(s, key, CreateStep::Run, run_cmd(spec)),
+        Ok(RegistryOk::Pulled) => {
+            let cmd = run_cmd(s, spec);
+            step(s, key, CreateStep::Run, cmd)
+        }
         Ok(other) => {
             outcome::unexpected(
                 s,

@@ -423,7 +423,12 @@ pub(super) fn from_peer_or_registry(
     remote: crate::event::RemoteSnapshot,
 ) {
     let node = match remote.from_node {
-        Some(node) if !node.is_empty() && node != s.config.node_name => node,
+        // CLI-10: a peer's copy is staged as a directory, which only `--from-dir` clones.
+        Some(node)
+            if !node.is_empty() && node != s.config.node_name && s.config.cocoon.clone_from_dir =>
+        {
+            node
+        }
         Some(_) | None => return pull_hibernate(s, key, name),
     };
     let staging = names::peer_staging(&name);
