@@ -123,6 +123,9 @@ pub struct Testbed {
     /// The real cocoon, when the options or `TESTBED_COCOON=real` asked for it; then `sim` is
     /// `None`.
     pub real_cocoon: Option<RealCocoon>,
+    /// With the real cocoon and the registry: the stand-in's guest image, pushed there
+    /// (`crate::guest_image`, the default program), for `cocoon image pull` and pods.
+    pub guest_image: Option<String>,
     /// More cocoon hosts, for tests with more than one node (`add_host`).
     pub hosts: Vec<CocoonSim>,
     pub pki: Option<Pki>,
@@ -160,6 +163,7 @@ impl Testbed {
             etcd: None,
             sim: None,
             real_cocoon: None,
+            guest_image: None,
             hosts: Vec::new(),
             pki: None,
             client: None,
@@ -224,6 +228,11 @@ impl Testbed {
         let prom_err = prom.map(|p| tb.prometheus = p).err();
         if let Some(e) = cp_err.or(reg_err).or(prom_err) {
             return Err(e);
+        }
+        if let (Some(_), Some(registry)) = (&tb.real_cocoon, &tb.registry) {
+            let program = crate::guest_image::GuestProgram::default();
+            tb.guest_image =
+                Some(crate::guest_image::push(registry, "vk/guest", "standin", &program).await?);
         }
         if opts.control_plane {
             tb.client = Some(crate::kube::client(tb.kubeconfig()?).await?);
@@ -354,6 +363,9 @@ impl Testbed {
             v.push(("TESTBED_COCOON".into(), "real".into()));
             v.push(("TESTBED_COCOON_BIN".into(), r.bin.display().to_string()));
             v.extend(r.env().into_iter().filter(|(k, _)| k != "PATH"));
+        }
+        if let Some(image) = &self.guest_image {
+            v.push(("TESTBED_GUEST_IMAGE".into(), image.clone()));
         }
         if let Some(p) = &self.pki {
             v.push(("TESTBED_CA".into(), p.ca.cert.display().to_string()));
