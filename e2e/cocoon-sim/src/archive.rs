@@ -155,10 +155,32 @@ impl<R: Read> Read for EofProbe<R> {
     }
 }
 
-fn truncated(detail: impl std::fmt::Display) -> Error {
-    Error::Msg(format!(
-        "archive truncated: unexpected EOF ({detail}); nothing was imported"
-    ))
+/// Where a stream ended early, worded as cocoon's tar extraction reports it: a plain entry's
+/// short body surfaces only when the reader skips to the next header, a sparse one's while its
+/// segments are copied. `Marker` is the simulator's own refusal: Go's tar reader accepts a
+/// stream that ends at an entry boundary, which would hide a truncation.
+enum Cut<'a> {
+    Header,
+    Body { name: &'a str, sparse: bool },
+    Marker(&'a str),
+}
+
+fn truncated(cut: Cut<'_>) -> Error {
+    Error::Msg(match cut {
+        Cut::Header | Cut::Body { sparse: false, .. } => {
+            "extract archive: tar next: unexpected EOF".into()
+        }
+        Cut::Body { name, sparse: true } => {
+            format!("extract archive: extract sparse {name}: unexpected EOF")
+        }
+        Cut::Marker(detail) => format!(
+            "extract archive: tar next: unexpected EOF (archive truncated: {detail}; nothing was imported)"
+        ),
+    })
+}
+
+fn is_truncation(m: &str) -> bool {
+    m.starts_with("extract archive:") && m.contains("unexpected EOF")
 }
 
 /// The first two bytes decide gzip or plain tar; they are handed back in front of the rest.
@@ -252,6 +274,7 @@ fn store_entry(
     let body = e.size();
     let pax = sparse_pax(e).ctx(format!("read archive: {name}"))?;
     let layout = layout(name, &pax, body)?;
+    let sparse = layout.is_some();
     let path = dir.join(name);
     let f = File::create(&path).ctx(format!("create {}", path.display()))?;
     let (segments, size) = layout.unwrap_or((
@@ -261,13 +284,11 @@ fn store_entry(
         }],
         body,
     ));
-    let mut done = 0u64;
     for s in &segments {
         let got = sparse::copy_exact_at(e, &f, s.offset, s.len, buf)
             .ctx(format!("read archive: {name}"))?;
-        done += got;
         if got < s.len {
-            return Err(truncated(format!("{name}: {done} of {body} bytes")));
+            return Err(truncated(Cut::Body { name, sparse }));
         }
     }
     f.set_len(size)?;
@@ -314,10 +335,10 @@ pub fn read(
                 .read_to_end(&mut meta)
                 .ctx("read archive")?;
             if (meta.len() as u64) < size {
-                return Err(truncated(format!(
-                    "{ENVELOPE}: {} of {size} bytes",
-                    meta.len()
-                )));
+                return Err(truncated(Cut::Body {
+                    name: ENVELOPE,
+                    sparse: false,
+                }));
             }
             check(&meta)?;
             envelope = Some(meta);
@@ -327,22 +348,24 @@ pub fn read(
     let mut probe = ar.into_inner();
     if let Err(e) = res {
         return Err(match e {
-            Error::Msg(m) if probe.eof && !m.contains("archive truncated") => truncated(m),
+            Error::Msg(m) if probe.eof && !is_truncation(&m) => truncated(Cut::Header),
             other => other,
         });
     }
     if probe.eof {
-        return Err(truncated("no end-of-archive marker"));
+        return Err(truncated(Cut::Marker("no end-of-archive marker")));
     }
     // The reader stopped at the marker's first zero block; the second must follow in full.
     let mut second = [0u8; 512];
     let mut got = 0;
     while got < second.len() {
         match probe.read(&mut second[got..]) {
-            Ok(0) => return Err(truncated("end-of-archive marker cut short")),
+            Ok(0) => return Err(truncated(Cut::Marker("end-of-archive marker cut short"))),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if probe.eof => return Err(truncated(crate::error::go_io_text(&e))),
+            Err(_) if probe.eof => {
+                return Err(truncated(Cut::Marker("end-of-archive marker cut short")))
+            }
             Err(e) => return Err(Error::from(e).wrap("read archive")),
         }
     }
@@ -353,7 +376,7 @@ pub fn read(
     // trailer, and the writer never sees its pipe closed early.
     io::copy(&mut probe.inner, &mut io::sink()).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
-            truncated(crate::error::go_io_text(&e))
+            truncated(Cut::Marker("stream cut after the end-of-archive marker"))
         } else {
             Error::from(e).wrap("read archive")
         }

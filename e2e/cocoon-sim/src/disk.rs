@@ -35,6 +35,18 @@ pub fn disk_path(vm: &StoredVm) -> Option<PathBuf> {
         .map(|d| PathBuf::from(&d.path))
 }
 
+/// The cloud-init seed disk of a cloud-image VM, in its run dir and in its snapshots.
+pub const CIDATA: &str = "cidata.img";
+
+/// A small stand-in for the NoCloud seed cocoon generates, when the record lists one.
+pub fn write_cidata(vm: &StoredVm) -> Result<()> {
+    if let Some(d) = vm.storage_configs.iter().find(|d| d.role == "cidata") {
+        let seed = format!("cocoon-sim cidata of {}\n", vm.config.name);
+        fs::write(&d.path, seed).ctx(format!("generate cidata {}", d.path))?;
+    }
+    Ok(())
+}
+
 /// The disk's file name for an image type: cloud images boot from a qcow2 overlay, OCI images
 /// (and every Firecracker VM) from a raw COW file.
 pub fn file_name(image_type: &str) -> &'static str {

@@ -111,7 +111,7 @@ fn import(env: &Env, args: &[String]) -> Result<()> {
     }
     // Several files are the parts of one split image, in order, as cocoon reads them.
     for file in &args[1..] {
-        let mut f = std::fs::File::open(file).ctx(format!("open {file}"))?;
+        let mut f = std::fs::File::open(file).ctx(format!("open {file}: open {file}"))?;
         f.read_to_end(&mut data)?;
     }
     fx.sleep();

@@ -65,6 +65,27 @@ pub fn human_size(bytes: i64) -> String {
     format!("{s}{}", UNITS[unit])
 }
 
+/// cocoon refuses more vCPUs than the host has (Go's `runtime.NumCPU`: the CPUs this process
+/// may run on).
+pub fn check_host_cpu(cpu: i64) -> Result<()> {
+    let host = host_cpus();
+    if cpu > host {
+        return fail(format!("requested {cpu} vCPUs exceeds host cores ({host})"));
+    }
+    Ok(())
+}
+
+fn host_cpus() -> i64 {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it in.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            return libc::CPU_COUNT(&set) as i64;
+        }
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get() as i64)
+}
+
 pub fn valid_vm_name(n: &str) -> bool {
     valid_name(n, b"")
 }

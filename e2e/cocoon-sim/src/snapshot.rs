@@ -256,7 +256,12 @@ fn save(env: &Env, name: String, description: String, args: &[String]) -> Result
     let captured = write_state(&dir, &vm.hypervisor, &vm.id, &macs, &ips).and_then(|()| {
         let disk = disk::flush_guestfs(&vm)?;
         let name = disk.file_name().unwrap_or_default();
-        sparse::copy(&disk, &dir.join(name)).ctx(format!("copy disk {}", disk.display()))
+        sparse::copy(&disk, &dir.join(name)).ctx(format!("copy disk {}", disk.display()))?;
+        // cocoon keeps the VM's cloud-init seed with the snapshot, as cloud-hypervisor lists it.
+        if let Some(seed) = vm.storage_configs.iter().find(|d| d.role == "cidata") {
+            fs::copy(&seed.path, dir.join(disk::CIDATA)).ctx(format!("copy {}", seed.path))?;
+        }
+        Ok(())
     });
     if let Err(e) = captured {
         let _ = fs::remove_dir_all(&dir);

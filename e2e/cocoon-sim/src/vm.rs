@@ -107,13 +107,35 @@ pub fn nic(id: &str, index: i64, cpu: i64, fc: bool, queue_size: i64, bridge: &s
 fn make_dirs(env: &Env, vm: &StoredVm, disk_src: Option<&Path>) -> Result<()> {
     fs::create_dir_all(&vm.sim.run_dir)?;
     fs::create_dir_all(&vm.sim.log_dir)?;
+    disk::write_cidata(vm)?;
     match disk_src {
         Some(src) => disk::restore(src, vm),
         None => disk::ensure(env, vm),
     }
 }
 
+/// cocoon's storage list: an OCI VM boots its image layers read-only over a raw COW file; a
+/// cloud-image VM has only its qcow2 overlay (the base image is the overlay's backing file)
+/// and, unless it is Windows, the cloud-init `cidata.img`.
 fn disks(env: &Env, run_dir: &str, cfg: &VmConfig) -> Vec<Disk> {
+    let cow = |serial: &str| Disk {
+        path: format!("{run_dir}/{}", disk::file_name(&cfg.image_type)),
+        ro: false,
+        serial: serial.into(),
+        role: "cow".into(),
+    };
+    if cfg.image_type == "cloudimg" {
+        let mut v = vec![cow("")];
+        if !cfg.windows {
+            v.push(Disk {
+                path: format!("{run_dir}/{}", disk::CIDATA),
+                ro: true,
+                serial: String::new(),
+                role: "cidata".into(),
+            });
+        }
+        return v;
+    }
     let mut v = Vec::new();
     if !cfg.image_digest.is_empty() {
         let hex = cfg.image_digest.trim_start_matches("sha256:");
@@ -124,12 +146,7 @@ fn disks(env: &Env, run_dir: &str, cfg: &VmConfig) -> Vec<Disk> {
             role: "layer".into(),
         });
     }
-    v.push(Disk {
-        path: format!("{run_dir}/{}", disk::file_name(&cfg.image_type)),
-        ro: false,
-        serial: "cocoon-cow".into(),
-        role: "cow".into(),
-    });
+    v.push(cow("cocoon-cow"));
     v
 }
 
@@ -259,8 +276,9 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
     let store = Store::new(&env.root);
     let img = store.read(|db| Ok(db.images.get(&image).cloned()))?;
     let Some(img) = img else {
+        let each = format!("image {image:?} not found for VM {name}");
         return fail(format!(
-            "image {image:?} not resolved: oci: image {image} not found locally; cloudimg: image {image} not found locally"
+            "image {image:?} not resolved: oci: {each}; cloudimg: {each}"
         ));
     };
     if a.windows && img.kind == "oci" {
@@ -295,6 +313,7 @@ fn run(env: &Env, a: RunArgs) -> Result<()> {
     );
     let mut vm = blank_vm(env, &id, hypervisor, config, nics);
     vm.sim.sac = crate::sac::boot(env, &vm, &[], &[], false);
+    names::check_host_cpu(cpu).ctx("create VM")?;
     let _owner = reserve(env, &store, &mut vm, "create VM")?;
     vm.transition("created", "create", now_ns());
     bring_up(env, &store, &mut vm, &fx, &format!("start VM {id}"), None)?;
@@ -477,6 +496,7 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
     crate::fixup::mark(env, &mut vm);
     let source_ips = crate::snapshot::source_ips_in(&src_dir);
     vm.sim.sac = crate::sac::boot(env, &vm, &source_ips, &source_macs, true);
+    names::check_host_cpu(cpu).ctx("clone VM")?;
     let _owner = reserve(env, &store, &mut vm, "clone VM")?;
     bring_up(
         env,
@@ -496,9 +516,11 @@ fn clone(env: &Env, a: CloneArgs) -> Result<()> {
         );
         return Ok(());
     }
-    // cocoon prints the clone record as built, before any PID file is read (CLI-6.5).
+    // cocoon prints the clone record as built, before any PID file is read and before the
+    // stored copy is marked first-booted (CLI-6.5).
     let mut out = vm.to_out("running");
     out.pid = 0;
+    out.first_booted = false;
     out.socket_path.clear();
     out.vsock_socket.clear();
     print_vm_or_garbage(&fx, &out)

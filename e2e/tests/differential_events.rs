@@ -1,0 +1,166 @@
+//! `vm status --event --format json`, the stream the daemon watches: the simulator in tier S
+//! and the real cocoon CLI (on the cloud-hypervisor stand-in) must print lines of the same
+//! shape for a VM found at connect, one created, one whose hypervisor died, one restarted,
+//! one stopped and ones removed.
+
+mod differential_common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Child;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use differential_common::{shape, Differences, Pair, Side};
+
+/// One side's event stream, read on a thread; every line is kept for the failure message.
+struct Stream {
+    child: Child,
+    rx: mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Stream {
+    fn start(side: &Side) -> Stream {
+        let mut child = side.event_stream();
+        let out = child.stdout.take().expect("a stdout pipe");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let v = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("an event line is JSON ({e}): {line}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Stream {
+            child,
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first event from now on that `pred` accepts, or `None` after 30 s.
+    fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let v = self.rx.recv_timeout(left).ok()?;
+            self.seen.push(v.clone());
+            if pred(&v) {
+                return Some(v);
+            }
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn named(v: &Value, name: &str) -> bool {
+    v["vm"]["config"]["name"] == name
+}
+
+/// Waits on both streams for the event `pred` accepts and compares the two lines' shapes.
+fn expect_alike(
+    d: &mut Differences,
+    streams: &mut [Stream; 2],
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) {
+    let [sim, real] = streams;
+    match (sim.until(&pred), real.until(&pred)) {
+        (Some(s), Some(r)) => {
+            let (s, r) = (shape(&s), shape(&r));
+            if s != r {
+                d.note(format!("event {what}\n  simulator {s}\n  real      {r}"));
+            }
+        }
+        (s, r) => d.note(format!(
+            "event {what}: simulator {} (seen {:?}), real {} (seen {:?})",
+            if s.is_some() {
+                "printed it"
+            } else {
+                "never printed it"
+            },
+            sim.seen,
+            if r.is_some() {
+                "printed it"
+            } else {
+                "never printed it"
+            },
+            real.seen
+        )),
+    }
+}
+
+fn pid_of(side: &Side, name: &str) -> i32 {
+    let inspect = side.run(&["vm", "inspect", name]).ok("vm inspect");
+    let v = inspect.json().expect("vm inspect prints JSON");
+    let pid = v["pid"].as_i64().expect("a pid");
+    assert!(pid > 0, "{} {name} runs: {v}", side.label);
+    pid as i32
+}
+
+#[test]
+fn event_lines_have_the_same_shape() {
+    let Some(pair) = Pair::new() else {
+        return;
+    };
+    let mut d = Differences::default();
+    pair.import_guest_image("guest");
+    let run = |name: &str| {
+        let args = [
+            "vm", "run", "--name", name, "--nics", "0", "--cpu", "1", "--memory", "512M", "guest",
+        ];
+        let (s, r) = pair.both(&args);
+        s.ok("simulator vm run");
+        r.ok("real vm run");
+    };
+    run("e1");
+
+    let mut streams = [Stream::start(&pair.sim), Stream::start(&pair.real)];
+    expect_alike(&mut d, &mut streams, "ADDED at connect", |v| {
+        v["event"] == "ADDED" && named(v, "e1")
+    });
+
+    run("e2");
+    expect_alike(&mut d, &mut streams, "for a VM created and running", |v| {
+        named(v, "e2") && v["vm"]["state"] == "running"
+    });
+
+    for side in [&pair.sim, &pair.real] {
+        // SAFETY: kill(2) on a pid the side's own inspect reported as its VM's process.
+        unsafe { libc::kill(pid_of(side, "e1"), libc::SIGKILL) };
+    }
+    expect_alike(
+        &mut d,
+        &mut streams,
+        "for a VM whose hypervisor died",
+        |v| named(v, "e1") && v["vm"]["state"] != "running",
+    );
+
+    d.both(&pair, &["vm", "start", "e1"]);
+    expect_alike(&mut d, &mut streams, "for a VM started again", |v| {
+        named(v, "e1") && v["vm"]["state"] == "running"
+    });
+
+    d.both(&pair, &["vm", "stop", "e1"]);
+    expect_alike(&mut d, &mut streams, "for a VM stopped", |v| {
+        named(v, "e1") && v["vm"]["state"] == "stopped"
+    });
+
+    d.both(&pair, &["vm", "rm", "--force", "e1", "e2"]);
+    for name in ["e1", "e2"] {
+        expect_alike(&mut d, &mut streams, &format!("DELETED {name}"), |v| {
+            v["event"] == "DELETED" && named(v, name)
+        });
+    }
+    d.assert_none();
+}
