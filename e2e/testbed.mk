@@ -41,7 +41,7 @@ testbed-down:
 # E2E_REAL_ROOT_TESTS (file names without .rs), all with TESTBED_COCOON=real so a testbed that
 # asks for a cocoon host gets the real one.
 E2E_REAL_TESTS := real_cocoon_network
-E2E_REAL_ROOT_TESTS :=
+E2E_REAL_ROOT_TESTS := e2e_real_cocoon
 
 e2e-real: deps
 	TESTBED_COCOON=real cargo test -j2 -p vk-cocoon-e2e $(addprefix --test ,$(E2E_REAL_TESTS)) -- --test-threads=1

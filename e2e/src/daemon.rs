@@ -92,7 +92,6 @@ impl Launch {
 
 /// Spawns `vk-cocoon run` as part of the testbed's run (torn down with it).
 pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
-    let sim = tb.host(o.host.as_deref())?;
     let mut cmd = match o.launcher.split_first() {
         Some((program, args)) => {
             let mut c = Command::new(program);
@@ -101,23 +100,29 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
         }
         None => Command::new(&o.bin),
     };
-    cmd.arg("run")
-        .envs(sim.env())
-        .env("KUBECONFIG", tb.kubeconfig()?)
+    cmd.arg("run");
+    match (&tb.real_cocoon, o.host.as_deref()) {
+        (Some(real), None) => real_cocoon_env(&mut cmd, real),
+        (Some(_), Some(_)) | (None, _) => {
+            let sim = tb.host(o.host.as_deref())?;
+            cmd.envs(sim.env())
+                .env("VK_COCOON_BIN", &sim.bin)
+                .env("VK_LEASES_PATH", &sim.leases)
+                .env("COCOON_ROOT_DIR", &sim.root)
+                .env("COCOON_CGROUP_PARENT", &sim.cgroup_parent)
+                .env("VK_COCOON_NET_CONTROL_SOCKET", &sim.control_socket)
+                .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
+                .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"));
+        }
+    }
+    cmd.env("KUBECONFIG", tb.kubeconfig()?)
         .env("VK_NODE_NAME", &o.node)
         .env("VK_NODE_IP", &o.node_ip)
         .env("VK_PEER_ADDR", &o.peer_addr)
         .env("VK_KUBELET_PORT", o.kubelet_port.to_string())
         .env("VK_METRICS_ADDR", format!("127.0.0.1:{}", o.metrics_port))
-        .env("VK_COCOON_BIN", &sim.bin)
-        .env("VK_LEASES_PATH", &sim.leases)
-        .env("COCOON_ROOT_DIR", &sim.root)
-        .env("COCOON_CGROUP_PARENT", &sim.cgroup_parent)
         .env("VK_ORPHAN_POLICY", &o.orphan_policy)
-        .env("VK_COCOON_NET_CONTROL_SOCKET", &sim.control_socket)
         .env("VK_JOURNAL_PATH", &o.journal)
-        .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
-        .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"))
         .env("VK_LOG_LEVEL", "info")
         // The scheduler places pods by allocatable: the node stands for a host big enough for
         // the benchmark's 1,000 pods of `pod_manifest`'s size (500m, 512Mi), after the default
@@ -140,6 +145,23 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
     }
     cmd.envs(o.env.iter().cloned());
     tb.spawn("vk-cocoon", cmd)
+}
+
+/// The daemon on the real cocoon: its environment, the CLI as `VK_COCOON_BIN`, cocoon's own
+/// snapshot store for the peer API. No cocoon-net runs beside it: its addresses come from the
+/// run's CNI network, so there is no lease file (the path names nothing) and no lease release.
+fn real_cocoon_env(cmd: &mut Command, real: &crate::real_cocoon::RealCocoon) {
+    cmd.envs(real.env())
+        .env("VK_COCOON_BIN", &real.bin)
+        .env(
+            "VK_LEASES_PATH",
+            real.root.join("no-cocoon-net/leases.json"),
+        )
+        .env("VK_STAGING_DIR", real.root.join("vk-staging"))
+        .env(
+            "VK_COCOON_SNAPSHOT_DIR",
+            real.root.join("snapshot/localfile"),
+        );
 }
 
 pub struct Daemon {

@@ -18,6 +18,7 @@ pub mod controller_manager;
 pub mod daemon;
 pub mod etcd;
 pub mod guest_image;
+pub mod guest_wire;
 pub mod kube;
 pub mod kubeconfig;
 pub mod log;

@@ -4,12 +4,10 @@
 //! snapshot of it while it runs, a clone that answers with the value the snapshot holds, and
 //! removal that leaves no netns, TAP, veth, mount or address allocation behind.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::guest_image::GuestProgram;
+use e2e::guest_wire::{alive, banner, ping, value_port};
 use e2e::real_cocoon::{netns_name, tap_name, RealCocoon};
 use e2e::{Testbed, TestbedOptions};
 use serde_json::Value;
@@ -50,47 +48,11 @@ fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T 
     }
 }
 
-fn ping(ip: &str) -> bool {
-    Command::new("ping")
-        .args(["-c", "1", "-W", "1", "--", ip])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn connect(ip: &str, port: u16) -> std::io::Result<TcpStream> {
-    let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-    Ok(s)
-}
-
-fn banner(ip: &str) -> std::io::Result<String> {
-    let mut line = String::new();
-    BufReader::new(connect(ip, 22)?).read_line(&mut line)?;
-    Ok(line)
-}
-
-/// One request line to the value port, one answer line back.
-fn value_port(ip: &str, request: &str) -> std::io::Result<String> {
-    let mut s = connect(ip, 7777)?;
-    s.write_all(format!("{request}\n").as_bytes())?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    Ok(line.trim_end().to_string())
-}
-
 fn primary_ip(vm: &Value) -> String {
     vm["network_configs"][0]["network"]["ip"]
         .as_str()
         .unwrap_or_else(|| panic!("no static address on NIC 0: {vm}"))
         .to_string()
-}
-
-fn alive(pid: i64) -> bool {
-    pid > 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Nothing of VM `id` is left on the host: process, netns (and its mount), TAP, a port on the
