@@ -5,6 +5,7 @@
 
 mod differential_common;
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::mpsc;
@@ -14,11 +15,13 @@ use serde_json::Value;
 
 use differential_common::{shape, Differences, Pair, Side};
 
-/// One side's event stream, read on a thread; every line is kept for the failure message.
+/// One side's event stream, read on a thread. Lines that no wait has taken yet stay pending,
+/// since two VMs' events of one poll pass come in either order.
 struct Stream {
     child: Child,
     rx: mpsc::Receiver<Value>,
-    seen: Vec<Value>,
+    pending: VecDeque<Value>,
+    seen: Vec<String>,
 }
 
 impl Stream {
@@ -38,20 +41,28 @@ impl Stream {
         Stream {
             child,
             rx,
+            pending: VecDeque::new(),
             seen: Vec::new(),
         }
     }
 
-    /// The first event from now on that `pred` accepts, or `None` after 30 s.
+    /// The first pending or coming event that `pred` accepts, or `None` after 30 s.
     fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        if let Some(i) = self.pending.iter().position(&pred) {
+            return self.pending.remove(i);
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let v = self.rx.recv_timeout(left).ok()?;
-            self.seen.push(v.clone());
+            self.seen.push(format!(
+                "{} {} {}",
+                v["event"], v["vm"]["config"]["name"], v["vm"]["state"]
+            ));
             if pred(&v) {
                 return Some(v);
             }
+            self.pending.push_back(v);
         }
     }
 }
