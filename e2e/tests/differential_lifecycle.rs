@@ -28,6 +28,13 @@ fn image_vm_and_snapshot_verbs_answer_alike() {
     let disk = pair.import_guest_image("guest");
     d.line(&pair, "image inspect guest");
     d.line(&pair, "image inspect nope");
+    // Pulling a cloud image by URL: both sides fetch (or, the simulator, record) it; a path
+    // the server does not know is the server's 404.
+    let base = differential_common::web::serve(&disk);
+    let url = format!("{base}/guest.qcow2");
+    d.both(&pair, &["image", "pull", &url]);
+    d.both(&pair, &["image", "inspect", &url]);
+    d.both(&pair, &["image", "pull", &format!("{base}/missing.qcow2")]);
     let gone = differential_common::path(&disk.with_extension("gone"));
     d.both(&pair, &["image", "import", "other", &gone]);
 

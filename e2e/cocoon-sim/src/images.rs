@@ -1,6 +1,6 @@
 //! Image verbs (CLI-6.1–CLI-6.3): a local image index only, no bytes are fetched. An image ref
-//! whose name contains `missing` cannot be pulled (a registry 404), which lets tests hit that
-//! path.
+//! whose name contains `missing` cannot be pulled (a registry 404, or for a cloud-image URL the
+//! web server's 404 as cocoon reports it), which lets tests hit that path.
 
 use std::io::Read;
 
@@ -57,6 +57,11 @@ fn pull(env: &Env, force: bool, args: &[String]) -> Result<()> {
     let image = &args[0];
     let fx = faults::on_verb(env, "image pull")?;
     fx.sleep();
+    if image.contains("missing") && names::is_url(image) {
+        return fail(format!(
+            "pull {image}: http get {image}: status 404 404 Not Found"
+        ));
+    }
     if image.contains("missing") {
         return fail(format!(
             "pull {image}: GET {image}: MANIFEST_UNKNOWN: manifest unknown"

@@ -7,6 +7,8 @@
 //! paths.
 #![allow(dead_code)]
 
+pub mod web;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
