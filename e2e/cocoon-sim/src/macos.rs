@@ -268,7 +268,7 @@ fn vm(env: &Env, cmd: MacVmCmd) -> Result<()> {
                 args: vec![image],
                 ..Default::default()
             };
-            crate::vm::dispatch(env, VmCmd::Run(run))?;
+            crate::vm::run_for_macos(env, run)?;
             let id = lookup(env, &name)?.id;
             set_vnc(env, &id, &vnc)
         }
