@@ -227,6 +227,14 @@ fn read_journal(journal: &Path, created: &BTreeMap<String, i64>) -> Result<Journ
                     }
                 }
             }
+            Event::RegistryDone { op, result } => {
+                if let Some((v, _, t0, _)) = open.remove(op) {
+                    match result {
+                        Ok(_) => calls.entry(v).or_default().push((at - t0) as f64),
+                        Err(_) => *failed_calls.entry(v).or_default() += 1,
+                    }
+                }
+            }
             Event::ProbeDone { key, seq, .. } => {
                 if let Some(t0) = probes_open.remove(&(key.to_string(), *seq)) {
                     probes.push((at - t0) as f64);
@@ -246,8 +254,16 @@ fn read_journal(journal: &Path, created: &BTreeMap<String, i64>) -> Result<Journ
                     }
                     open.insert(*op, (verb(cmd), key, at, brings_up));
                 }
-                Action::RunProbe { key, seq, .. } => {
-                    probes_open.insert((key.to_string(), *seq), at);
+                Action::CallRegistry { op, call, .. } => {
+                    let kind = format!("{call:?}");
+                    let kind = kind.split([' ', '{', '(']).next().unwrap_or("?");
+                    open.insert(*op, (format!("registry {kind}"), None, at, false));
+                }
+                Action::RunProbe {
+                    key, seq, after_ms, ..
+                } => {
+                    // The delay is the probe schedule's, not the guest's answer.
+                    probes_open.insert((key.to_string(), *seq), at + *after_ms as i64);
                 }
                 Action::PatchPod {
                     key,
@@ -426,6 +442,15 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
         .len();
     let rss = daemon::usage(d.proc.pid()).map(|(_, rss)| rss).unwrap_or(0);
     d.proc.stop();
+    // For a look at what the daemon did: `BENCH_KEEP_JOURNAL=DIR`, then `vk-cocoon replay
+    // --pod NS/NAME DIR/*.journal*`.
+    if let Some(keep) = std::env::var_os("BENCH_KEEP_JOURNAL") {
+        std::fs::create_dir_all(&keep)?;
+        for f in std::fs::read_dir(journal.parent().context("dir")?)? {
+            let f = f?.path();
+            std::fs::copy(&f, Path::new(&keep).join(f.file_name().context("name")?))?;
+        }
+    }
 
     let created: BTreeMap<String, i64> = created.into_iter().collect();
     let figures = read_journal(&journal, &created)?;
@@ -470,7 +495,7 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
         println!("    {v}: 0 ok, {n} failed");
     }
     println!(
-        "    probes (sent → answered, incl. their scheduled delay): {}, {}",
+        "    probes (due → answered): {}, {}",
         figures.probes.len(),
         p50_p99(&figures.probes)
     );
