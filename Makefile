@@ -36,7 +36,7 @@ unit:
 # cores are not enough for several at once. `deps` builds the Go binaries once (cached).
 e2e: deps
 	$(CARGO) test -j$(JOBS) -p vk-cocoon-e2e -- --test-threads=1
-	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_daemon --test e2e_rbac --test e2e_journal --test e2e_event_lane --test e2e_kubelet --test e2e_top --test e2e_exec --test e2e_dashboard --test e2e_gc -- --test-threads=1
+	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_daemon --test e2e_rbac --test e2e_journal --test e2e_event_lane --test e2e_kubelet --test e2e_node --test e2e_top --test e2e_exec --test e2e_dashboard --test e2e_gc -- --test-threads=1
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_registry --test e2e_stateful --test e2e_peer --test e2e_fork --test e2e_trust --test e2e_guest --test e2e_macos -- --test-threads=1
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_identity --test e2e_tenant_snapshots --test e2e_tenant_peer --test e2e_tenant_caps --test e2e_tenant_unmanaged --test e2e_real_cocoon -- --test-threads=1
 
@@ -51,10 +51,19 @@ demo-replay:
 	$(CARGO) build -j$(JOBS) -p vk-cocoon --bin vk-cocoon
 	$(TARGET_DIR)/debug/vk-cocoon replay --verify packaging/sample/demo.journal
 
-# BENCH_PODS pods at once on the testbed: create→Ready, writes per pod, RSS/CPU, vanish
-# latency; fails only if the node Lease misses a renewal.
+# BENCH_PODS pods at once on the simulator: create→Ready, writes per pod, RSS/CPU, vanish
+# latency; fails only if the node Lease misses a renewal. Then BENCH_MIX (50+50) run-mode and
+# clone-mode pods at once on BACKEND: `sim` (the default) or `real`, the reference cocoon over
+# the cloud-hypervisor stand-in on a CNI network (TESTBED_COCOON=real; root): create → VM
+# running and → Ready p50/p99 per mode, and where the time goes. The first part drives the
+# simulator's own verbs, so BACKEND=real runs only the second (docs/benchmarks.md).
+BACKEND ?= sim
+BENCH_MIX ?= 50+50
 bench-e2e: deps
+ifeq ($(BACKEND),sim)
 	BENCH_PODS=$(BENCH_PODS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_e2e -- --ignored --nocapture
+endif
+	TESTBED_COCOON=$(BACKEND) BENCH_MIX=$(BENCH_MIX) $(CARGO) test -j$(JOBS) -p vk-cocoon --test bench_backends_e2e -- --ignored --nocapture
 
 # Every figure of the scale goals in one table, release build: BENCH_ALL_PODS (1000) pods at
 # once on the testbed with zero-boot VMs whose guests share one simulator process (mass
