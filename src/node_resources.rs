@@ -83,6 +83,28 @@ pub fn compute(o: &Overrides) -> Result<(BTreeMap<String, i128>, BTreeMap<String
     Ok((cap, alloc))
 }
 
+/// A whole-unit value as the apiserver's canonical `resource.Quantity` text writes it, so the
+/// Node reads as the Go original wrote it (`512Gi`, not `549755813888`) and a status patch
+/// never differs from its echo only in spelling (N12). Byte values are BinarySI: the largest
+/// power-of-1024 suffix that keeps the number whole. The rest (cpu, pods), and as in Go a byte
+/// value under 1Ki, are DecimalSI: the largest power-of-1000 suffix that keeps it whole.
+pub fn canonical(resource: &str, value: i128) -> String {
+    let bytes = (matches!(resource, "memory" | "ephemeral-storage" | "storage")
+        || resource.starts_with("hugepages-"))
+        && value.abs() >= 1024;
+    let (step, suffixes): (i128, &[&str]) = match bytes {
+        true => (1024, &["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]),
+        false => (1000, &["", "k", "M", "G", "T", "P", "E"]),
+    };
+    let mut n = value;
+    let mut i = 0;
+    while n != 0 && n % step == 0 && i + 1 < suffixes.len() {
+        n /= step;
+        i += 1;
+    }
+    format!("{n}{}", suffixes[i])
+}
+
 fn page_size_name(kb: i128) -> String {
     if kb % (1024 * 1024) == 0 {
         format!("{}Gi", kb / (1024 * 1024))
@@ -135,5 +157,26 @@ mod tests {
             ..o
         };
         assert_eq!(compute(&all).unwrap().1["cpu"], 0);
+    }
+
+    #[test]
+    fn quantities_are_written_in_canonical_form() {
+        let gi = 1024_i128.pow(3);
+        assert_eq!(canonical("memory", 512 * gi), "512Gi");
+        assert_eq!(canonical("memory", 640 * gi * 80 / 100), "512Gi");
+        assert_eq!(canonical("memory", 512 * gi * 80 / 100), "439804651110");
+        assert_eq!(canonical("memory", 3 * gi / 2), "1536Mi");
+        assert_eq!(canonical("ephemeral-storage", 1536), "1536");
+        assert_eq!(canonical("ephemeral-storage", 1000), "1k");
+        assert_eq!(canonical("ephemeral-storage", 1023), "1023");
+        assert_eq!(canonical("hugepages-1Gi", 4 * gi), "4Gi");
+        assert_eq!(canonical("hugepages-2Mi", 2048 * 1024), "2Mi");
+        assert_eq!(canonical("memory", 0), "0");
+        assert_eq!(canonical("cpu", 25), "25");
+        assert_eq!(canonical("cpu", 640), "640");
+        assert_eq!(canonical("cpu", 2000), "2k");
+        assert_eq!(canonical("pods", 256), "256");
+        assert_eq!(canonical("pods", 1000), "1k");
+        assert_eq!(canonical("pods", 1024), "1024");
     }
 }

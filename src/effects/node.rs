@@ -57,7 +57,10 @@ fn status(s: &NodeSettings) -> Value {
     let cond = |ty: &str, st: &str, reason: &str, msg: &str| json!({"type": ty, "status": st, "reason": reason, "message": msg, "lastHeartbeatTime": t});
     let q = |m: &BTreeMap<String, i128>| {
         m.iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .map(|(k, v)| {
+                let text = crate::node_resources::canonical(k, *v);
+                (k.clone(), Value::String(text))
+            })
             .collect::<serde_json::Map<_, _>>()
     };
     json!({
