@@ -177,6 +177,15 @@ pub fn restore(src: &Path, vm: &StoredVm) -> Result<()> {
     let gfs = guestfs_dir(vm);
     let _ = fs::remove_dir_all(&gfs);
     fs::create_dir_all(&gfs)?;
+    let mut first = [0u8; 512];
+    let got = File::open(&dst)?.read(&mut first)?;
+    let is_tar =
+        got == first.len() && (&first[257..262] == b"ustar" || first.iter().all(|b| *b == 0));
+    if !is_tar {
+        // A real cocoon's snapshot (a real qcow2 or raw disk) holds no guest filesystem image
+        // of the simulator's: its clone starts with an empty one.
+        return Ok(());
+    }
     let region = File::open(&dst)?.take(GUESTFS_REGION);
     let mut ar = tar::Archive::new(region);
     ar.set_preserve_permissions(true);
