@@ -162,6 +162,10 @@ struct PodTimes {
     vm_call: Option<i64>,
     vm_running: Option<i64>,
     ready: Option<i64>,
+    /// The Warning that the post-clone fix-up cannot run (reference release).
+    warned: Option<i64>,
+    /// The status write carrying `lifecycle-state=failed`.
+    failed: Option<i64>,
 }
 
 /// What the journal says: per pod times, and each cocoon verb's call durations (ms).
@@ -169,7 +173,8 @@ struct JournalFigures {
     pods: BTreeMap<String, PodTimes>,
     calls: BTreeMap<String, Vec<f64>>,
     failed_calls: BTreeMap<String, usize>,
-    probes: Vec<f64>,
+    /// Due → answered, ms: (answered, failed).
+    probes: (Vec<f64>, Vec<f64>),
 }
 
 fn verb(cmd: &CocoonCmd) -> String {
@@ -200,7 +205,7 @@ fn read_journal(journal: &Path, created: &BTreeMap<String, i64>) -> Result<Journ
     let mut probes_open: BTreeMap<(String, u64), i64> = BTreeMap::new();
     let mut calls: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut failed_calls: BTreeMap<String, usize> = BTreeMap::new();
-    let mut probes = Vec::new();
+    let (mut probes_ok, mut probes_failed) = (Vec::new(), Vec::new());
     for entry in vk_cocoon::journal::Reader::open(&files)? {
         let vk_cocoon::journal::Entry::Step {
             envelope, actions, ..
@@ -235,9 +240,14 @@ fn read_journal(journal: &Path, created: &BTreeMap<String, i64>) -> Result<Journ
                     }
                 }
             }
-            Event::ProbeDone { key, seq, .. } => {
+            Event::ProbeDone { key, seq, ok, .. } => {
                 if let Some(t0) = probes_open.remove(&(key.to_string(), *seq)) {
-                    probes.push((at - t0) as f64);
+                    let into = if *ok {
+                        &mut probes_ok
+                    } else {
+                        &mut probes_failed
+                    };
+                    into.push((at - t0) as f64);
                 }
             }
             _ => {}
@@ -267,15 +277,28 @@ fn read_journal(journal: &Path, created: &BTreeMap<String, i64>) -> Result<Journ
                 }
                 Action::PatchPod {
                     key,
-                    status: Some(status),
+                    status,
+                    annotations,
                     ..
                 } => {
-                    let ready = status
-                        .conditions
-                        .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True");
-                    if let (true, Some(p)) = (ready, pods.get_mut(&key.to_string())) {
+                    let Some(p) = pods.get_mut(&key.to_string()) else {
+                        continue;
+                    };
+                    let ready = status.iter().flat_map(|s| &s.conditions);
+                    if ready
+                        .into_iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                    {
                         p.ready.get_or_insert(at);
+                    }
+                    let state = annotations.get("vm.cocoonstack.io/lifecycle-state");
+                    if let Some(Some("failed")) = state.map(|v| v.as_deref()) {
+                        p.failed.get_or_insert(at);
+                    }
+                }
+                Action::RecordEvent { key, reason, .. } if reason == "PostCloneExecExhausted" => {
+                    if let Some(p) = pods.get_mut(&key.to_string()) {
+                        p.warned.get_or_insert(at);
                     }
                 }
                 _ => {}
@@ -285,12 +308,13 @@ fn read_journal(journal: &Path, created: &BTreeMap<String, i64>) -> Result<Journ
     for v in calls.values_mut() {
         v.sort_by(|a, b| a.total_cmp(b));
     }
-    probes.sort_by(|a, b| a.total_cmp(b));
+    probes_ok.sort_by(|a, b| a.total_cmp(b));
+    probes_failed.sort_by(|a, b| a.total_cmp(b));
     Ok(JournalFigures {
         pods,
         calls,
         failed_calls,
-        probes,
+        probes: (probes_ok, probes_failed),
     })
 }
 
@@ -494,35 +518,72 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
     {
         println!("    {v}: 0 ok, {n} failed");
     }
+    let (probes_ok, probes_failed) = &figures.probes;
     println!(
-        "    probes (due → answered): {}, {}",
-        figures.probes.len(),
-        p50_p99(&figures.probes)
+        "    probes answered (due → answer): {}, {}; failed (due → given up): {}, {}",
+        probes_ok.len(),
+        p50_p99(probes_ok),
+        probes_failed.len(),
+        p50_p99(probes_failed)
     );
 
-    let mut rows = Vec::new();
-    println!("\n  where the time goes per pod (ms, p50 / p99):");
-    println!("    mode | create → seen by the daemon | seen → VM call sent | VM call | VM running → Ready");
-    for mode in [Mode::Run, Mode::Clone] {
-        let group: Vec<&PodTimes> = wanted
+    let group = |mode: Mode| -> Vec<&PodTimes> {
+        wanted
             .iter()
             .filter(|(_, m)| *m == mode)
             .filter_map(|(name, _)| figures.pods.get(&format!("{NS}/{name}")))
-            .collect();
+            .collect()
+    };
+    let (run, clone) = (group(Mode::Run), group(Mode::Clone));
+    type At = fn(&PodTimes) -> Option<i64>;
+    let stages: [(&str, At, At); 7] = [
+        (
+            "create → seen by the daemon",
+            |p| Some(p.created),
+            |p| p.seen,
+        ),
+        (
+            "seen → VM call sent (snapshot lookups, image pull)",
+            |p| p.seen,
+            |p| p.vm_call,
+        ),
+        (
+            "VM call (vm run / vm clone)",
+            |p| p.vm_call,
+            |p| p.vm_running,
+        ),
+        ("VM running → Ready", |p| p.vm_running, |p| p.ready),
+        (
+            "VM running → PostCloneExecExhausted Warning",
+            |p| p.vm_running,
+            |p| p.warned,
+        ),
+        (
+            "VM running → lifecycle failed written",
+            |p| p.vm_running,
+            |p| p.failed,
+        ),
+        (
+            "create → lifecycle failed written",
+            |p| Some(p.created),
+            |p| p.failed,
+        ),
+    ];
+    println!("\n  where the time goes per pod (ms, p50 / p99): stage | run | clone");
+    for (stage, from, to) in stages {
+        let (r, c) = (spans(&run, from, to), spans(&clone, from, to));
+        if !r.is_empty() || !c.is_empty() {
+            println!("    {stage} | {} | {}", p50_p99(&r), p50_p99(&c));
+        }
+    }
+    let mut rows = Vec::new();
+    for (mode, group) in [(Mode::Run, &run), (Mode::Clone, &clone)] {
         if group.is_empty() {
             continue;
         }
         let created_at = |p: &PodTimes| Some(p.created);
-        let running = spans(&group, created_at, |p| p.vm_running);
-        let ready = spans(&group, created_at, |p| p.ready);
-        println!(
-            "    {} | {} | {} | {} | {}",
-            mode.name(),
-            p50_p99(&spans(&group, created_at, |p| p.seen)),
-            p50_p99(&spans(&group, |p| p.seen, |p| p.vm_call)),
-            p50_p99(&spans(&group, |p| p.vm_call, |p| p.vm_running)),
-            p50_p99(&spans(&group, |p| p.vm_running, |p| p.ready)),
-        );
+        let running = spans(group, created_at, |p| p.vm_running);
+        let ready = spans(group, created_at, |p| p.ready);
         let ready_cell = match (ready.is_empty(), real_lane, mode) {
             (true, true, Mode::Clone) => "n/a (tier S)".to_string(),
             (true, _, _) => "none Ready".to_string(),
