@@ -168,6 +168,10 @@ fn event_lines_have_the_same_shape() {
         |v| named(v, "e1") && v["vm"]["state"] != "running",
     );
 
+    // inspect reconciles a dead hypervisor to `stopped (stale)`; list shows the stored state.
+    d.both(&pair, &["vm", "inspect", "e1"]);
+    d.both(&pair, &["vm", "list", "-o", "json"]);
+
     d.both(&pair, &["vm", "start", "e1"]);
     expect_alike(&mut d, &mut streams, "for a VM started again", |v| {
         named(v, "e1") && v["vm"]["state"] == "running"

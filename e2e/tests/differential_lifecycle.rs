@@ -58,6 +58,10 @@ fn image_vm_and_snapshot_verbs_answer_alike() {
     d.line(&pair, "snapshot save --name s1 d1");
     d.line(&pair, "snapshot save --name s9 nope");
     d.line(&pair, "snapshot save --name st d2");
+    d.line(&pair, "vm stop d2");
+    d.line(&pair, "snapshot save --name s8 d2");
+    d.line(&pair, "vm inspect d2");
+    d.line(&pair, "vm start d2");
     d.line(&pair, "snapshot inspect s1");
     d.line(&pair, "snapshot inspect st");
     d.line(&pair, "vm inspect d1");

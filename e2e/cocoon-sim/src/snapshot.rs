@@ -233,7 +233,10 @@ fn save(env: &Env, name: String, description: String, args: &[String]) -> Result
         return fail(format!("snapshot name {name:?} already exists"));
     }
     if !guest::is_alive(vm.sim.pid, &vm.id) {
-        return fail(format!("snapshot VM {reference}: VM not running"));
+        return fail(format!(
+            "snapshot VM {reference}: snapshot VM {}: VM not running",
+            vm.id
+        ));
     }
     log(
         "cmd.snapshot.save",
