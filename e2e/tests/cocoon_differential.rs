@@ -7,6 +7,10 @@
 //! cobra's.
 
 mod differential_common;
+#[path = "../cocoon-sim/src/help_rule.rs"]
+mod help_rule;
+
+use std::path::Path;
 
 use differential_common::{Answer, Differences, Pair};
 
@@ -148,4 +152,82 @@ fn newer_flags_are_unknown_and_older_ones_accepted() {
         real.last_stderr_line, "Error: inspect snapshot snap: snapshot not found",
         "the older clone flag is accepted and the missing snapshot is what fails"
     );
+}
+
+/// The three help texts the daemon reads to learn a host's tier: read by the same rule, the
+/// simulator in tier S and the live real CLI name the same probed verbs and flags, and the
+/// real texts are still the ones captured for the simulator's unit tests (a rebuilt real CLI
+/// that prints other help must be captured again).
+#[test]
+fn help_texts_name_the_same_verbs_and_flags() {
+    let Some(pair) = Pair::new() else {
+        return;
+    };
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("cocoon-sim/tests/fixtures");
+    let probed_verbs = [
+        "run",
+        "clone",
+        "start",
+        "status",
+        "exec",
+        "logs",
+        "net",
+        "reconcile-stale-create",
+    ];
+    let probed_flags = [
+        "restore-mode",
+        "cpu-weight",
+        "cpu-quota-us",
+        "cpu-period-us",
+        "from-dir",
+        "on-demand",
+        "cpu",
+        "memory",
+        "storage",
+        "nics",
+        "dns",
+        "pull",
+        "name",
+        "output",
+    ];
+    let mut d = Differences::default();
+    for (path, fixture) in [
+        (&["vm", "--help"][..], "real-s-vm-help.txt"),
+        (&["vm", "run", "--help"], "real-s-vm-run-help.txt"),
+        (&["vm", "clone", "--help"], "real-s-vm-clone-help.txt"),
+    ] {
+        let (s, r) = pair.both(path);
+        let (s, r) = (s.ok("simulator help").text(), r.ok("real help").text());
+        let captured = std::fs::read_to_string(fixtures.join(fixture)).expect("the fixture");
+        assert_eq!(
+            r,
+            captured,
+            "cocoon {} is the captured {fixture}",
+            path.join(" ")
+        );
+        let (sv, rv) = (help_rule::verbs(&s), help_rule::verbs(&r));
+        for v in probed_verbs {
+            let (a, b) = (sv.iter().any(|x| x == v), rv.iter().any(|x| x == v));
+            if a != b {
+                d.note(format!(
+                    "{}: verb {v}: simulator {a}, real {b}",
+                    path.join(" ")
+                ));
+            }
+        }
+        for f in probed_flags {
+            let flag = format!("--{f}");
+            let (a, b) = (
+                help_rule::has_flag(&s, &flag),
+                help_rule::has_flag(&r, &flag),
+            );
+            if a != b {
+                d.note(format!(
+                    "{}: {flag}: simulator {a}, real {b}",
+                    path.join(" ")
+                ));
+            }
+        }
+    }
+    d.assert_none();
 }

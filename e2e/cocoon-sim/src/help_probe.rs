@@ -1,171 +1,136 @@
-//! The rule the daemon uses to learn a host's cocoon tier from three help texts (`vm --help`,
-//! `vm run --help`, `vm clone --help`), applied here to the real reference release's help
-//! (captured under tests/fixtures/) and to the simulator's own help in both tiers, so the
-//! simulator cannot drift into a help layout the rule misreads.
-//!
-//! A verb is present when its name is the first word of an indented line in a section headed
-//! by a line ending in `Commands:` (cobra: `Available Commands:`, clap: `Commands:`); the
-//! section ends at the first blank or unindented line. A flag is present when `--name` is a
-//! whole token of the text, tokens being runs of ASCII letters, digits and `-`, so `--cpu`
-//! is not found inside `--cpu-weight`.
+//! The help-text rule (`help_rule`) applied to the real reference release's help (captured
+//! under tests/fixtures/) and to the simulator's own help in both tiers, so the simulator
+//! cannot drift into a help layout the rule misreads.
 
-pub fn verbs(help: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut in_section = false;
-    for line in help.lines() {
-        if line.trim_end().ends_with("Commands:") {
-            in_section = true;
-            continue;
-        }
-        let indented = line.starts_with(' ') || line.starts_with('\t');
-        if !in_section || line.trim().is_empty() || !indented {
-            in_section = false;
-            continue;
-        }
-        if let Some(word) = line.split_whitespace().next() {
-            out.push(word.to_string());
-        }
-    }
-    out
+use crate::help_rule::{has_flag, verbs};
+use crate::tier::{self, Tier, NEWER_CLONE_FLAGS, NEWER_RUN_FLAGS, NEWER_VM_VERBS};
+
+const REAL_VM: &str = include_str!("../tests/fixtures/real-s-vm-help.txt");
+const REAL_RUN: &str = include_str!("../tests/fixtures/real-s-vm-run-help.txt");
+const REAL_CLONE: &str = include_str!("../tests/fixtures/real-s-vm-clone-help.txt");
+
+/// The flags only the reference release has: the daemon passes them to an older host.
+const OLDER_CLONE_FLAGS: [&str; 5] = ["on-demand", "cpu", "memory", "storage", "nics"];
+const OLDER_RUN_FLAGS: [&str; 2] = ["nics", "dns"];
+
+/// What `cocoon vm [run|clone] --help` prints in a tier, as clap renders it.
+fn sim_help(tier: Tier, path: &[&str]) -> String {
+    let mut argv = vec!["cocoon"];
+    argv.extend_from_slice(path);
+    argv.push("--help");
+    let err = tier::command(tier)
+        .try_get_matches_from(argv)
+        .expect_err("--help ends the parse");
+    assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);
+    err.to_string()
 }
 
-pub fn has_flag(help: &str, flag: &str) -> bool {
-    help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .any(|tok| tok == flag)
+fn flag(name: &str) -> String {
+    format!("--{name}")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{has_flag, verbs};
-    use crate::tier::{self, Tier, NEWER_CLONE_FLAGS, NEWER_RUN_FLAGS, NEWER_VM_VERBS};
+#[test]
+fn the_rule_reads_only_section_lines_and_whole_flag_tokens() {
+    let help = "Run it, see exec below\n\nAvailable Commands:\n  run   Create\n  clone Copy (unlike exec)\n\nFlags:\n      --cpu-weight int   weight\n  logs is not a verb here\n";
+    assert_eq!(verbs(help), ["run", "clone"]);
+    assert!(has_flag(help, "--cpu-weight"));
+    assert!(!has_flag(help, "--cpu"), "--cpu is only part of a token");
+    assert!(!has_flag("      --cpu-weighted", "--cpu-weight"));
+    assert!(has_flag("  -o, --output string", "--output"));
+    assert!(has_flag("      --cpu <CPU>", "--cpu"));
+}
 
-    const REAL_VM: &str = include_str!("../tests/fixtures/real-s-vm-help.txt");
-    const REAL_RUN: &str = include_str!("../tests/fixtures/real-s-vm-run-help.txt");
-    const REAL_CLONE: &str = include_str!("../tests/fixtures/real-s-vm-clone-help.txt");
-
-    /// The flags only the reference release has: the daemon passes them to an older host.
-    const OLDER_CLONE_FLAGS: [&str; 5] = ["on-demand", "cpu", "memory", "storage", "nics"];
-    const OLDER_RUN_FLAGS: [&str; 2] = ["nics", "dns"];
-
-    /// What `cocoon vm [run|clone] --help` prints in a tier, as clap renders it.
-    fn sim_help(tier: Tier, path: &[&str]) -> String {
-        let mut argv = vec!["cocoon"];
-        argv.extend_from_slice(path);
-        argv.push("--help");
-        let err = tier::command(tier)
-            .try_get_matches_from(argv)
-            .expect_err("--help ends the parse");
-        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);
-        err.to_string()
+#[test]
+fn real_reference_help_has_only_the_older_verbs_and_flags() {
+    let real_verbs = verbs(REAL_VM);
+    for v in ["run", "clone", "start", "inspect", "list", "rm", "status"] {
+        assert!(real_verbs.iter().any(|r| r == v), "{v} in {real_verbs:?}");
     }
-
-    fn flag(name: &str) -> String {
-        format!("--{name}")
+    for v in NEWER_VM_VERBS {
+        assert!(!real_verbs.iter().any(|r| r == v), "{v} in {real_verbs:?}");
     }
-
-    #[test]
-    fn the_rule_reads_only_section_lines_and_whole_flag_tokens() {
-        let help = "Run it, see exec below\n\nAvailable Commands:\n  run   Create\n  clone Copy (unlike exec)\n\nFlags:\n      --cpu-weight int   weight\n  logs is not a verb here\n";
-        assert_eq!(verbs(help), ["run", "clone"]);
-        assert!(has_flag(help, "--cpu-weight"));
-        assert!(!has_flag(help, "--cpu"), "--cpu is only part of a token");
-        assert!(!has_flag("      --cpu-weighted", "--cpu-weight"));
-        assert!(has_flag("  -o, --output string", "--output"));
-        assert!(has_flag("      --cpu <CPU>", "--cpu"));
+    for f in NEWER_RUN_FLAGS {
+        assert!(!has_flag(REAL_RUN, &flag(f)), "{f} in the real run help");
     }
+    for f in OLDER_RUN_FLAGS {
+        assert!(
+            has_flag(REAL_RUN, &flag(f)),
+            "{f} missing from the real run help"
+        );
+    }
+    for f in NEWER_CLONE_FLAGS {
+        assert!(
+            !has_flag(REAL_CLONE, &flag(f)),
+            "{f} in the real clone help"
+        );
+    }
+    for f in OLDER_CLONE_FLAGS {
+        assert!(
+            has_flag(REAL_CLONE, &flag(f)),
+            "{f} missing from the real clone help"
+        );
+    }
+}
 
-    #[test]
-    fn real_reference_help_has_only_the_older_verbs_and_flags() {
-        let real_verbs = verbs(REAL_VM);
+#[test]
+fn simulator_help_names_each_tiers_verbs_and_flags() {
+    for (tier, newer) in [(Tier::N, true), (Tier::S, false)] {
+        let vm = verbs(&sim_help(tier, &["vm"]));
         for v in ["run", "clone", "start", "inspect", "list", "rm", "status"] {
-            assert!(real_verbs.iter().any(|r| r == v), "{v} in {real_verbs:?}");
+            assert!(vm.iter().any(|r| r == v), "{tier:?}: {v} in {vm:?}");
         }
         for v in NEWER_VM_VERBS {
-            assert!(!real_verbs.iter().any(|r| r == v), "{v} in {real_verbs:?}");
+            assert_eq!(vm.iter().any(|r| r == v), newer, "{tier:?}: {v} in {vm:?}");
         }
+        let run = sim_help(tier, &["vm", "run"]);
         for f in NEWER_RUN_FLAGS {
-            assert!(!has_flag(REAL_RUN, &flag(f)), "{f} in the real run help");
+            assert_eq!(has_flag(&run, &flag(f)), newer, "{tier:?}: run {f}");
         }
-        for f in OLDER_RUN_FLAGS {
-            assert!(
-                has_flag(REAL_RUN, &flag(f)),
-                "{f} missing from the real run help"
-            );
-        }
+        let clone = sim_help(tier, &["vm", "clone"]);
         for f in NEWER_CLONE_FLAGS {
-            assert!(
-                !has_flag(REAL_CLONE, &flag(f)),
-                "{f} in the real clone help"
-            );
-        }
-        for f in OLDER_CLONE_FLAGS {
-            assert!(
-                has_flag(REAL_CLONE, &flag(f)),
-                "{f} missing from the real clone help"
-            );
+            assert_eq!(has_flag(&clone, &flag(f)), newer, "{tier:?}: clone {f}");
         }
     }
-
-    #[test]
-    fn simulator_help_names_each_tiers_verbs_and_flags() {
-        for (tier, newer) in [(Tier::N, true), (Tier::S, false)] {
-            let vm = verbs(&sim_help(tier, &["vm"]));
-            for v in ["run", "clone", "start", "inspect", "list", "rm", "status"] {
-                assert!(vm.iter().any(|r| r == v), "{tier:?}: {v} in {vm:?}");
-            }
-            for v in NEWER_VM_VERBS {
-                assert_eq!(vm.iter().any(|r| r == v), newer, "{tier:?}: {v} in {vm:?}");
-            }
-            let run = sim_help(tier, &["vm", "run"]);
-            for f in NEWER_RUN_FLAGS {
-                assert_eq!(has_flag(&run, &flag(f)), newer, "{tier:?}: run {f}");
-            }
-            let clone = sim_help(tier, &["vm", "clone"]);
-            for f in NEWER_CLONE_FLAGS {
-                assert_eq!(has_flag(&clone, &flag(f)), newer, "{tier:?}: clone {f}");
-            }
-        }
-        let run = sim_help(Tier::S, &["vm", "run"]);
-        for f in OLDER_RUN_FLAGS {
-            assert!(has_flag(&run, &flag(f)), "S: run {f}");
-        }
-        let clone = sim_help(Tier::S, &["vm", "clone"]);
-        for f in OLDER_CLONE_FLAGS {
-            assert!(has_flag(&clone, &flag(f)), "S: clone {f}");
-        }
+    let run = sim_help(Tier::S, &["vm", "run"]);
+    for f in OLDER_RUN_FLAGS {
+        assert!(has_flag(&run, &flag(f)), "S: run {f}");
     }
+    let clone = sim_help(Tier::S, &["vm", "clone"]);
+    for f in OLDER_CLONE_FLAGS {
+        assert!(has_flag(&clone, &flag(f)), "S: clone {f}");
+    }
+}
 
-    /// Every verb and flag the daemon probes reads the same from the simulator's tier S as
-    /// from the real reference release.
-    #[test]
-    fn simulator_tier_s_reads_like_the_real_reference_help() {
-        let (sim_vm, real_vm) = (verbs(&sim_help(Tier::S, &["vm"])), verbs(REAL_VM));
-        for v in NEWER_VM_VERBS
+/// Every verb and flag the daemon probes reads the same from the simulator's tier S as
+/// from the real reference release.
+#[test]
+fn simulator_tier_s_reads_like_the_real_reference_help() {
+    let (sim_vm, real_vm) = (verbs(&sim_help(Tier::S, &["vm"])), verbs(REAL_VM));
+    for v in NEWER_VM_VERBS
+        .iter()
+        .chain(&["run", "clone", "start", "status"])
+    {
+        assert_eq!(
+            sim_vm.iter().any(|x| x == v),
+            real_vm.iter().any(|x| x == v),
+            "vm {v}"
+        );
+    }
+    let pairs = [
+        (sim_help(Tier::S, &["vm", "run"]), REAL_RUN, "run"),
+        (sim_help(Tier::S, &["vm", "clone"]), REAL_CLONE, "clone"),
+    ];
+    for (sim, real, verb) in &pairs {
+        let probed = NEWER_CLONE_FLAGS
             .iter()
-            .chain(&["run", "clone", "start", "status"])
-        {
+            .chain(&OLDER_CLONE_FLAGS)
+            .chain(&OLDER_RUN_FLAGS);
+        for f in probed {
             assert_eq!(
-                sim_vm.iter().any(|x| x == v),
-                real_vm.iter().any(|x| x == v),
-                "vm {v}"
+                has_flag(sim, &flag(f)),
+                has_flag(real, &flag(f)),
+                "vm {verb} --{f}"
             );
-        }
-        let pairs = [
-            (sim_help(Tier::S, &["vm", "run"]), REAL_RUN, "run"),
-            (sim_help(Tier::S, &["vm", "clone"]), REAL_CLONE, "clone"),
-        ];
-        for (sim, real, verb) in &pairs {
-            let probed = NEWER_CLONE_FLAGS
-                .iter()
-                .chain(&OLDER_CLONE_FLAGS)
-                .chain(&OLDER_RUN_FLAGS);
-            for f in probed {
-                assert_eq!(
-                    has_flag(sim, &flag(f)),
-                    has_flag(real, &flag(f)),
-                    "vm {verb} --{f}"
-                );
-            }
         }
     }
 }

@@ -13,6 +13,8 @@ mod fixup;
 mod guest;
 #[cfg(test)]
 mod help_probe;
+#[cfg(test)]
+mod help_rule;
 mod hub;
 mod ids;
 mod images;
