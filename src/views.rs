@@ -1,12 +1,15 @@
-//! Read-side views for the kubelet API and the metrics surfaces. The loop republishes them at
-//! most once a second from its State; readers only ever touch these maps, never a lock the loop
-//! needs (INV-7).
+//! Read-side views for the kubelet API and the metrics surfaces. The loop publishes the pods
+//! each step touched before it runs the step's actions; readers only ever touch these maps,
+//! never a lock the loop needs (INV-7).
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use reconcilers::State;
+use k8s_openapi::api::core::v1::Pod;
+use reconcilers::pod::PodKey;
+use reconcilers::status::PodStatus;
+use reconcilers::{Action, OpId, State};
 
 /// One tracked VM, as readers need it for stats (M1: only VMs with a known PID).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,142 +28,274 @@ pub struct VmView {
     pub cow: Option<String>,
 }
 
-/// A pod the watch sees on this node.
+/// A pod the node tracks, as the kubelet API serves it: what the node last sent, or is
+/// sending, of its status and annotations, and otherwise what the loop last saw of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRow {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    pub phase: String,
+    pub status: PodStatus,
+    pub annotations: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Default)]
 pub struct Views {
     /// Pod key (`ns/name`) → its VM.
     pub vms: Arc<DashMap<String, VmView>>,
-    /// Pod key → the pod, for every pod the watch sees on this node.
+    /// Pod key → the pod, for every pod the loop tracks.
     pub pods: Arc<DashMap<String, PodRow>>,
+    /// Pod key → the pod object as the watch last delivered it. Kept by the pod watch itself,
+    /// before it hands the pod to the loop, so `GET /pods` can serve whole objects without
+    /// the journal carrying them.
+    pub objects: Arc<DashMap<String, Arc<Pod>>>,
 }
 
-const EVERY: Duration = Duration::from_secs(1);
+/// A status write the loop sent and has not heard back from.
+struct Writing {
+    op: OpId,
+    status: Option<PodStatus>,
+    annotations: BTreeMap<String, Option<String>>,
+}
 
 pub struct Publisher {
     views: Views,
-    last: Option<Instant>,
-    /// A change was held back by the once-a-second limit and must still go out: a reader
-    /// must not wait for some unrelated later event to see a pod the loop already has.
-    pending: bool,
+    /// Each pod's write out: until its outcome, the pod's row shows what is being written
+    /// rather than the server's older copy the loop still holds.
+    writing: HashMap<PodKey, Writing>,
 }
 
 impl Publisher {
     pub fn new(views: Views) -> Self {
         Self {
             views,
-            last: None,
-            pending: false,
+            writing: HashMap::new(),
         }
     }
 
-    /// When a held-back publication is due, if one is.
-    pub fn due(&self) -> Option<Instant> {
-        self.pending
-            .then(|| self.last.map_or_else(Instant::now, |t| t + EVERY))
-    }
-
-    /// Republishes when the last publication is older than a second, and otherwise
-    /// remembers that one is owed (see [`Publisher::due`]).
-    pub fn maybe_publish(&mut self, state: &State) {
-        // A pod that came or went is published at once: the kubelet API answers 404 for a
-        // pod it does not list, and a caller that just saw the pod in the cluster retries
-        // nothing. The count is a cheap test; a swap of one pod for another in one step
-        // waits for the owed publication.
-        let pods_changed = state.pods.len() != self.views.pods.len();
-        if !pods_changed && self.last.is_some_and(|t| t.elapsed() < EVERY) {
-            self.pending = true;
-            return;
+    /// Runs after a step is reduced and before its actions are: the pods it touched (every
+    /// pod whose status or annotations an action writes is among them) are published, so the
+    /// node's own API serves a pod before the cluster is told it is Ready or which VM it runs
+    /// (INV-7). Only those pods are looked at; a pod count that disagrees with the table
+    /// (a removal not named as touched) is repaired by a full pass.
+    pub fn step(&mut self, state: &State, touched: &[PodKey], actions: &[Action]) {
+        for a in actions {
+            if let Action::PatchPod {
+                op,
+                key,
+                status,
+                annotations,
+                ..
+            } = a
+            {
+                let w = Writing {
+                    op: *op,
+                    status: status.clone(),
+                    annotations: annotations.clone(),
+                };
+                self.writing.insert(key.clone(), w);
+            }
         }
-        self.publish(state);
+        for key in touched {
+            self.one(state, key);
+        }
+        if state.pods.len() != self.views.pods.len() {
+            self.publish(state);
+        }
     }
 
+    /// Every pod: the rows of pods the loop no longer tracks go, the rest are refreshed.
     pub fn publish(&mut self, state: &State) {
-        self.pending = false;
-        self.last = Some(Instant::now());
-        let vms = &self.views.vms;
-        vms.retain(|k, _| {
-            let Some((ns, name)) = k.split_once('/') else {
-                return false;
-            };
-            state
-                .pods
-                .get(&reconcilers::pod::PodKey::new(ns, name))
-                .is_some_and(|e| e.vm().is_some())
+        let tracked = |k: &String| {
+            k.split_once('/')
+                .is_some_and(|(ns, name)| state.pods.contains_key(&PodKey::new(ns, name)))
+        };
+        self.views.vms.retain(|k, _| tracked(k));
+        self.views.pods.retain(|k, _| tracked(k));
+        self.writing.retain(|k, _| state.pods.contains_key(k));
+        for (key, _) in state.pods.sorted() {
+            self.one(state, key);
+        }
+    }
+
+    fn one(&mut self, state: &State, key: &PodKey) {
+        let k = key.to_string();
+        let Some(e) = state.pods.get(key) else {
+            self.views.pods.remove(&k);
+            self.views.vms.remove(&k);
+            self.writing.remove(key);
+            return;
+        };
+        if self
+            .writing
+            .get(key)
+            .is_some_and(|w| e.writer.out() != Some(w.op))
+        {
+            self.writing.remove(key);
+        }
+        let writing = self.writing.get(key);
+        let status = writing
+            .and_then(|w| w.status.as_ref())
+            .unwrap_or(&e.pod.status);
+        let pending = writing.map(|w| &w.annotations).filter(|a| !a.is_empty());
+        let same = self.views.pods.get(&k).is_some_and(|r| {
+            r.uid == e.pod.uid
+                && r.status == *status
+                && match pending {
+                    None => r.annotations == e.pod.annotations,
+                    Some(p) => r.annotations == with_pending(&e.pod.annotations, p),
+                }
         });
-        let pods = &self.views.pods;
-        pods.retain(|k, _| {
-            k.split_once('/').is_some_and(|(ns, name)| {
-                state
-                    .pods
-                    .contains_key(&reconcilers::pod::PodKey::new(ns, name))
-            })
-        });
-        for (key, e) in state.pods.sorted() {
+        if !same {
             let row = PodRow {
                 namespace: key.namespace().to_string(),
                 name: key.name().to_string(),
                 uid: e.pod.uid.clone(),
-                phase: e.pod.status.phase.to_string(),
-            };
-            if pods
-                .get(&key.to_string())
-                .map(|r| *r != row)
-                .unwrap_or(true)
-            {
-                pods.insert(key.to_string(), row);
-            }
-            let Some(vm) = e.vm() else { continue };
-            let view = VmView {
-                vm_id: vm.record.id.clone(),
-                vm_name: vm.record.name.clone(),
-                namespace: key.namespace().to_string(),
-                pod: key.name().to_string(),
-                pid: vm.record.pid,
-                ip: vm.ip.clone(),
-                backend: if vm.record.hypervisor.is_empty() {
-                    "cloud-hypervisor".into()
-                } else {
-                    vm.record.hypervisor.clone()
+                status: status.clone(),
+                annotations: match pending {
+                    None => e.pod.annotations.clone(),
+                    Some(p) => with_pending(&e.pod.annotations, p),
                 },
-                unmanaged: !vm.managed(),
-                windows: e
-                    .spec
-                    .as_ref()
-                    .is_ok_and(|sp| sp.os == reconcilers::spec::Os::Windows),
-                taps: vm.record.taps.clone(),
-                cow: vm.record.cow.clone(),
             };
-            let k = key.to_string();
-            if vms.get(&k).map(|v| *v != view).unwrap_or(true) {
-                vms.insert(k, view);
-            }
+            self.views.pods.insert(k.clone(), row);
+        }
+        let Some(vm) = e.vm() else {
+            self.views.vms.remove(&k);
+            return;
+        };
+        let view = VmView {
+            vm_id: vm.record.id.clone(),
+            vm_name: vm.record.name.clone(),
+            namespace: key.namespace().to_string(),
+            pod: key.name().to_string(),
+            pid: vm.record.pid,
+            ip: vm.ip.clone(),
+            backend: if vm.record.hypervisor.is_empty() {
+                "cloud-hypervisor".into()
+            } else {
+                vm.record.hypervisor.clone()
+            },
+            unmanaged: !vm.managed(),
+            windows: e
+                .spec
+                .as_ref()
+                .is_ok_and(|sp| sp.os == reconcilers::spec::Os::Windows),
+            taps: vm.record.taps.clone(),
+            cow: vm.record.cow.clone(),
+        };
+        if self.views.vms.get(&k).map(|v| *v != view).unwrap_or(true) {
+            self.views.vms.insert(k, view);
         }
     }
+}
+
+/// The pod's annotations once a write of `pending` (`None`: remove the key) lands.
+fn with_pending(
+    held: &BTreeMap<String, String>,
+    pending: &BTreeMap<String, Option<String>>,
+) -> BTreeMap<String, String> {
+    let mut out = held.clone();
+    for (k, v) in pending {
+        match v {
+            Some(v) => out.insert(k.clone(), v.clone()),
+            None => out.remove(k),
+        };
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reconcilers::event::KubeOk;
+    use reconcilers::keys::LIFECYCLE_STATE;
+    use reconcilers::{reduce_touching, Envelope, Event};
+
+    struct Run {
+        state: State,
+        views: Views,
+        publisher: Publisher,
+        seq: u64,
+    }
+
+    impl Run {
+        /// One step as the loop takes it: reduced, then published, and only then would its
+        /// actions run; the caller sees the views as they stand at that moment.
+        fn step(&mut self, event: Event) -> Vec<Action> {
+            self.seq += 1;
+            let envelope = Envelope {
+                seq: self.seq,
+                at: 1_000_000 + self.seq as i64,
+                event,
+            };
+            let (actions, touched) = reduce_touching(&mut self.state, envelope);
+            self.publisher.step(&self.state, &touched, &actions);
+            actions
+        }
+
+        fn row(&self, key: &str) -> Option<PodRow> {
+            self.views.pods.get(key).map(|r| r.value().clone())
+        }
+    }
+
+    fn run() -> Run {
+        let views = Views::default();
+        Run {
+            state: State::new(reconcilers::Config::default()),
+            publisher: Publisher::new(views.clone()),
+            views,
+            seq: 0,
+        }
+    }
 
     #[test]
-    fn a_held_back_publication_is_owed_not_dropped() {
-        let state = State::new(reconcilers::Config::default());
-        let mut p = Publisher::new(Views::default());
-        assert_eq!(p.due(), None);
-        p.maybe_publish(&state);
-        assert_eq!(p.due(), None, "the first publication goes out at once");
-        p.maybe_publish(&state);
-        let due = p.due().expect("a second change within the second is owed");
-        assert!(due > Instant::now() && due <= Instant::now() + EVERY);
-        p.publish(&state);
-        assert_eq!(p.due(), None);
+    fn what_a_step_writes_is_published_before_it_goes_out() {
+        let mut r = run();
+        let pod = reconcilers::testkit::pod("default", "a")
+            .managed()
+            .run("ghcr.io/acme/base:1")
+            .build();
+        r.step(Event::PodRelistBegin);
+        r.step(Event::PodRelistItem { pod: pod.clone() });
+        let seen = r
+            .row("default/a")
+            .expect("a pod is listed as soon as it is seen");
+        assert_eq!(seen.uid, pod.uid);
+        r.step(Event::PodRelistEnd);
+        let actions = r.step(Event::VmListed { vms: Vec::new() });
+        let (op, annotations) = actions
+            .iter()
+            .find_map(|a| match a {
+                Action::PatchPod {
+                    op, annotations, ..
+                } => Some((*op, annotations.clone())),
+                _ => None,
+            })
+            .expect("the bring-up writes the pod's lifecycle");
+        let creating = annotations[LIFECYCLE_STATE].clone();
+        let row = r.row("default/a").unwrap();
+        assert_eq!(
+            row.annotations.get(LIFECYCLE_STATE),
+            creating.as_ref(),
+            "the row shows the write the step is about to send"
+        );
+
+        // An unrelated event while the write is out keeps showing it.
+        r.step(Event::NodeRegistered);
+        assert_eq!(r.row("default/a").unwrap(), row);
+
+        r.step(Event::KubeDone {
+            op,
+            result: Ok(KubeOk::Done),
+        });
+        assert_eq!(
+            r.row("default/a").unwrap().annotations.get(LIFECYCLE_STATE),
+            creating.as_ref(),
+            "once written, the loop's own copy holds it"
+        );
+        assert!(r.publisher.writing.is_empty());
+
+        r.step(Event::PodDeleted { pod });
+        assert_eq!(r.state.pods.len(), r.views.pods.len());
     }
 }

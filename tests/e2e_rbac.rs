@@ -155,8 +155,6 @@ async fn the_packaged_rbac_is_enough() -> Result<()> {
     ensure!(annotation(&ready, "vm.cocoonstack.io/id").is_some());
     // The kubelet API asks the apiserver who its callers are and what they may do (K9): the
     // packaged role must allow both reviews, for a certificate and for a token.
-    // The daemon publishes its VM view at most once a second: just after Ready the answer
-    // may still be "no live VM", which is a 200 and enough here.
     tb.kubectl(&["logs", "rbac-a"])
         .await
         .with_context(|| d.proc.log_tail(40))?;

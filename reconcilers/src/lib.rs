@@ -33,7 +33,7 @@ use handle::{
 pub use action::{Action, OpId, Timer};
 pub use config::Config;
 pub use event::{Envelope, Event};
-pub use handle::reduce::reduce;
+pub use handle::reduce::{reduce, reduce_touching};
 pub use state::State;
 #[cfg(feature = "testkit")]
 pub mod testkit;

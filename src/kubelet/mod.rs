@@ -8,6 +8,7 @@ pub mod handshakes;
 pub mod log_query;
 mod log_time;
 mod logs;
+mod pod_object;
 mod routes;
 pub mod stream;
 pub mod tls;

@@ -23,13 +23,17 @@ fn pod_list(items: Vec<Value>) -> HttpResponse {
         .json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
 }
 
-/// GET /pods: the pods the watch sees on this node.
+/// GET /pods: the pods this node tracks, whole, as the cluster has them (K2).
 pub async fn pods(ctx: web::Data<Ctx>) -> HttpResponse {
     let mut rows: Vec<_> = ctx.views.pods.iter().map(|r| r.value().clone()).collect();
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     pod_list(
-        rows.into_iter()
-            .map(|r| json!({"metadata": {"name": r.name, "namespace": r.namespace, "uid": r.uid}, "status": {"phase": r.phase}}))
+        rows.iter()
+            .map(|r| {
+                let key = format!("{}/{}", r.namespace, r.name);
+                let watched = ctx.views.objects.get(&key).map(|o| o.value().clone());
+                super::pod_object::pod_object(watched.as_deref(), r)
+            })
             .collect(),
     )
 }

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use kube::Client;
-use reconcilers::{reduce, Action, Envelope, Event, State};
+use reconcilers::{reduce_touching, Action, Envelope, Event, State};
 use tokio::task::JoinHandle;
 
 use super::{now_ms, register, Evidence, Settings, Shutdown};
@@ -65,7 +65,6 @@ impl Loop {
     pub(super) async fn run(mut self, mut rx: EventRx, shutdown: &mut Shutdown) -> Result<()> {
         let result = loop {
             let retry_at = self.evidence.as_ref().and_then(Evidence::retry_at);
-            let publish_at = self.publisher.due().map(tokio::time::Instant::from_std);
             let event = tokio::select! {
                 ev = rx.recv() => match ev { Some(ev) => ev, None => break Ok(()) },
                 signal = shutdown.requested() => {
@@ -78,11 +77,6 @@ impl Loop {
                     if let Some(e) = self.evidence.as_mut() {
                         e.retry(&self.state, self.seq, tokio::time::Instant::now());
                     }
-                    continue;
-                }
-                () = tokio::time::sleep_until(publish_at.unwrap_or_else(tokio::time::Instant::now)),
-                    if publish_at.is_some() => {
-                    self.publisher.publish(&self.state);
                     continue;
                 }
             };
@@ -103,7 +97,7 @@ impl Loop {
             event,
         };
         let reducing = std::time::Instant::now();
-        let actions = reduce(&mut self.state, envelope.clone());
+        let (actions, touched) = reduce_touching(&mut self.state, envelope.clone());
         let took = reducing.elapsed();
         self.metrics.reduce_duration.observe(took.as_secs_f64());
         if let Some(e) = self.evidence.as_mut() {
@@ -116,6 +110,8 @@ impl Loop {
                 tokio::time::Instant::now(),
             );
         }
+        // INV-7: the node's API serves what the step changed before the cluster hears of it.
+        self.publisher.step(&self.state, &touched, &actions);
         let mut fatal = None;
         for action in actions {
             match action {
@@ -127,7 +123,6 @@ impl Loop {
         self.metrics
             .vm_table_size
             .set(self.state.vm_ids.len() as f64);
-        self.publisher.maybe_publish(&self.state);
         fatal
     }
 

@@ -119,7 +119,8 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     )
     .with_transfers(transfers(&settings, &client, &staging_dir, peer)?)
     .with_root_dir(settings.root_dir.clone().into());
-    let tasks = start_sources(&settings, &client, &tx);
+    let objects = pods::Objects::new(views.objects.clone());
+    let tasks = start_sources(&settings, &client, &tx, objects);
     let daemon = event_loop::Loop::new(settings, client, tx, metrics, exec, tasks, views);
     daemon.run(rx, &mut shutdown).await
 }
@@ -279,6 +280,7 @@ fn start_sources(
     settings: &Settings,
     client: &Client,
     tx: &crate::sources::EventTx,
+    objects: pods::Objects,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let (cli, list_tx) = (settings.cocoon.clone(), tx.clone());
     vec![
@@ -286,6 +288,7 @@ fn start_sources(
             client.clone(),
             settings.node.name.clone(),
             tx.clone(),
+            objects,
         )),
         tokio::spawn(dhcp_leases::run(
             settings.dhcp_leases_path.clone(),

@@ -1,7 +1,13 @@
 //! The pod watch (P1): kube-runtime's watcher on `spec.nodeName=<node>` with its backoff. Its
 //! relist bracket (Init / InitApply / InitDone) is passed through, so the core can tell "the
-//! list is complete" from "still listing".
+//! list is complete" from "still listing". Each object is also kept whole, for `GET /pods`,
+//! before the loop hears of it, so the kubelet API never lacks the object of a pod the loop
+//! tracks.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use dashmap::DashMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
@@ -11,17 +17,81 @@ use reconcilers::Event;
 use super::pod_view::pod_view;
 use super::EventTx;
 
-pub async fn run(client: Client, node: String, tx: EventTx) {
+fn key(p: &Pod) -> String {
+    let meta = &p.metadata;
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The watch's objects by pod key (`Views::objects`), as the watch last delivered them.
+pub struct Objects {
+    map: Arc<DashMap<String, Arc<Pod>>>,
+    /// Keys seen by the relist under way: what it did not list is gone once it completes.
+    relisted: Option<HashSet<String>>,
+}
+
+impl Objects {
+    pub fn new(map: Arc<DashMap<String, Arc<Pod>>>) -> Self {
+        Self {
+            map,
+            relisted: None,
+        }
+    }
+
+    fn relist_begin(&mut self) {
+        self.relisted = Some(HashSet::new());
+    }
+
+    fn applied(&mut self, p: &Pod) {
+        let k = key(p);
+        if let Some(seen) = self.relisted.as_mut() {
+            seen.insert(k.clone());
+        }
+        self.map.insert(k, Arc::new(p.clone()));
+    }
+
+    fn relist_end(&mut self) {
+        if let Some(seen) = self.relisted.take() {
+            self.map.retain(|k, _| seen.contains(k));
+        }
+    }
+
+    fn deleted(&mut self, p: &Pod) {
+        let uid = p.metadata.uid.as_deref();
+        self.map
+            .remove_if(&key(p), |_, held| held.metadata.uid.as_deref() == uid);
+    }
+}
+
+pub async fn run(client: Client, node: String, tx: EventTx, mut objects: Objects) {
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut stream = watcher(api, config).default_backoff().boxed();
     while let Some(item) = stream.next().await {
         let event = match item {
-            Ok(watcher::Event::Init) => Event::PodRelistBegin,
-            Ok(watcher::Event::InitApply(p)) => Event::PodRelistItem { pod: pod_view(&p) },
-            Ok(watcher::Event::InitDone) => Event::PodRelistEnd,
-            Ok(watcher::Event::Apply(p)) => Event::PodApplied { pod: pod_view(&p) },
-            Ok(watcher::Event::Delete(p)) => Event::PodDeleted { pod: pod_view(&p) },
+            Ok(watcher::Event::Init) => {
+                objects.relist_begin();
+                Event::PodRelistBegin
+            }
+            Ok(watcher::Event::InitApply(p)) => {
+                objects.applied(&p);
+                Event::PodRelistItem { pod: pod_view(&p) }
+            }
+            Ok(watcher::Event::InitDone) => {
+                objects.relist_end();
+                Event::PodRelistEnd
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                objects.applied(&p);
+                Event::PodApplied { pod: pod_view(&p) }
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                objects.deleted(&p);
+                Event::PodDeleted { pod: pod_view(&p) }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
                 continue;

@@ -9,6 +9,13 @@ use crate::state::{Startup, State};
 use crate::{dhcp, guest, intake, outcome, probe, publish, startup, sweep, timers, vm_events};
 
 pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
+    reduce_touching(state, envelope).0
+}
+
+/// [`reduce`], also naming the pods the event touched: every pod a returned action
+/// writes the status or annotations of is among them, so the shell can bring its own read-side
+/// views of them up to date before it sends anything the cluster acts on (INV-7).
+pub fn reduce_touching(state: &mut State, envelope: Envelope) -> (Vec<Action>, Vec<PodKey>) {
     state.now = envelope.at;
     match envelope.event {
         Event::PodRelistBegin => intake::relist_begin(state),
@@ -60,6 +67,7 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
     // Publishing can touch a pod again (a collected incarnation hands its name to the next
     // one, which is taken in at once); nothing touched may wait for the next event, or the
     // state between events would carry work that a state restored from a journal lacks.
+    let mut all: Vec<PodKey> = Vec::new();
     loop {
         let touched = state.touched.take();
         if touched.is_empty() {
@@ -68,8 +76,12 @@ pub fn reduce(state: &mut State, envelope: Envelope) -> Vec<Action> {
         for key in &touched {
             publish(state, key);
         }
+        match all.is_empty() {
+            true => all = touched,
+            false => all.extend(touched),
+        }
     }
-    std::mem::take(&mut state.out)
+    (std::mem::take(&mut state.out), all)
 }
 
 /// Push what the server lacks, then drop the entry if nothing is left to do for it.
