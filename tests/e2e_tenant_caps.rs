@@ -81,11 +81,10 @@ async fn node() -> Result<Node> {
         metrics_port,
         log,
     };
-    // The daemon's view of its pods is published at most once a second.
-    until("the pod's exec served", LIMIT, || async {
-        Ok(n.tb.kubectl(&["exec", POD, "--", "true"]).await.ok())
-    })
-    .await?;
+    // A pod the cluster sees Ready is served by the node at once (INV-7).
+    n.tb.kubectl(&["exec", POD, "--", "true"])
+        .await
+        .context("the pod's exec right after Ready")?;
     Ok(n)
 }
 
