@@ -458,3 +458,124 @@ async fn a_daemon_killed_mid_create_converges_after_restart() -> Result<()> {
     ensure!(ids.len() == 1, "one VM for one pod, found {ids:?}");
     delete_and_check_nothing_left(&tb, &pods, "midway").await
 }
+
+/// D4 across nodes: a delete under policy `always` pushes the real `snapshot export` archive
+/// to the registry; a clone pod on a second node (its own cocoon root and network) pulls it
+/// through `snapshot import` and its guest holds the value written on the first node. The
+/// restored guest keeps the first node's address, so the host is told where that address now
+/// lives (a /32 route to the second node's bridge, removed with the bridge) to ask it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pods_snapshot_clones_on_a_second_node() -> Result<()> {
+    let Some(mut tb) = testbed().await? else {
+        return Ok(());
+    };
+    tb.add_real_host("b")?;
+    let peer_port = e2e::ports::free_port()?;
+    let node_opts = |node: &str, ip: &str, host: Option<&str>| -> Result<DaemonOptions> {
+        Ok(DaemonOptions {
+            node: node.into(),
+            env: registry_env(&tb)?,
+            host: host.map(str::to_string),
+            node_ip: Some(ip.into()),
+            peer_addr: Some(format!("{ip}:{peer_port}")),
+            ..DaemonOptions::default()
+        })
+    };
+    let start = |opts: DaemonOptions, journal: &str| {
+        daemon::start(
+            &tb,
+            &opts,
+            &tb.run_dir().join(journal).join("events.journal"),
+            e2e::ports::free_port()?,
+            e2e::ports::free_port()?,
+        )
+    };
+    let a = start(node_opts("node-a", "127.0.0.2", None)?, "journal-a")?;
+    let b = start(node_opts("node-b", "127.0.0.3", Some("b"))?, "journal-b")?;
+    daemon::node_registered(&tb, &a, "node-a", LIMIT).await?;
+    daemon::node_registered(&tb, &b, "node-b", LIMIT).await?;
+
+    let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
+    let mut keeper = run_pod(&tb, "keeper")?;
+    keeper.metadata.annotations.get_or_insert_default().insert(
+        "cocoonset.cocoonstack.io/snapshot-policy".into(),
+        "always".into(),
+    );
+    create_pod(&pods, &keeper).await?;
+    let p = wait_ready(&pods, "keeper", LIMIT)
+        .await
+        .with_context(|| a.proc.log_tail(60))?;
+    let ip = pod_ip(&p).context("pod IP")?;
+    ensure!(value_port(&ip, "SET pushed-at-delete")? == "OK", "SET");
+    pods.delete("keeper", &DeleteParams::default()).await?;
+    until("keeper deleted", LIMIT, || async {
+        Ok(pods.get_opt("keeper").await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| a.proc.log_tail(60))?;
+    let tags = tb
+        .registry
+        .as_ref()
+        .context("registry")?
+        .tags("cocoon/vk-default-keeper")
+        .await?;
+    ensure!(tags.contains(&"latest".to_string()), "tags {tags:?}");
+
+    let heir = daemon::pod_manifest(
+        NS,
+        "heir",
+        "node-b",
+        json!({"cocoonset.cocoonstack.io/managed": "true",
+            "vm.cocoonstack.io/name": "vk-default-heir",
+            "cocoonset.cocoonstack.io/image": "vk-default-keeper"}),
+    )?;
+    create_pod(&pods, &heir).await?;
+    let real_b = tb.real_host(Some("b"))?;
+    let waited = until("the heir's VM on node-b", LIMIT, || async {
+        Ok(vm_of(real_b, "vk-default-heir").ok())
+    })
+    .await;
+    if let Err(e) = waited {
+        let heir = pods.get("heir").await?;
+        let events = events_of(&tb, "heir").await?;
+        let said: Vec<_> = events.iter().map(|e| (&e.reason, &e.message)).collect();
+        return Err(e.context(format!(
+            "heir: {:?} {:?}\nEvents: {said:?}\n{}",
+            heir.status,
+            heir.metadata.annotations,
+            b.proc.log_tail(30)
+        )));
+    }
+    // From node-a's gateway address, which the restored guest still takes for its own
+    // subnet's, so it answers on its link without a route of its own.
+    let gateway_a = &real(&tb)?.network.gateway;
+    let route = [
+        "route",
+        "replace",
+        &format!("{ip}/32"),
+        "dev",
+        &real_b.network.name,
+        "src",
+        gateway_a,
+    ];
+    let out = std::process::Command::new("ip").args(route).output()?;
+    ensure!(out.status.success(), "ip {}: {:?}", route.join(" "), out);
+    let got = until("the heir's guest answers GET", LIMIT, || async {
+        Ok(value_port(&ip, "GET").ok())
+    })
+    .await?;
+    ensure!(got == "pushed-at-delete", "the heir's guest says {got:?}");
+    pods.delete("heir", &DeleteParams::default()).await?;
+    until("heir deleted", LIMIT, || async {
+        Ok(pods.get_opt("heir").await?.is_none().then_some(()))
+    })
+    .await?;
+    for (node, real) in [("node-a", real(&tb)?), ("node-b", real_b)] {
+        ensure!(real.vm_ids()?.is_empty(), "{node} kept a VM");
+        ensure!(
+            real.network.allocations().is_empty(),
+            "{node} kept an address"
+        );
+    }
+    Ok(())
+}

@@ -21,8 +21,13 @@ pub const DEBIAN_PLUGIN_DIR: &str = "/usr/lib/cni";
 /// The subnets runs may claim: `10.216.<n>.0/24`.
 const SUBNET_PREFIX: &str = "10.216";
 
+/// The CNI network's name, the same on every host of a run as it is on every node of a
+/// cluster: cocoon records it in a VM, and a clone made on another host from that VM's
+/// snapshot joins the network of that name there (`vm clone` without `--network`).
+pub const NETWORK: &str = "vk-testbed";
+
 pub struct CniNetwork {
-    /// The conflist's name, also the bridge's: `vkreal<n>`.
+    /// The bridge's name, `vkreal<n>`, one per host.
     pub name: String,
     /// `10.216.<n>.0/24`.
     pub subnet: String,
@@ -32,7 +37,7 @@ pub struct CniNetwork {
     pub conf_dir: PathBuf,
     /// What `COCOON_CNI_BIN_DIR` names.
     pub bin_dir: PathBuf,
-    /// host-local's `dataDir`: one file per allocated address, under `<dataDir>/<name>/`.
+    /// host-local's `dataDir`: one file per allocated address, under `<dataDir>/<NETWORK>/`.
     pub ipam_dir: PathBuf,
 }
 
@@ -64,12 +69,11 @@ impl CniNetwork {
             ipam_dir,
         };
         let conflist = net.conflist();
-        let path = net.conf_dir.join(format!("10-{}.conflist", net.name));
+        let path = net.conf_dir.join(format!("10-{NETWORK}.conflist"));
         std::fs::write(&path, serde_json::to_vec_pretty(&conflist)?)
             .with_context(|| format!("writing {}", path.display()))?;
         step!(
-            "CNI network {} on bridge {} ({})",
-            net.name,
+            "CNI network {NETWORK} on bridge {} ({})",
             net.name,
             net.subnet
         );
@@ -79,7 +83,7 @@ impl CniNetwork {
     fn conflist(&self) -> serde_json::Value {
         serde_json::json!({
             "cniVersion": "1.0.0",
-            "name": self.name,
+            "name": NETWORK,
             "plugins": [{
                 "type": "bridge",
                 "bridge": self.name,
@@ -96,7 +100,7 @@ impl CniNetwork {
 
     /// Addresses host-local holds for a VM: its files named after an address.
     pub fn allocations(&self) -> Vec<String> {
-        let Ok(rd) = std::fs::read_dir(self.ipam_dir.join(&self.name)) else {
+        let Ok(rd) = std::fs::read_dir(self.ipam_dir.join(NETWORK)) else {
             return Vec::new();
         };
         rd.flatten()

@@ -101,9 +101,9 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
         None => Command::new(&o.bin),
     };
     cmd.arg("run");
-    match (&tb.real_cocoon, o.host.as_deref()) {
-        (Some(real), None) => real_cocoon_env(&mut cmd, real),
-        (Some(_), Some(_)) | (None, _) => {
+    match &tb.real_cocoon {
+        Some(_) => real_cocoon_env(&mut cmd, tb.real_host(o.host.as_deref())?),
+        None => {
             let sim = tb.host(o.host.as_deref())?;
             cmd.envs(sim.env())
                 .env("VK_COCOON_BIN", &sim.bin)

@@ -50,10 +50,19 @@ impl RealCocoon {
     /// Checks the binaries, builds the stand-in, claims the network and records how to tear it
     /// all down before anything can create a VM.
     pub fn start(run: &RunDir) -> Result<RealCocoon> {
+        Self::start_in(run, SUBDIR)
+    }
+
+    /// Another cocoon host of the same run (a second node): its own root and network.
+    pub fn host(run: &RunDir, name: &str) -> Result<RealCocoon> {
+        Self::start_in(run, &format!("{SUBDIR}-{name}"))
+    }
+
+    fn start_in(run: &RunDir, subdir: &str) -> Result<RealCocoon> {
         let bin = crate::bins::built("cocoon-real")?;
         let erofs = crate::bins::built("mkfs.erofs")?;
         let standin = standin_binary()?;
-        let dir = run.subdir(SUBDIR)?;
+        let dir = run.subdir(subdir)?;
         let root = dir.join("root");
         // A cloud image boots through UEFI firmware; the stand-in only checks the file exists.
         let firmware = root.join("firmware");
@@ -170,7 +179,19 @@ fn parse_vm_list(out: &str) -> Vec<String> {
 /// any netns its network index still names, then the bridge. Run after the run's processes
 /// are stopped; a run without the real cocoon is left alone. Idempotent.
 pub fn teardown_in(run: &Path) {
-    let dir = run.join(SUBDIR);
+    let Ok(entries) = std::fs::read_dir(run) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == SUBDIR || name.starts_with(&format!("{SUBDIR}-")) {
+            teardown_host(&e.path());
+        }
+    }
+}
+
+/// [`teardown_in`] for one host's directory.
+fn teardown_host(dir: &Path) {
     let Ok(text) = std::fs::read(dir.join(RECORD)) else {
         return;
     };

@@ -128,6 +128,8 @@ pub struct Testbed {
     pub guest_image: Option<String>,
     /// More cocoon hosts, for tests with more than one node (`add_host`).
     pub hosts: Vec<CocoonSim>,
+    /// More real cocoon hosts, by name (`add_real_host`).
+    pub real_hosts: Vec<(String, RealCocoon)>,
     pub pki: Option<Pki>,
     client: Option<kube::Client>,
     run: RunDir,
@@ -165,6 +167,7 @@ impl Testbed {
             real_cocoon: None,
             guest_image: None,
             hosts: Vec::new(),
+            real_hosts: Vec::new(),
             pki: None,
             client: None,
             run: RunDir::create()?,
@@ -396,6 +399,29 @@ impl Testbed {
         Ok(self.hosts.last().expect("just pushed"))
     }
 
+    /// A second node's real cocoon: its own root, run and log directories and CNI network.
+    pub fn add_real_host(&mut self, name: &str) -> Result<&RealCocoon> {
+        let real = RealCocoon::host(&self.run, name)?;
+        self.real_hosts.push((name.to_string(), real));
+        Ok(&self.real_hosts.last().expect("just pushed").1)
+    }
+
+    /// The real cocoon named `name` by `add_real_host`, or the testbed's own for `None`.
+    pub fn real_host(&self, name: Option<&str>) -> Result<&RealCocoon> {
+        match name {
+            None => self
+                .real_cocoon
+                .as_ref()
+                .context("testbed without the real cocoon"),
+            Some(n) => self
+                .real_hosts
+                .iter()
+                .find(|(h, _)| h == n)
+                .map(|(_, r)| r)
+                .with_context(|| format!("no real cocoon host {n:?} (Testbed::add_real_host)")),
+        }
+    }
+
     /// The simulator named `name` by `add_host`, or the testbed's own for `None`.
     pub fn host(&self, name: Option<&str>) -> Result<&CocoonSim> {
         match name {
@@ -431,6 +457,7 @@ impl Testbed {
         }
         // Nothing of it runs until a VM does; `testbed down` removes those and its network.
         drop(self.real_cocoon.take());
+        self.real_hosts.clear();
         for h in self.hosts.drain(..) {
             std::mem::forget(h);
         }
