@@ -61,6 +61,45 @@ fn mix() -> Result<(usize, usize)> {
     Ok((r.trim().parse()?, c.trim().parse()?))
 }
 
+/// The executor runs a bounded number of cocoon calls at once; the journal's call times hold
+/// the wait for a slot, which only the daemon's histogram separates.
+async fn cocoon_slot_wait(metrics_port: u16) -> Result<String> {
+    let name = "cocoon_vk_action_queue_wait_seconds";
+    let of_cocoon = |series: Vec<(String, f64)>| -> Vec<(String, f64)> {
+        series
+            .into_iter()
+            .filter(|(labels, _)| labels.contains("kind=\"cocoon\""))
+            .collect()
+    };
+    let value = |suffix: &str| {
+        let name = format!("{name}_{suffix}");
+        async move {
+            let series = daemon::metric_series(metrics_port, &name).await?;
+            anyhow::Ok(of_cocoon(series).first().map_or(0.0, |(_, v)| *v))
+        }
+    };
+    let (count, sum) = (value("count").await?, value("sum").await?);
+    let buckets = of_cocoon(daemon::metric_series(metrics_port, &format!("{name}_bucket")).await?);
+    // The smallest bucket bound holding a share of the calls: an upper bound of that quantile.
+    let bound = |share: f64| {
+        buckets
+            .iter()
+            .filter(|(_, n)| *n >= share * count)
+            .filter_map(|(labels, _)| {
+                let le = labels.split("le=\"").nth(1)?.trim_end_matches('"');
+                le.parse::<f64>().ok()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    Ok(format!(
+        "wait for a cocoon slot (the daemon's histogram): {count:.0} calls, mean {:.0} ms, \
+         p50 ≤ {} s, p99 ≤ {} s",
+        sum / count.max(1.0) * 1000.0,
+        bound(0.5),
+        bound(0.99)
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "heavy: run with `make bench-e2e [BACKEND=real]`"]
 async fn bench_run_and_clone_pods_at_once() -> Result<()> {
@@ -102,11 +141,12 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
     };
 
     let journal = tb.run_dir().join("journal").join("events.journal");
+    let metrics_port = e2e::ports::free_port()?;
     let mut d = daemon::start(
         &tb,
         &DaemonOptions::default(),
         &journal,
-        e2e::ports::free_port()?,
+        metrics_port,
         e2e::ports::free_port()?,
     )?;
     daemon::node_registered(&tb, &d, NODE, Duration::from_secs(60)).await?;
@@ -187,6 +227,7 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
         .collect::<std::collections::BTreeSet<_>>()
         .len();
     let rss = daemon::usage(d.proc.pid()).map(|(_, rss)| rss).unwrap_or(0);
+    let slot_wait = cocoon_slot_wait(metrics_port).await?;
     d.proc.stop();
     // For a look at what the daemon did: `BENCH_KEEP_JOURNAL=DIR`, then `vk-cocoon replay
     // --pod NS/NAME DIR/*.journal*`.
@@ -211,6 +252,7 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
         rss as f64 / 1048576.0
     );
     report::calls(&by_hand, &figures);
+    println!("    {slot_wait}");
     let group = |mode: Mode| -> Vec<&PodTimes> {
         wanted
             .iter()
