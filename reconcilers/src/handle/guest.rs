@@ -29,10 +29,13 @@ const FIXUP_BUDGET_MS: i64 = 180_000;
 const RENEW_NUDGE_MS: u64 = 30_000;
 
 /// C13: which fix-up a VM brought up by `wait` needs, if any. A run or an adoption needs none;
-/// a cloud-hypervisor Linux clone with DHCP NICs only heals itself.
+/// a cloud-hypervisor Linux clone with DHCP NICs only heals itself; a cloud-hypervisor Windows
+/// wake neither (U7): its hibernation dropped the NIC, so the clone's one NIC is new to the
+/// guest, which takes a lease on it like any fresh device.
 pub(crate) fn needed(spec: &VmSpec, vm: &VmRecord, wait: IpWait) -> Option<FixupKind> {
     match wait {
         IpWait::Run | IpWait::Adopt => return None,
+        IpWait::Wake if spec.drops_nic() => return None,
         IpWait::Clone | IpWait::Wake => {}
     }
     match (spec.os, spec.backend) {
