@@ -45,12 +45,12 @@ impl Objects {
         self.relisted = Some(HashSet::new());
     }
 
-    fn applied(&mut self, p: &Pod) {
-        let k = key(p);
+    fn applied(&mut self, p: Pod) {
+        let k = key(&p);
         if let Some(seen) = self.relisted.as_mut() {
             seen.insert(k.clone());
         }
-        self.map.insert(k, Arc::new(p.clone()));
+        self.map.insert(k, Arc::new(p));
     }
 
     fn relist_end(&mut self) {
@@ -77,16 +77,18 @@ pub async fn run(client: Client, node: String, tx: EventTx, mut objects: Objects
                 Event::PodRelistBegin
             }
             Ok(watcher::Event::InitApply(p)) => {
-                objects.applied(&p);
-                Event::PodRelistItem { pod: pod_view(&p) }
+                let pod = pod_view(&p);
+                objects.applied(p);
+                Event::PodRelistItem { pod }
             }
             Ok(watcher::Event::InitDone) => {
                 objects.relist_end();
                 Event::PodRelistEnd
             }
             Ok(watcher::Event::Apply(p)) => {
-                objects.applied(&p);
-                Event::PodApplied { pod: pod_view(&p) }
+                let pod = pod_view(&p);
+                objects.applied(p);
+                Event::PodApplied { pod }
             }
             Ok(watcher::Event::Delete(p)) => {
                 objects.deleted(&p);
@@ -100,5 +102,38 @@ pub async fn run(client: Client, node: String, tx: EventTx, mut objects: Objects
         if tx.send(event).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "uid": uid}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_objects_follow_the_watch() {
+        let map = Arc::new(DashMap::new());
+        let mut o = Objects::new(map.clone());
+        o.applied(pod("a", "u1"));
+        o.applied(pod("b", "u2"));
+        // A delete of an earlier incarnation leaves the current one.
+        o.deleted(&pod("a", "u0"));
+        assert_eq!(map.len(), 2);
+        o.deleted(&pod("a", "u1"));
+        assert!(!map.contains_key("default/a"));
+        // A relist that no longer lists a pod drops it once complete.
+        o.applied(pod("c", "u3"));
+        o.relist_begin();
+        o.applied(pod("c", "u3"));
+        assert_eq!(map.len(), 2, "nothing goes while the relist is under way");
+        o.relist_end();
+        let left: Vec<String> = map.iter().map(|e| e.key().clone()).collect();
+        assert_eq!(left, ["default/c"]);
     }
 }
