@@ -102,6 +102,15 @@ fn updated(s: &mut State, key: &PodKey) {
         }
         // U2: no `hibernate` and no VM wakes it.
         Phase::Hibernated if !hibernate => create::wake(s, key),
+        // U2: a change of what the pod asks for that is neither (its snapshot policy, say) is
+        // an update with nothing to do: counted, and no status is published for it.
+        Phase::Running(_) | Phase::Hibernated if spec_changed => crate::provider::outcome(
+            s,
+            key,
+            crate::provider::Op::Update,
+            crate::provider::Outcome::Skipped,
+            crate::labels::LifecycleReason::Noop,
+        ),
         Phase::Waiting
         | Phase::Failed(_)
         | Phase::Creating(_)

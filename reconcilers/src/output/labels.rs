@@ -74,6 +74,7 @@ label! {
         VmRm => "vm_rm",
         NoVm => "no_vm",
         SeatRelease => "seat_release",
+        Noop => "noop",
     }
 }
 
