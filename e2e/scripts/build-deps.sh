@@ -7,6 +7,7 @@
 #   registry                  distribution v3 cmd/registry (cold: ~2 min)
 #   metrics-server            sigs.k8s.io/metrics-server (cold: ~5 min; for `kubectl top`)
 #   cocoon (`build-deps.sh cocoon`) the real cocoon CLI from shared/vendor (cold: 1-4 min)
+#   cocoon-operator           the real operator from shared/vendor, with cocoon-common beside it (cold: ~2 min)
 #   mkfs.erofs                erofs-utils 1.8.6 from Debian trixie's source package (cold: ~25 s)
 # A second run finds the binaries and returns in well under a second.
 set -euo pipefail
@@ -150,6 +151,52 @@ build_cocoon() {
   ln -sf "cocoon-$COCOON_COMMIT" "$BIN/cocoon-real"
 }
 
+# The real cocoon-operator (CocoonSet, CocoonHibernation), from shared/vendor like cocoon. Its
+# cocoon-common dependency is not on the module proxy either, so both tarballs unpack side by
+# side and a replace points the operator at the local copy.
+OPERATOR_COMMIT=${OPERATOR_COMMIT:-6151b055cbde}
+COMMON_COMMIT=${COMMON_COMMIT:-8de9092a9c6f}
+# The testbed applies the operator's CRDs and its ClusterRole from the same source, so they are
+# kept beside the binary: share/cocoon-operator/{crd,rbac}.
+install_operator_manifests() {
+  local tarball=$1 share="$CACHE/share/cocoon-operator-$OPERATOR_COMMIT"
+  if [[ ! -f $share/rbac/role.yaml ]]; then
+    rm -rf "$share.tmp" && mkdir -p "$share.tmp/crd" "$share.tmp/rbac"
+    tar -xzf "$tarball" -C "$share.tmp/crd" --strip-components=4 cocoon-operator/config/crd/bases
+    tar -xzf "$tarball" -C "$share.tmp/rbac" --strip-components=3 cocoon-operator/config/rbac/role.yaml
+    rm -rf "$share" && mv "$share.tmp" "$share"
+  fi
+  ln -sfn "cocoon-operator-$OPERATOR_COMMIT" "$CACHE/share/cocoon-operator"
+}
+
+build_operator() {
+  local out="$BIN/cocoon-operator-$OPERATOR_COMMIT"
+  local here vendor dir="$CACHE/src/cocoon-operator-$OPERATOR_COMMIT" t
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  vendor="$here/../../../shared/vendor"
+  for t in "cocoon-operator-$OPERATOR_COMMIT" "cocoon-common-$COMMON_COMMIT"; do
+    [[ -f $vendor/$t.tar.gz ]] || { echo "$vendor/$t.tar.gz is missing: the operator builds from shared/vendor beside the repository" >&2; exit 1; }
+  done
+  mkdir -p "$CACHE/share"
+  install_operator_manifests "$vendor/cocoon-operator-$OPERATOR_COMMIT.tar.gz"
+  if [[ -x $out ]]; then log "cocoon-operator $OPERATOR_COMMIT cached"; ln -sf "cocoon-operator-$OPERATOR_COMMIT" "$BIN/cocoon-operator"; return; fi
+  need_go
+  log "cocoon-operator $OPERATOR_COMMIT (cocoon-common $COMMON_COMMIT): cold build from $vendor, usually ~2 minutes on 2 cores"
+  SECONDS=0
+  rm -rf "$dir" && mkdir -p "$dir/cocoon-operator" "$dir/cocoon-common"
+  tar -xzf "$vendor/cocoon-operator-$OPERATOR_COMMIT.tar.gz" -C "$dir/cocoon-operator" --strip-components=1
+  tar -xzf "$vendor/cocoon-common-$COMMON_COMMIT.tar.gz" -C "$dir/cocoon-common" --strip-components=1
+  (cd "$dir/cocoon-operator" && go mod edit -replace github.com/cocoonstack/cocoon-common=../cocoon-common)
+  log "cocoon-operator: downloading modules"
+  (cd "$dir/cocoon-operator" && go mod download 2>&1) | progress cocoon-operator-modules
+  (cd "$dir/cocoon-operator" && CGO_ENABLED=0 go build -v \
+    -ldflags "-X github.com/cocoonstack/cocoon-operator/version.REVISION=$OPERATOR_COMMIT" \
+    -o "$out.tmp" . 2>&1) | progress cocoon-operator
+  mv "$out.tmp" "$out"
+  ln -sf "cocoon-operator-$OPERATOR_COMMIT" "$BIN/cocoon-operator"
+  log "cocoon-operator $OPERATOR_COMMIT built in ${SECONDS}s"
+}
+
 # mkfs.erofs with `--tar=f`, which the real cocoon's `image pull` of an OCI image runs for every
 # layer: bookworm's erofs-utils 1.5 predates it. Built from trixie's Debian source package (the
 # upstream tarball it names) through a private apt configuration under the cache, so the
@@ -207,9 +254,10 @@ case $what in
   registry) build_registry ;;
   metrics-server) build_metrics_server ;;
   cocoon) build_cocoon ;;
+  cocoon-operator) build_operator ;;
   erofs) build_erofs ;;
-  all) build_etcd; build_registry; build_metrics_server; build_k8s; build_cocoon; build_erofs ;;
-  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server|cocoon|erofs]" >&2; exit 2 ;;
+  all) build_etcd; build_registry; build_metrics_server; build_k8s; build_cocoon; build_operator; build_erofs ;;
+  *) echo "usage: $0 [all|k8s|etcd|registry|metrics-server|cocoon|cocoon-operator|erofs]" >&2; exit 2 ;;
 esac
 for b in kube-apiserver-$K8S_VERSION kubectl-$K8S_VERSION kube-scheduler-$K8S_VERSION \
   kube-controller-manager-$K8S_VERSION etcd-$ETCD_VERSION registry-$REGISTRY_VERSION \

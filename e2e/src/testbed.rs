@@ -10,6 +10,7 @@ use crate::certs::Pki;
 use crate::controller_manager::ControllerManager;
 use crate::etcd::Etcd;
 use crate::metrics_server::MetricsServer;
+use crate::operator::Operator;
 use crate::procs::Proc;
 use crate::prometheus::{Prometheus, ScrapeJob};
 use crate::real_cocoon::RealCocoon;
@@ -39,6 +40,8 @@ pub struct TestbedOptions {
     /// Start metrics-server as the `metrics.k8s.io` API, scraping every this often (at least
     /// 10 s, its floor); implies the control plane.
     pub metrics_server: Option<std::time::Duration>,
+    /// The real cocoon-operator with its CRDs; implies the control plane and the registry.
+    pub operator: bool,
     /// Namespaces to create, each with its `default` ServiceAccount ("default" always is).
     pub namespaces: Vec<String>,
 }
@@ -61,6 +64,7 @@ impl TestbedOptions {
             sim: true,
             real_cocoon: false,
             metrics_server: None,
+            operator: false,
             namespaces: Vec::new(),
         }
     }
@@ -101,6 +105,15 @@ impl TestbedOptions {
         self
     }
 
+    /// cocoon-operator behind the apiserver, watching CocoonSets and CocoonHibernations (see
+    /// [`crate::operator`]). Opt-in: it costs a build (`build-deps.sh cocoon-operator`).
+    pub fn with_operator(mut self) -> Self {
+        self.control_plane = true;
+        self.registry = true;
+        self.operator = true;
+        self
+    }
+
     pub fn with_namespace(mut self, ns: &str) -> Self {
         self.namespaces.push(ns.to_string());
         self
@@ -112,6 +125,7 @@ impl TestbedOptions {
 /// directory.
 pub struct Testbed {
     // Teardown order: consumers before what they consume, the run directory last.
+    pub operator: Option<Operator>,
     pub metrics_server: Option<MetricsServer>,
     pub prometheus: Option<Prometheus>,
     pub registry: Option<Registry>,
@@ -152,10 +166,15 @@ impl Testbed {
         if opts.metrics_server.is_some() {
             crate::bins::built("metrics-server")?;
         }
+        if opts.operator {
+            crate::bins::built("cocoon-operator")?;
+            crate::operator::manifests_dir()?;
+        }
         if opts.prometheus.is_some() {
             crate::bins::prometheus()?;
         }
         let mut tb = Testbed {
+            operator: None,
             metrics_server: None,
             prometheus: None,
             registry: None,
@@ -253,6 +272,14 @@ impl Testbed {
         ) {
             tb.metrics_server =
                 Some(MetricsServer::start(&tb.run, pki, api, client, resolution).await?);
+        }
+        if let (true, Some(pki), Some(api), Some(registry)) = (
+            opts.operator,
+            tb.pki.as_ref(),
+            tb.apiserver.as_ref(),
+            tb.registry.as_ref(),
+        ) {
+            tb.operator = Some(Operator::start(&tb.run, pki, api, registry).await?);
         }
         step!("testbed up in {}", tb.run.path().display());
         Ok(tb)
@@ -352,6 +379,13 @@ impl Testbed {
         if let Some(p) = &self.prometheus {
             v.push(("TESTBED_PROMETHEUS".into(), p.url.clone()));
         }
+        if let Some(o) = &self.operator {
+            v.push((
+                "TESTBED_OPERATOR_METRICS".into(),
+                format!("http://127.0.0.1:{}", o.metrics_port),
+            ));
+            v.push(("TESTBED_OCI_REGISTRY".into(), o.oci_registry.clone()));
+        }
         if let Some(m) = &self.metrics_server {
             v.push((
                 "TESTBED_METRICS_SERVER".into(),
@@ -438,6 +472,7 @@ impl Testbed {
     pub fn detach(mut self) -> Result<PathBuf> {
         self.run.detach()?;
         for p in [
+            self.operator.as_mut().map(|c| &mut c.proc),
             self.metrics_server.as_mut().map(|c| &mut c.proc),
             self.prometheus.as_mut().map(|c| &mut c.proc),
             self.registry.as_mut().map(|c| &mut c.proc),
@@ -475,6 +510,7 @@ impl Drop for Testbed {
             // failure, and the test harness shows them with the panic.
             self.print_log_tails(20);
         }
+        drop(self.operator.take());
         drop(self.metrics_server.take());
         drop(self.prometheus.take());
         drop(self.registry.take());

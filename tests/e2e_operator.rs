@@ -1,0 +1,534 @@
+//! The real cocoon-operator with the real daemon on the simulator: CocoonSets and
+//! CocoonHibernations go through the operator's reconcilers, the pods they make through the
+//! scheduler onto the daemon's node, and each test checks both sides: what the operator says
+//! (the set's or hibernation's status, conditions and Events) and what the daemon did (pods,
+//! lifecycle annotations, VMs, local snapshots, registry tags). Where the two disagree about
+//! the annotation contract the assertion names the rule.
+
+use e2e::daemon;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use e2e::daemon::{annotation, is_ready, until, Daemon, DaemonOptions};
+use e2e::operator::{GROUP, PREFIX, VERSION};
+use e2e::testbed::{Testbed, TestbedOptions};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::core::GroupVersionKind;
+use serde_json::{json, Value};
+
+const NS: &str = "default";
+const NODE: &str = "node-a";
+const LIMIT: Duration = Duration::from_secs(90);
+const IMAGE: &str = "ghcr.io/cocoonstack/ubuntu:24.04";
+const OPERATOR: &str = "cocoon-operator";
+
+/// The testbed with the operator, one daemon pointed at the same registry prefix, and clients.
+struct Bed {
+    tb: Testbed,
+    d: Daemon,
+    sets: Api<DynamicObject>,
+    hibs: Api<DynamicObject>,
+    pods: Api<Pod>,
+    events: Api<Event>,
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, kind), plural)
+}
+
+async fn bed() -> Result<Bed> {
+    let tb = Testbed::start(
+        TestbedOptions::control_plane()
+            .with_sim()
+            .with_registry()
+            .with_operator(),
+    )
+    .await?;
+    let oci = tb
+        .operator
+        .as_ref()
+        .context("operator")?
+        .oci_registry
+        .clone();
+    let journal = tb.run_dir().join("journal").join("events.journal");
+    let opts = DaemonOptions {
+        env: vec![("OCI_REGISTRY".into(), oci)],
+        ..DaemonOptions::default()
+    };
+    let d = daemon::start(
+        &tb,
+        &opts,
+        &journal,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
+    let client = tb.client()?;
+    Ok(Bed {
+        sets: Api::namespaced_with(client.clone(), NS, &resource("CocoonSet", "cocoonsets")),
+        hibs: Api::namespaced_with(
+            client.clone(),
+            NS,
+            &resource("CocoonHibernation", "cocoonhibernations"),
+        ),
+        pods: Api::namespaced(client.clone(), NS),
+        events: Api::namespaced(client, NS),
+        tb,
+        d,
+    })
+}
+
+impl Bed {
+    async fn create_set(&self, name: &str, spec: Value) -> Result<()> {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": "CocoonSet",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": spec,
+        }))?;
+        self.sets.create(&PostParams::default(), &obj).await?;
+        Ok(())
+    }
+
+    async fn patch_set(&self, name: &str, spec: Value) -> Result<()> {
+        self.sets
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until the set's whole object satisfies `pred`; the error carries the last status
+    /// seen and the tails of the operator's and the daemon's logs.
+    async fn set_until(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let last = std::sync::Mutex::new(Value::Null);
+        let got = until(&format!("CocoonSet {name}: {what}"), LIMIT, || async {
+            let obj = serde_json::to_value(self.sets.get(name).await?)?;
+            let ok = pred(&obj);
+            *last.lock().unwrap() = obj["status"].clone();
+            Ok(ok.then_some(obj))
+        })
+        .await;
+        got.with_context(|| self.context(&last.lock().unwrap()))
+    }
+
+    async fn hib_until(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let last = std::sync::Mutex::new(Value::Null);
+        let got = until(
+            &format!("CocoonHibernation {name}: {what}"),
+            LIMIT,
+            || async {
+                let obj = serde_json::to_value(self.hibs.get(name).await?)?;
+                let ok = pred(&obj);
+                *last.lock().unwrap() = obj["status"].clone();
+                Ok(ok.then_some(obj))
+            },
+        )
+        .await;
+        got.with_context(|| self.context(&last.lock().unwrap()))
+    }
+
+    async fn pod_until(&self, name: &str, what: &str, pred: impl Fn(&Pod) -> bool) -> Result<Pod> {
+        let got = until(&format!("pod {name}: {what}"), LIMIT, || async {
+            Ok(self.pods.get_opt(name).await?.filter(|p| pred(p)))
+        })
+        .await;
+        got.with_context(|| self.context(&Value::Null))
+    }
+
+    async fn pod_gone(&self, name: &str) -> Result<()> {
+        let got = until(&format!("pod {name} gone"), LIMIT, || async {
+            Ok(self.pods.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await;
+        got.with_context(|| self.context(&Value::Null))
+    }
+
+    fn context(&self, status: &Value) -> String {
+        let operator = self.tb.operator.as_ref().map(|o| o.proc.log_tail(40));
+        format!(
+            "last status: {status}\n--- cocoon-operator:\n{}\n--- vk-cocoon:\n{}",
+            operator.unwrap_or_default(),
+            self.d.proc.log_tail(40)
+        )
+    }
+
+    /// The operator's Events about one object, as (type, reason, message).
+    async fn operator_events(&self, object: &str) -> Result<Vec<(String, String, String)>> {
+        Ok(self
+            .events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(object))
+            .filter(|e| {
+                e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(OPERATOR)
+                    || e.reporting_component.as_deref() == Some(OPERATOR)
+            })
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
+    async fn operator_event(&self, object: &str, reason: &str) -> Result<(String, String)> {
+        let got = until(
+            &format!("a {reason} Event from the operator on {object}"),
+            LIMIT,
+            || async {
+                Ok(self
+                    .operator_events(object)
+                    .await?
+                    .into_iter()
+                    .find(|(_, r, _)| r == reason)
+                    .map(|(t, _, m)| (t, m)))
+            },
+        )
+        .await;
+        got.with_context(|| self.context(&Value::Null))
+    }
+
+    /// Warnings any component other than the scheduler (which reports FailedScheduling while
+    /// the node registers) raised in the namespace.
+    async fn warnings(&self) -> Result<Vec<String>> {
+        Ok(self
+            .events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning") && !daemon::from_the_scheduler(e))
+            .map(|e| {
+                format!(
+                    "{}: {} {}",
+                    e.involved_object.name.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                )
+            })
+            .collect())
+    }
+
+    fn sim(&self, args: &[&str]) -> Result<Value> {
+        let out = self.tb.host(None)?.run(args)?;
+        Ok(serde_json::from_str(out.trim()).unwrap_or(json!([])))
+    }
+
+    /// Names of the VMs the simulator runs.
+    fn vms(&self) -> Result<Vec<String>> {
+        let v = self.sim(&["vm", "list", "-o", "json"])?;
+        Ok(names(&v, |e| e["config"]["name"].as_str()))
+    }
+
+    /// Names of the node-local snapshots.
+    fn snapshots(&self) -> Result<Vec<String>> {
+        let v = self.sim(&["snapshot", "list", "-o", "json"])?;
+        Ok(names(&v, |e| e["name"].as_str()))
+    }
+
+    async fn tags(&self, vm: &str) -> Result<Vec<String>> {
+        let reg = self.tb.registry.as_ref().context("registry")?;
+        let mut t = reg.tags(&format!("{PREFIX}/{vm}")).await?;
+        t.sort();
+        Ok(t)
+    }
+
+    async fn tags_until(&self, vm: &str, want: &[&str]) -> Result<()> {
+        let got = until(&format!("tags of {vm} {want:?}"), LIMIT, || async {
+            Ok((self.tags(vm).await? == want).then_some(()))
+        })
+        .await;
+        got.with_context(|| self.context(&Value::Null))
+    }
+}
+
+fn names(v: &Value, f: impl Fn(&Value) -> Option<&str>) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|e| f(e).map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn phase_is(obj: &Value, phase: &str) -> bool {
+    obj["status"]["phase"] == phase
+}
+
+/// The set's status is current (observedGeneration) and says `ready` of `desired` agents.
+fn agents_ready(obj: &Value, ready: i64, desired: i64) -> bool {
+    obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+        && obj["status"]["readyAgents"] == ready
+        && obj["status"]["desiredAgents"] == desired
+}
+
+fn vm_name(set: &str, slot: usize) -> String {
+    format!("vk-{NS}-{set}-{slot}")
+}
+
+fn run_agent(replicas: i64) -> Value {
+    json!({
+        "replicas": replicas,
+        "image": IMAGE,
+        "mode": "run",
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
+                      "limits": {"cpu": "1", "memory": "1Gi"}},
+    })
+}
+
+/// What the operator reports for each agent matches the pod the daemon brought up.
+async fn check_agents(b: &Bed, set: &str, obj: &Value, slots: usize) -> Result<()> {
+    let agents = obj["status"]["agents"]
+        .as_array()
+        .context("status.agents")?;
+    ensure!(agents.len() == slots, "status.agents: {agents:?}");
+    for (slot, a) in agents.iter().enumerate() {
+        let pod_name = format!("{set}-{slot}");
+        let pod = b.pods.get(&pod_name).await?;
+        ensure!(is_ready(&pod), "{pod_name} not Ready");
+        ensure!(
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE),
+            "{pod_name} was not scheduled to {NODE}"
+        );
+        let role = if slot == 0 { "main" } else { "sub-agent" };
+        ensure!(
+            a["slot"] == slot as i64 && a["role"] == role,
+            "agent {slot}: {a}"
+        );
+        ensure!(a["podName"] == pod_name.as_str(), "agent {slot}: {a}");
+        ensure!(
+            a["vmName"] == vm_name(set, slot).as_str(),
+            "agent {slot}: {a}"
+        );
+        ensure!(a["phase"] == "Running", "agent {slot}: {a}");
+        // ANN-3: the operator's vmID and ip are the daemon's runtime annotations.
+        let id = annotation(&pod, "vm.cocoonstack.io/id").context("id annotation")?;
+        let ip = annotation(&pod, "vm.cocoonstack.io/ip").context("ip annotation")?;
+        ensure!(
+            a["vmID"] == id.as_str() && a["ip"] == ip.as_str(),
+            "agent {slot}: {a}"
+        );
+        ensure!(
+            annotation(&pod, "vm.cocoonstack.io/lifecycle-state").as_deref() == Some("ready"),
+            "{pod_name} lifecycle"
+        );
+        // ANN-4.2.2: the daemon echoes the generation the operator stamped.
+        ensure!(
+            annotation(&pod, "vm.cocoonstack.io/lifecycle-observed-generation")
+                == annotation(&pod, "cocoonset.cocoonstack.io/generation"),
+            "{pod_name}: observed generation is not the stamped one"
+        );
+        if slot > 0 {
+            ensure!(
+                a["forkedFrom"] == vm_name(set, 0).as_str(),
+                "agent {slot}: {a}"
+            );
+            ensure!(
+                annotation(&pod, "vm.cocoonstack.io/fork-from") == Some(vm_name(set, 0)),
+                "{pod_name} fork-from"
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn running(b: &Bed, set: &str, agents: i64) -> Result<Value> {
+    b.set_until(
+        set,
+        &format!("Running with {agents}/{agents} agents"),
+        |o| phase_is(o, "Running") && agents_ready(o, agents, agents),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_mode_set_with_sub_agents_comes_up() -> Result<()> {
+    let b = bed().await?;
+    b.create_set("web", json!({"agent": run_agent(2)})).await?;
+    let obj = running(&b, "web", 3).await?;
+    check_agents(&b, "web", &obj, 3).await?;
+
+    let ready = condition(&obj, "Ready").context("Ready condition")?;
+    ensure!(
+        ready["status"] == "True" && ready["reason"] == "AllAgentsReady",
+        "Ready: {ready}"
+    );
+    ensure!(
+        ready["message"] == "3/3 agents ready, 0/0 toolboxes ready",
+        "Ready: {ready}"
+    );
+    let progressing = condition(&obj, "Progressing").context("Progressing condition")?;
+    ensure!(
+        progressing["status"] == "False" && progressing["reason"] == "Stable",
+        "Progressing: {progressing}"
+    );
+    let finalizers = &obj["metadata"]["finalizers"];
+    ensure!(
+        finalizers
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "cocoonset.cocoonstack.io/finalizer")),
+        "finalizers: {finalizers}"
+    );
+    let vms = b.vms()?;
+    for slot in 0..3 {
+        ensure!(vms.contains(&vm_name("web", slot)), "VMs: {vms:?}");
+    }
+    // C9: the sub-agents were cloned from the main VM's fork snapshot.
+    ensure!(
+        b.snapshots()?
+            .contains(&format!("fork-{}", vm_name("web", 0))),
+        "no fork snapshot"
+    );
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_and_up() -> Result<()> {
+    let b = bed().await?;
+    b.create_set("pool", json!({"agent": run_agent(2)})).await?;
+    running(&b, "pool", 3).await?;
+
+    b.patch_set("pool", json!({"agent": {"replicas": 1}}))
+        .await?;
+    let obj = running(&b, "pool", 2).await?;
+    b.pod_gone("pool-2").await?;
+    check_agents(&b, "pool", &obj, 2).await?;
+    let gone = vm_name("pool", 2);
+    ensure!(!b.vms()?.contains(&gone), "{gone} still runs");
+    // D4: snapshotPolicy defaults to `always`, so the daemon pushed the removed VM.
+    b.tags_until(&gone, &["latest"]).await?;
+
+    b.patch_set("pool", json!({"agent": {"replicas": 3}}))
+        .await?;
+    let obj = running(&b, "pool", 4).await?;
+    check_agents(&b, "pool", &obj, 4).await?;
+    ensure!(obj["metadata"]["generation"] == 3, "generation: {obj}");
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
+
+async fn create_hibernation(b: &Bed, name: &str, pod: &str, desire: &str) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "CocoonHibernation",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"podRef": {"name": pod}, "desire": desire},
+    }))?;
+    b.hibs.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernation_hibernates_and_wakes_the_main_agent() -> Result<()> {
+    let b = bed().await?;
+    b.create_set("sleepy", json!({"agent": run_agent(0)}))
+        .await?;
+    running(&b, "sleepy", 1).await?;
+    let vm = vm_name("sleepy", 0);
+
+    create_hibernation(&b, "nap", "sleepy-0", "Hibernate").await?;
+    let hib = b
+        .hib_until("nap", "Hibernated", |o| phase_is(o, "Hibernated"))
+        .await?;
+    ensure!(hib["status"]["vmName"] == vm.as_str(), "status: {hib}");
+    let ready = condition(&hib, "Ready").context("Ready condition")?;
+    ensure!(
+        ready["status"] == "True" && ready["reason"] == "Done",
+        "Ready: {ready}"
+    );
+    let (kind, msg) = b.operator_event("nap", "Hibernated").await?;
+    ensure!(
+        kind == "Normal" && msg.contains(&vm),
+        "Hibernated Event: {kind} {msg}"
+    );
+    let pod = b.pods.get("sleepy-0").await?;
+    ensure!(
+        annotation(&pod, "vm.cocoonstack.io/hibernate").as_deref() == Some("true"),
+        "hibernate annotation"
+    );
+    ensure!(
+        annotation(&pod, "vm.cocoonstack.io/lifecycle-state").as_deref() == Some("hibernated"),
+        "lifecycle"
+    );
+    ensure!(
+        b.tags(&vm).await?.contains(&"hibernate".to_string()),
+        "no :hibernate tag"
+    );
+    ensure!(!b.vms()?.contains(&vm), "{vm} still runs while hibernated");
+    // The set counts a hibernated main as not ready.
+    let set = b
+        .set_until("sleepy", "0/1 ready while hibernated", |o| {
+            agents_ready(o, 0, 1)
+        })
+        .await?;
+    let set_ready = condition(&set, "Ready").context("set Ready")?;
+    ensure!(set_ready["status"] == "False", "set Ready: {set_ready}");
+
+    b.hibs
+        .patch(
+            "nap",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"desire": "Wake"}})),
+        )
+        .await?;
+    let hib = b
+        .hib_until("nap", "Active", |o| phase_is(o, "Active"))
+        .await?;
+    let ready = condition(&hib, "Ready").context("Ready condition")?;
+    ensure!(
+        ready["status"] == "True" && ready["reason"] == "Done",
+        "Ready: {ready}"
+    );
+    let (kind, _) = b.operator_event("nap", "WokenActive").await?;
+    ensure!(kind == "Normal", "WokenActive Event type {kind}");
+    let pod = b
+        .pod_until("sleepy-0", "Ready after the wake", is_ready)
+        .await?;
+    ensure!(
+        annotation(&pod, "vm.cocoonstack.io/hibernate").is_none(),
+        "hibernate annotation left after the wake"
+    );
+    ensure!(b.vms()?.contains(&vm), "{vm} not running after the wake");
+    // The operator drops the tag once the woken VM runs (hibernation doc §8.1).
+    b.tags_until(&vm, &[]).await?;
+    running(&b, "sleepy", 1).await?;
+
+    b.hibs.delete("nap", &DeleteParams::default()).await?;
+    until("the hibernation gone", LIMIT, || async {
+        Ok(b.hibs.get_opt("nap").await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| b.context(&Value::Null))?;
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
