@@ -419,7 +419,7 @@ fn vm_run_child(name: &str) -> Option<i32> {
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
         let run = args.windows(2).any(|w| w == [b"vm".as_slice(), b"run"]);
-        let named = args.iter().any(|a| *a == name.as_bytes());
+        let named = args.contains(&name.as_bytes());
         (run && named).then_some(pid)
     })
 }
