@@ -96,6 +96,7 @@ impl Transfers {
                             .annotations
                             .get(registry::media::ANN_OWNER)
                             .cloned(),
+                        pushed_at: r.created.as_deref().and_then(rfc3339_millis),
                     }),
                 })
             }
@@ -297,4 +298,11 @@ pub fn not_configured(call: &RegistryCall) -> RegistryError {
         kind: RegistryErrorKind::NotConfigured,
         message: format!("OCI_REGISTRY is not set, so {call:?} cannot run"),
     }
+}
+
+/// An RFC 3339 time as milliseconds since the epoch; `None` when it does not parse.
+fn rfc3339_millis(text: &str) -> Option<i64> {
+    text.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
 }

@@ -118,6 +118,10 @@ pub struct RemoteSnapshot {
     /// The manifest's owner annotation as it stands (T5, `owner.rs`); `None`: no record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// When it was pushed, from the manifest's `org.opencontainers.image.created` (C11.1);
+    /// `None` when it has none or it does not parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pushed_at: Option<crate::time::Millis>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

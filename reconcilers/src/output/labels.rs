@@ -134,6 +134,7 @@ label! {
         ImageConflict => "image_conflict",
         SourceConflict => "source_conflict",
         Unavailable => "unavailable",
+        Predates => "predates_pod",
     }
 }
 

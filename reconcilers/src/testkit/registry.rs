@@ -31,6 +31,8 @@ pub struct Stored {
     pub from_node: Option<String>,
     /// The manifest's owner annotation (T5).
     pub owner: Option<String>,
+    /// When the tag was pushed (C11.1); the fake's own pushes leave it unknown.
+    pub pushed_at: Option<crate::time::Millis>,
 }
 
 /// T7: the namespace a stored owner record names, when it names one; an unreadable record
@@ -92,6 +94,7 @@ impl FakeRegistry {
                         from_node: t.from_node.clone(),
                         hypervisor: t.hypervisor.clone(),
                         owner: t.owner.clone(),
+                        pushed_at: t.pushed_at,
                     }),
             }),
             RegistryCall::Push {
@@ -127,6 +130,7 @@ impl FakeRegistry {
                     base_image: Some(base_image.clone()).filter(|b| !b.is_empty()),
                     from_node: Some(node.to_string()),
                     owner: Some(owner.clone()),
+                    pushed_at: None,
                 };
                 self.tags.insert(format!("{name}:{tag}"), stored);
                 Ok(RegistryOk::Pushed {

@@ -4,7 +4,7 @@
 //! Setup: `config k=v…` (orphan_policy, cpu_class, restore_mode, cocoon=reference|current, node_ip, dhcp=off|DURATION,
 //! stream=off, release=off, echo=off; before anything else touches the world), `pod KEY
 //! k=v…`, `vm id=… name=… …`, `snapshot name=… hypervisor=… image=…`, `image-missing IMAGE`,
-//! `tag NAME:TAG [kind=snapshot|cloud-image|container-image] [id=…] [hypervisor=…] [image=…]
+//! `tag NAME:TAG [kind=snapshot|cloud-image|container-image] [id=…] [hypervisor=…] [image=…] [pushed=TIME]
 //! [base=…] [from=…]` (an artifact in the fake
 //! registry; `config registry=BASE` turns the registry on).
 //!
@@ -432,6 +432,9 @@ impl Runner {
                     base_image: Some(get("base")).filter(|b| !b.is_empty()),
                     from_node: Some(get("from")).filter(|f| !f.is_empty()),
                     owner: Some(get("owner")).filter(|o| !o.is_empty()),
+                    pushed_at: Some(get("pushed"))
+                        .filter(|p| !p.is_empty())
+                        .map(|p| duration_ms(&p) as i64),
                 };
                 self.world().registry.tags.insert(rest[0].clone(), stored);
                 Out::Lines(vec![])

@@ -2,7 +2,7 @@
 //! local `<vm>` snapshot verified against the registry, a peer's copy, or a pull — then
 //! cloned like a fresh pod's.
 
-use super::failure::fail_as;
+use super::failure::{fail_as, warn_event};
 use super::{clone_cmd, inspect_fork, set_step, step};
 use crate::action::{Action, Counter, EventType, Histogram, Level, RegistryCall};
 use crate::cocoon::{CloneSource, CocoonCmd};
@@ -43,6 +43,24 @@ pub(super) fn evidence(
             if let Err(why) = record.usable_by(key.namespace(), &format!("VM name {name:?}")) {
                 let msg = format!("{name}:hibernate exists and {why}; give this pod another vm.cocoonstack.io/name");
                 return fail_as(s, key, Some("HibernateEvidenceFailed"), msg, Retry::Timer);
+            }
+            // C11.1: a tag pushed before this pod existed is no wake this pod lost; it is a
+            // hibernation an earlier pod of the name left behind (a retain-mode unsuspend
+            // keeps its tag), and restoring it would bring back state older than the wake.
+            let created = s.pod(key).and_then(|e| e.pod.creation_timestamp);
+            if let (Some(pushed), Some(created)) = (r.pushed_at, created) {
+                if pushed < created {
+                    verdict(s, EvidenceVerdict::Predates);
+                    let msg = format!(
+                        "create: {name}:hibernate was pushed before this pod was created, so it \
+                         is no wake this pod lost: booting fresh (set \
+                         vm.cocoonstack.io/restore-from-hibernate=true to restore it, or delete \
+                         the tag)"
+                    );
+                    warn_event(s, key, "HibernateSnapshotPredatesPod", &msg);
+                    let op = inspect_fork(s, key, spec);
+                    return set_step(s, key, CreateStep::RemoveFork { removing: false }, op);
+                }
             }
             if spec.clone_from_dir.is_some() || spec.fork_from.is_some() {
                 verdict(s, EvidenceVerdict::SourceConflict);
