@@ -19,6 +19,9 @@ use kube::api::{
 };
 use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
+use vk_cocoon::cocoon::CocoonCli;
+use vk_cocoon::registry::cocoon_pipe::push_from_cocoon;
+use vk_cocoon::registry::{PushKnobs, Registry};
 
 const NS: &str = "default";
 const NODE: &str = "node-a";
@@ -528,6 +531,230 @@ async fn a_hibernation_hibernates_and_wakes_the_main_agent() -> Result<()> {
     })
     .await
     .with_context(|| b.context(&Value::Null))?;
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
+
+/// A clone base that exists only in the registry, as `<prefix>/agent-base:v1`: made on the
+/// simulator, pushed as the daemon pushes snapshots, then removed from the host.
+async fn seed_registry_base(b: &Bed) -> Result<()> {
+    let sim = b.tb.sim.as_ref().context("simulator")?;
+    let mut env = sim.env();
+    env.push((
+        e2e::procs::MARKER.to_string(),
+        b.tb.run_dir().display().to_string(),
+    ));
+    let cli = CocoonCli {
+        env,
+        ..CocoonCli::new(sim.bin.display().to_string())
+    };
+    sim.run(&["image", "pull", IMAGE])?;
+    sim.run(&["vm", "run", "--name", "base-maker", IMAGE])?;
+    sim.run(&["snapshot", "save", "--name", "agent-base:v1", "base-maker"])?;
+    let spool = b.tb.run_dir().join("test-spool");
+    std::fs::create_dir_all(&spool)?;
+    let oci = &b.tb.operator.as_ref().context("operator")?.oci_registry;
+    let reg = Registry::from_config(oci)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .with_spool_dir(spool);
+    push_from_cocoon(
+        &reg,
+        &cli,
+        "agent-base:v1",
+        "agent-base",
+        "v1",
+        Some(IMAGE),
+        None,
+        &PushKnobs::default(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("seeding the registry: {e}"))?;
+    sim.run(&["snapshot", "rm", "agent-base:v1"])?;
+    sim.run(&["vm", "rm", "--force", "base-maker"])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_mode_set_comes_up_from_a_registry_base() -> Result<()> {
+    let b = bed().await?;
+    seed_registry_base(&b).await?;
+    ensure!(
+        !b.snapshots()?.iter().any(|s| s == "agent-base:v1"),
+        "base still local"
+    );
+
+    // No mode: the CRD's default is clone.
+    b.create_set(
+        "twin",
+        json!({"agent": {"replicas": 1, "image": "agent-base:v1"}}),
+    )
+    .await?;
+    let obj = running(&b, "twin", 2).await?;
+    check_agents(&b, "twin", &obj, 2).await?;
+    let main = b.pods.get("twin-0").await?;
+    ensure!(
+        annotation(&main, "cocoonset.cocoonstack.io/mode").as_deref() == Some("clone"),
+        "mode annotation: {:?}",
+        annotation(&main, "cocoonset.cocoonstack.io/mode")
+    );
+    // C8.3: the daemon pulled the base from the registry under its local name (ANN-2.3).
+    ensure!(
+        b.snapshots()?.iter().any(|s| s == "agent-base:v1"),
+        "snapshots: {:?}",
+        b.snapshots()?
+    );
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
+
+fn set_annotation(obj: &Value, key: &str) -> Option<String> {
+    obj["metadata"]["annotations"][key]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Deletes the set and checks that nothing of its VMs is left but what the contract keeps:
+/// the daemon pushed `:latest` of each VM under the default policy (D4) and the operator's
+/// teardown dropped every `:hibernate` (hibernation doc §8.5).
+async fn delete_leaves_nothing(b: &Bed, set: &str, slots: usize) -> Result<()> {
+    b.sets.delete(set, &DeleteParams::default()).await?;
+    until(&format!("CocoonSet {set} gone"), LIMIT, || async {
+        Ok(b.sets.get_opt(set).await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| b.context(&Value::Null))?;
+    for slot in 0..slots {
+        b.pod_gone(&format!("{set}-{slot}")).await?;
+    }
+    let vms = b.vms()?;
+    let snapshots = b.snapshots()?;
+    for slot in 0..slots {
+        let vm = vm_name(set, slot);
+        ensure!(!vms.contains(&vm), "{vm} still runs: {vms:?}");
+        ensure!(
+            !snapshots.iter().any(|s| s.contains(&vm)),
+            "local snapshots of {vm} left: {snapshots:?}"
+        );
+        let tags = b.tags(&vm).await?;
+        ensure!(tags == ["latest"], "{vm} tags after the delete: {tags:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_and_unsuspend_retain_then_delete() -> Result<()> {
+    let b = bed().await?;
+    b.create_set("keep", json!({"agent": run_agent(1)})).await?;
+    running(&b, "keep", 2).await?;
+
+    b.patch_set("keep", json!({"suspend": true})).await?;
+    let obj = b
+        .set_until("keep", "Suspended", |o| phase_is(o, "Suspended"))
+        .await?;
+    let generation = obj["metadata"]["generation"]
+        .as_i64()
+        .context("generation")?;
+    let ready = condition(&obj, "Ready").context("Ready condition")?;
+    ensure!(ready["status"] == "False", "Ready while suspended: {ready}");
+    let vms = b.vms()?;
+    for slot in 0..2 {
+        let vm = vm_name("keep", slot);
+        let pod = b.pods.get(&format!("keep-{slot}")).await?;
+        ensure!(
+            annotation(&pod, "vm.cocoonstack.io/hibernate").as_deref() == Some("true"),
+            "keep-{slot} hibernate annotation"
+        );
+        ensure!(
+            annotation(&pod, "vm.cocoonstack.io/lifecycle-state").as_deref() == Some("hibernated"),
+            "keep-{slot} lifecycle"
+        );
+        let observed = annotation(&pod, "vm.cocoonstack.io/lifecycle-observed-generation")
+            .and_then(|g| g.parse::<i64>().ok())
+            .unwrap_or_default();
+        ensure!(
+            observed >= generation,
+            "keep-{slot} observed {observed} < {generation}"
+        );
+        ensure!(b.tags(&vm).await? == ["hibernate"], "{vm} tags");
+        ensure!(!vms.contains(&vm), "{vm} runs while suspended");
+    }
+
+    b.patch_set("keep", json!({"suspend": false})).await?;
+    let obj = running(&b, "keep", 2).await?;
+    check_agents(&b, "keep", &obj, 2).await?;
+    for slot in 0..2 {
+        let pod = b.pods.get(&format!("keep-{slot}")).await?;
+        ensure!(
+            annotation(&pod, "vm.cocoonstack.io/hibernate").is_none(),
+            "keep-{slot} hibernate annotation left"
+        );
+        // Hibernation doc §8.2: a retain-mode unsuspend leaves the tags in place.
+        let vm = vm_name("keep", slot);
+        ensure!(
+            b.tags(&vm).await? == ["hibernate"],
+            "{vm} tags after the unsuspend"
+        );
+    }
+
+    delete_leaves_nothing(&b, "keep", 2).await?;
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_and_unsuspend_release_then_delete() -> Result<()> {
+    let b = bed().await?;
+    b.create_set(
+        "seat",
+        json!({"hibernatePolicy": "release", "agent": run_agent(0)}),
+    )
+    .await?;
+    running(&b, "seat", 1).await?;
+    let vm = vm_name("seat", 0);
+
+    b.patch_set("seat", json!({"suspend": true})).await?;
+    b.pod_gone("seat-0").await?;
+    let obj = b
+        .set_until("seat", "Suspended", |o| phase_is(o, "Suspended"))
+        .await?;
+    ensure!(
+        set_annotation(&obj, "cocoonset.cocoonstack.io/hibernated-on-node").as_deref()
+            == Some(NODE),
+        "hibernated-on-node: {obj}"
+    );
+    ensure!(
+        b.tags(&vm).await? == ["hibernate"],
+        "{vm} tags while released"
+    );
+    ensure!(!b.vms()?.contains(&vm), "{vm} runs while released");
+    // ANN-1.3 keep-snapshot-on-delete: the node keeps the local snapshot as warm-wake cache.
+    ensure!(
+        b.snapshots()?.contains(&vm),
+        "no local snapshot {vm} kept: {:?}",
+        b.snapshots()?
+    );
+
+    b.patch_set("seat", json!({"suspend": false})).await?;
+    let obj = running(&b, "seat", 1).await?;
+    check_agents(&b, "seat", &obj, 1).await?;
+    let pod = b.pods.get("seat-0").await?;
+    ensure!(
+        annotation(&pod, "vm.cocoonstack.io/restore-from-hibernate").as_deref() == Some("true"),
+        "the woken main carries no restore marker"
+    );
+    // Hibernation doc §8.3: the wake drops the tag and the node hint once the VM is live.
+    b.tags_until(&vm, &[]).await?;
+    let obj = b
+        .set_until("seat", "hint cleared", |o| {
+            set_annotation(o, "cocoonset.cocoonstack.io/hibernated-on-node").is_none()
+        })
+        .await?;
+    ensure!(phase_is(&obj, "Running"), "phase after the wake: {obj}");
+
+    delete_leaves_nothing(&b, "seat", 1).await?;
     let warnings = b.warnings().await?;
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
