@@ -10,6 +10,7 @@ pub mod kubelet;
 pub mod metrics;
 pub mod node_resources;
 pub mod peer;
+pub mod pod_patch;
 pub mod registry;
 pub mod replay;
 pub mod runtime;

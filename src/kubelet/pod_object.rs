@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
-use crate::effects::kube_writes::pod_patch;
+use crate::pod_patch::pod_patch;
 use crate::sources::pod_view::observed_status;
 use crate::views::PodRow;
 
