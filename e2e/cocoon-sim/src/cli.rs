@@ -41,7 +41,7 @@ pub enum Cmd {
     /// Manage virtual machines
     #[command(subcommand)]
     Vm(VmCmd),
-    /// Manage snapshots
+    /// Manage VM snapshots
     #[command(subcommand)]
     Snapshot(SnapCmd),
     /// Manage images

@@ -149,6 +149,11 @@ fn parse_error(e: clap::Error, argv: &[String], binary: &str) -> ! {
         _ => {
             let text = cobra_text(&e, argv).replace("\"cocoon", &format!("\"{binary}"));
             eprintln!("Error: {text}");
+            // The reference release's cobra follows a root-level unknown command with a hint.
+            let root_level = text.ends_with(&format!("for \"{binary}\""));
+            if binary == "cocoon" && root_level && tier::current() == tier::Tier::S {
+                eprintln!("Run 'cocoon --help' for usage.");
+            }
             std::process::exit(1);
         }
     }
@@ -191,8 +196,8 @@ fn main() {
     if tier == tier::Tier::S {
         match tier::screen(&grammar, &argv) {
             Some(tier::Screened::UnknownFlag(text)) => finish(error::fail(text)),
-            Some(tier::Screened::VmHelp) => {
-                let help = grammar.try_get_matches_from_mut(["cocoon", "vm", "--help"]);
+            Some(tier::Screened::Help(parent)) => {
+                let help = grammar.try_get_matches_from_mut(["cocoon", &parent, "--help"]);
                 parse_error(help.expect_err("--help ends the parse"), &argv, "cocoon")
             }
             None => {}

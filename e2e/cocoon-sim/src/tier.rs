@@ -85,9 +85,14 @@ fn hide_flags(mut cmd: Command, longs: &[&str]) -> Command {
 pub enum Screened {
     /// cobra's "unknown flag: --x" / "unknown shorthand flag: 'x' in -x".
     UnknownFlag(String),
-    /// An unknown `vm` word: the `vm` help on stdout, exit 0.
-    VmHelp,
+    /// A parent (`vm`, `snapshot`, `image`) with no word or an unknown one: its help on
+    /// stdout, exit 0.
+    Help(String),
 }
+
+/// cobra's parent commands: not runnable and without an argument check, so a word under them
+/// that names no child is no error.
+const PARENTS: [&str; 3] = ["vm", "snapshot", "image"];
 
 /// The flags a command level knows: `(long, short, takes a value)`.
 struct Known(Vec<(String, Option<char>, bool)>);
@@ -145,8 +150,8 @@ fn flag_token(
     })
 }
 
-/// Tier S's answer to an argv that names a newer `vm` verb or a newer run/clone flag; `None`
-/// when clap's parse of the tier's grammar gives the right answer.
+/// Tier S's answer to an argv that names no child of a parent (a newer `vm` verb, say) or a
+/// newer run/clone flag; `None` when clap's parse of the tier's grammar gives the right answer.
 pub fn screen(cmd: &Command, argv: &[String]) -> Option<Screened> {
     let globals: Vec<_> = cmd
         .get_arguments()
@@ -157,22 +162,37 @@ pub fn screen(cmd: &Command, argv: &[String]) -> Option<Screened> {
         .collect();
     let root = Known::of(&Command::new("cocoon"), &globals);
     let mut rest = argv.iter().skip(1);
-    if next_word(&mut rest, &root)? != "vm" {
+    let Word::Found(parent_name) = next_word(&mut rest, &root) else {
+        return None;
+    };
+    if !PARENTS.contains(&parent_name.as_str()) {
         return None;
     }
-    let vm = cmd.find_subcommand("vm")?;
-    let vm_known = Known::of(&Command::new("vm"), &globals);
-    let verb = next_word(&mut rest, &vm_known)?;
-    let remaining: Vec<&String> = rest.collect();
-    if NEWER_VM_VERBS.contains(&verb.as_str()) {
-        return Some(first_unknown(&remaining, &vm_known, &[]).unwrap_or(Screened::VmHelp));
-    }
-    let refused: &[&str] = match verb.as_str() {
-        "run" => &NEWER_RUN_FLAGS,
-        "clone" => &NEWER_CLONE_FLAGS,
+    let parent = cmd.find_subcommand(&parent_name)?;
+    let parent_known = Known::of(&Command::new("parent"), &globals);
+    let after_parent: Vec<&String> = rest.collect();
+    let mut words = after_parent.iter().copied();
+    // cobra parses the parent's flags over everything after it before it gives up on the word.
+    let help = || {
+        Some(
+            first_unknown(&after_parent, &parent_known, &[])
+                .unwrap_or(Screened::Help(parent_name.clone())),
+        )
+    };
+    let verb = match next_word(&mut words, &parent_known) {
+        Word::Unknown => return None,
+        Word::End => return help(),
+        Word::Found(w) => w,
+    };
+    let Some(sub) = parent.find_subcommand(&verb).filter(|c| !c.is_hide_set()) else {
+        return help();
+    };
+    let refused: &[&str] = match (parent_name.as_str(), verb.as_str()) {
+        ("vm", "run") => &NEWER_RUN_FLAGS,
+        ("vm", "clone") => &NEWER_CLONE_FLAGS,
         _ => return None,
     };
-    let sub = vm.find_subcommand(verb)?;
+    let remaining: Vec<&String> = words.collect();
     let known = Known::of(sub, &globals);
     match first_unknown(&remaining, &known, refused)? {
         // A flag unknown to both tiers is clap's to report, in cobra's words.
@@ -183,23 +203,30 @@ pub fn screen(cmd: &Command, argv: &[String]) -> Option<Screened> {
     }
 }
 
-/// The next non-flag word, skipping known flags and their values; `None` at the end, at `--`
-/// or at an unknown flag (clap then answers).
-fn next_word<'a>(it: &mut impl Iterator<Item = &'a String>, known: &Known) -> Option<String> {
+enum Word {
+    Found(String),
+    /// The end of the argv, or `--`.
+    End,
+    /// A flag this level does not know: clap reports it.
+    Unknown,
+}
+
+/// The next non-flag word, skipping known flags and their values.
+fn next_word<'a>(it: &mut impl Iterator<Item = &'a String>, known: &Known) -> Word {
     while let Some(tok) = it.next() {
         if tok == "--" {
-            return None;
+            return Word::End;
         }
         match flag_token(tok, known, &[]) {
-            None => return Some(tok.clone()),
+            None => return Word::Found(tok.clone()),
             Some(Ok(true)) => {
                 it.next();
             }
             Some(Ok(false)) => {}
-            Some(Err(_)) => return None,
+            Some(Err(_)) => return Word::Unknown,
         }
     }
-    None
+    Word::End
 }
 
 fn first_unknown(tokens: &[&String], known: &Known, refused: &[&str]) -> Option<Screened> {

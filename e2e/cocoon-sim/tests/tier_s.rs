@@ -32,6 +32,19 @@ fn newer_verbs_print_the_vm_help_and_exit_zero() {
         let r = sim.run(args).ok();
         assert_eq!(r.stdout, help.stdout, "{args:?} prints the vm help");
     }
+    for parent in ["vm", "snapshot", "image"] {
+        let help = sim.run(&[parent, "--help"]).ok();
+        for args in [&[parent, "frobnicate"][..], &[parent]] {
+            let r = sim.run(args).ok();
+            assert_eq!(r.stdout, help.stdout, "{args:?} prints the {parent} help");
+        }
+    }
+    let root = sim.run(&["frobnicate"]);
+    assert_eq!(root.code, 1);
+    assert_eq!(
+        root.stderr,
+        "Error: unknown command \"frobnicate\" for \"cocoon\"\nRun 'cocoon --help' for usage.\n"
+    );
     // cobra parses flags before it gives up on the verb, and `vm` has none of these.
     sim.run(&["vm", "exec", "-i", "x", "--", "cat"])
         .err("unknown shorthand flag: 'i' in -i");
