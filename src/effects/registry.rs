@@ -79,25 +79,7 @@ impl Transfers {
             RegistryCall::Inspect { name, tag } => {
                 let found = self.registry.inspect(name, tag).await.map_err(to_core)?;
                 Ok(RegistryOk::Inspected {
-                    snapshot: found.map(|r| RemoteSnapshot {
-                        kind: match r.kind {
-                            registry::ArtifactKind::CloudImage => ArtifactKind::CloudImage,
-                            registry::ArtifactKind::Snapshot => ArtifactKind::Snapshot,
-                            registry::ArtifactKind::ContainerImage => ArtifactKind::ContainerImage,
-                            registry::ArtifactKind::Index => ArtifactKind::Index,
-                            registry::ArtifactKind::Unknown => ArtifactKind::Unknown,
-                        },
-                        snapshot_id: r.snapshot_id,
-                        base_image: r.base_image,
-                        from_node: r.from_node,
-                        hypervisor: r.hypervisor,
-                        owner: r
-                            .manifest
-                            .annotations
-                            .get(registry::media::ANN_OWNER)
-                            .cloned(),
-                        pushed_at: r.created.as_deref().and_then(rfc3339_millis),
-                    }),
+                    snapshot: found.map(remote_to_core),
                 })
             }
             RegistryCall::Push {
@@ -297,6 +279,29 @@ pub fn not_configured(call: &RegistryCall) -> RegistryError {
     RegistryError {
         kind: RegistryErrorKind::NotConfigured,
         message: format!("OCI_REGISTRY is not set, so {call:?} cannot run"),
+    }
+}
+
+/// The core's view of an inspected tag.
+fn remote_to_core(r: registry::RemoteSnapshot) -> RemoteSnapshot {
+    RemoteSnapshot {
+        kind: match r.kind {
+            registry::ArtifactKind::CloudImage => ArtifactKind::CloudImage,
+            registry::ArtifactKind::Snapshot => ArtifactKind::Snapshot,
+            registry::ArtifactKind::ContainerImage => ArtifactKind::ContainerImage,
+            registry::ArtifactKind::Index => ArtifactKind::Index,
+            registry::ArtifactKind::Unknown => ArtifactKind::Unknown,
+        },
+        snapshot_id: r.snapshot_id,
+        base_image: r.base_image,
+        from_node: r.from_node,
+        hypervisor: r.hypervisor,
+        owner: r
+            .manifest
+            .annotations
+            .get(registry::media::ANN_OWNER)
+            .cloned(),
+        pushed_at: r.created.as_deref().and_then(rfc3339_millis),
     }
 }
 
