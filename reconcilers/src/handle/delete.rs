@@ -177,13 +177,20 @@ fn snapshot_wanted(s: &mut State, key: &PodKey) -> bool {
     if !spec.snapshot_on_delete(&e.pod) {
         return false;
     }
+    // DEC-11: a node without a registry cannot keep what the policy asks for; it says so on the
+    // pod, where whoever deleted it looks, rather than only in its own log.
     if s.config.registry.is_none() {
-        let vm = spec.vm_name.clone();
+        let node = s.config.node_name.clone();
+        let msg = format!(
+            "OCI_REGISTRY is not set on node {node}: VM {} is removed without the delete-time \
+             snapshot its snapshot-policy asks for (set OCI_REGISTRY, or snapshot-policy=never \
+             to ask for none)",
+            spec.vm_name
+        );
+        crate::create::warn_event(s, key, "DeleteSnapshotSkipped", &msg);
         s.emit(Action::Log {
             level: Level::Warn,
-            message: format!(
-                "pod {key}: OCI_REGISTRY is not set, so VM {vm} is removed without the delete-time snapshot its policy asks for"
-            ),
+            message: format!("pod {key}: {msg}"),
         });
         return false;
     }
