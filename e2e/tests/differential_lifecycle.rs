@@ -157,3 +157,53 @@ fn image_vm_and_snapshot_verbs_answer_alike() {
     d.line(&pair, "snapshot rm s1 st from-real ws");
     d.assert_none();
 }
+
+/// The daemon's cross-node clone: a snapshot of a VM booted from a cloud image pulled by URL,
+/// exported on one node and imported on another that lacks the image, cloned there without
+/// and with `--pull` (which pulls the image). Both nodes share this machine, so the real
+/// clone without `--pull` still finds its overlay's backing file where the first node keeps it.
+#[test]
+fn a_second_node_clones_an_imported_snapshot() {
+    let (Some(first), Some(second)) = (Pair::new(), Pair::new()) else {
+        return;
+    };
+    let mut d = Differences::default();
+    let disk = first.tmp.path().join("base.qcow2");
+    let made = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&disk)
+        .arg("64M")
+        .status()
+        .expect("qemu-img runs");
+    assert!(made.success(), "qemu-img create");
+    let url = format!("{}/base.qcow2", differential_common::web::serve(&disk));
+    let (s, r) = d.both(&first, &["image", "pull", &url]);
+    s.ok("simulator pull");
+    r.ok("real pull");
+    d.both(
+        &first,
+        &[
+            "vm", "run", "--name", "src", "--nics", "0", "--cpu", "1", &url,
+        ],
+    );
+    d.line(&first, "snapshot save --name base-snap src");
+    let export = ["snapshot", "export", "base-snap", "-o", "-"];
+    let (s, r) = first.both(&export);
+    let (sim_archive, real_archive) = (s.ok("simulator export").stdout, r.ok("real export").stdout);
+
+    let import = ["snapshot", "import", "--name", "base-snap"];
+    let s = second.sim.run_with_stdin(&import, Some(&sim_archive));
+    let r = second.real.run_with_stdin(&import, Some(&real_archive));
+    d.compare(&second, &import, &s, &r);
+    d.line(&second, "image inspect base-snap");
+    d.both(&second, &["image", "inspect", &url]);
+    d.line(&second, "vm clone -o json --name n1 --on-demand base-snap");
+    d.line(
+        &second,
+        "vm clone -o json --name n2 --on-demand --pull base-snap",
+    );
+    d.both(&second, &["image", "inspect", &url]);
+    d.line(&second, "vm rm --force n1 n2");
+    d.line(&first, "vm rm --force src");
+    d.assert_none();
+}
