@@ -64,12 +64,12 @@ impl Families {
             ),
             vm_rx: counter(
                 "cocoon_vk_vm_network_rx_bytes_total",
-                "Per-VM bytes received by the guest (its TAPs' transmit side)",
+                "Per-VM bytes received by the first NIC's TAP on the host (its rx column: what the guest sent)",
                 &VM_LABELS,
             ),
             vm_tx: counter(
                 "cocoon_vk_vm_network_tx_bytes_total",
-                "Per-VM bytes sent by the guest (its TAPs' receive side)",
+                "Per-VM bytes transmitted by the first NIC's TAP on the host (its tx column: what the guest received)",
                 &VM_LABELS,
             ),
             node_cpu: counter(
@@ -159,5 +159,57 @@ impl Collector for StatsCollector {
             .with_label_values::<&str>(&[])
             .set(s.node.storage_total as f64);
         f.collectors().iter().flat_map(|c| c.collect()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Sources;
+    use crate::views::{Views, VmView};
+
+    /// M2/M3: the per-VM network series are the first TAP's own columns, rx the first value of
+    /// its `/proc/<pid>/net/dev` line and tx the ninth, as the spec and the kubelet summary
+    /// report them.
+    #[test]
+    fn network_series_are_the_taps_own_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_dir = dir.path().join("4242/net");
+        std::fs::create_dir_all(&pid_dir).unwrap();
+        std::fs::write(
+            pid_dir.join("dev"),
+            "Inter-| Receive | Transmit\n face |bytes packets|bytes packets\ntapWEB00000-0: 5000 10 0 0 0 0 0 0 7000 20 0 0 0 0 0 0\n",
+        )
+        .unwrap();
+        let views = Views::default();
+        views.vms.insert(
+            "demo/web-0".into(),
+            VmView {
+                vm_id: "WEB00000".into(),
+                vm_name: "vk-demo-web-0".into(),
+                namespace: "demo".into(),
+                pod: "web-0".into(),
+                pid: 4242,
+                ip: None,
+                backend: "cloud-hypervisor".into(),
+                unmanaged: false,
+                windows: false,
+                taps: vec!["tapWEB00000-0".into()],
+                cow: None,
+            },
+        );
+        let sources = Sources {
+            proc: dir.path().to_path_buf(),
+            scopes: None,
+            page_size: 4096,
+            user_hz: 100.0,
+        };
+        let c = StatsCollector::new(Arc::new(Sampler::with_sources(views, sources, "/")));
+        let value = |name: &str| {
+            let f = c.collect().into_iter().find(|f| f.name() == name);
+            f.unwrap().get_metric()[0].get_counter().get_value()
+        };
+        assert_eq!(value("cocoon_vk_vm_network_rx_bytes_total"), 5000.0);
+        assert_eq!(value("cocoon_vk_vm_network_tx_bytes_total"), 7000.0);
     }
 }

@@ -449,8 +449,8 @@ mod tests {
                     "containers": [{"name": "agent", "startTime": now,
                         "cpu": {"time": now, "usageCoreNanoSeconds": 2_500_000_000u64},
                         "memory": {"time": now, "workingSetBytes": 104_857_600}}],
-                    // The first NIC only, as the guest sees it: the TAP sent 7000 to the guest.
-                    "network": {"time": now, "rxBytes": 7_000, "txBytes": 5_000},
+                    // The first NIC only, in the TAP's own columns (M2): rx 5000, tx 7000.
+                    "network": {"time": now, "rxBytes": 5_000, "txBytes": 7_000},
                     "ephemeral-storage": {"time": now, "usedBytes": 0},
                 },
             ],
@@ -555,8 +555,8 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
             .iter()
             .find(|p| p["podRef"]["name"] == "web-1")
             .unwrap();
-        assert_eq!(web1["network"]["rxBytes"], 400);
-        assert_eq!(web1["network"]["txBytes"], 300);
+        assert_eq!(web1["network"]["rxBytes"], 300);
+        assert_eq!(web1["network"]["txBytes"], 400);
     }
 
     #[test]

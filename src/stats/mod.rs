@@ -28,8 +28,9 @@ pub struct VmSample {
     pub rss: u64,
     /// Allocated bytes of the COW disk (sparse files count what they hold, not their size).
     pub cow_bytes: u64,
-    /// Through the first NIC's TAP, seen from the guest: a TAP's transmit is the guest's
-    /// receive (M2).
+    /// The first NIC's TAP as the host counts it on that device (M2): rx is what the guest
+    /// sent, tx what the host delivered to the guest. Swapping them to the guest's view would
+    /// break dashboards and alerts written against the TAP's own columns.
     pub net: procfs::NetBytes,
 }
 
@@ -155,20 +156,13 @@ impl Sampler {
                             .get(tap)
                             .copied(),
                     };
-                    let dev = own
-                        .or_else(|| {
-                            host_net
-                                .get_or_insert_with(|| {
-                                    procfs::net_dev(&read(src.proc.join("net/dev")))
-                                })
-                                .get(tap)
-                                .copied()
-                        })
-                        .unwrap_or_default();
-                    procfs::NetBytes {
-                        rx: dev.tx,
-                        tx: dev.rx,
-                    }
+                    own.or_else(|| {
+                        host_net
+                            .get_or_insert_with(|| procfs::net_dev(&read(src.proc.join("net/dev"))))
+                            .get(tap)
+                            .copied()
+                    })
+                    .unwrap_or_default()
                 }
             };
             samples.push(VmSample {
