@@ -89,6 +89,25 @@ fn dashboard_names_only_exported_metrics() {
     }
 }
 
+/// M2, M3: every family of the per-VM and node sample has a panel, so an operator sees each
+/// VM's CPU, throttling, memory, disk and network, and what the storage alert watches.
+#[test]
+fn dashboard_charts_every_sampled_family() {
+    use prometheus::core::Collector;
+    let text = std::fs::read_to_string("packaging/grafana-dashboard.json").unwrap();
+    let charted = metric_names(&text);
+    let sampler = Sampler::new(Views::default(), "cocoon.slice", "/nonexistent");
+    let stats = StatsCollector::new(Arc::new(sampler));
+    let families: Vec<String> = stats.desc().iter().map(|d| d.fq_name.clone()).collect();
+    assert_eq!(families.len(), 11, "{families:?}");
+    for name in families {
+        assert!(
+            charted.contains(&name),
+            "packaging/grafana-dashboard.json has no panel for {name}"
+        );
+    }
+}
+
 #[test]
 fn alert_rules_pass_promtool() {
     let Ok(out) = Command::new("promtool")
