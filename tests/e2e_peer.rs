@@ -7,6 +7,7 @@
 //! empty again. With node-a's daemon gone, a second restore falls through to the registry.
 
 use e2e::daemon;
+use e2e::daemon::lifecycle_is;
 
 use std::time::Duration;
 
@@ -50,15 +51,6 @@ fn managed(node: &str, name: &str, extra: serde_json::Value) -> Result<Pod> {
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
     pod_manifest(NS, name, node, a)
-}
-
-async fn lifecycle_is(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
-    until(&format!("{name} lifecycle {want}"), LIMIT, || async {
-        let p = pods.get(name).await?;
-        let state = annotation(&p, "vm.cocoonstack.io/lifecycle-state");
-        Ok((state.as_deref() == Some(want)).then_some(p))
-    })
-    .await
 }
 
 /// Entries of a directory (none when it does not exist).

@@ -10,12 +10,14 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use e2e::daemon::{self, annotation, create_pod, pod_ip, until, wait_ready, DaemonOptions};
+use e2e::daemon::{
+    self, annotate, annotation, create_pod, lifecycle_is, pod_ip, until, wait_ready, DaemonOptions,
+};
 use e2e::guest_wire::{alive, banner, ping, value_port};
 use e2e::real_cocoon::{netns_name, RealCocoon};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 
 const NS: &str = "default";
@@ -140,22 +142,6 @@ async fn events_of(tb: &Testbed, name: &str) -> Result<Vec<Event>> {
     let events: Api<Event> = Api::namespaced(tb.client()?, NS);
     let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
     Ok(events.list(&lp).await?.items)
-}
-
-async fn annotate(pods: &Api<Pod>, name: &str, key: &str, value: Option<&str>) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {key: value}}});
-    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
-async fn lifecycle_is(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
-    until(&format!("{name} lifecycle {want}"), LIMIT, || async {
-        let p = pods.get(name).await?;
-        let state = annotation(&p, "vm.cocoonstack.io/lifecycle-state");
-        Ok((state.as_deref() == Some(want)).then_some(p))
-    })
-    .await
 }
 
 fn start_daemon(tb: &Testbed, env: Vec<(String, String)>) -> Result<daemon::Daemon> {

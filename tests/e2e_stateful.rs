@@ -5,6 +5,7 @@
 //! a file written in its guest intact (U3, U5, U6). The journal is replayed with --verify.
 
 use e2e::daemon;
+use e2e::daemon::{annotate, lifecycle_is};
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use anyhow::{ensure, Context, Result};
 use e2e::daemon::{annotation, create_pod, phase, pod_manifest, until, wait_ready, DaemonOptions};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use vk_cocoon::cocoon::CocoonCli;
 use vk_cocoon::registry::cocoon_pipe::push_from_cocoon;
@@ -54,22 +55,6 @@ fn managed(extra: serde_json::Value) -> serde_json::Value {
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
     a
-}
-
-async fn annotate(pods: &Api<Pod>, name: &str, key: &str, value: Option<&str>) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {key: value}}});
-    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
-async fn lifecycle_is(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
-    until(&format!("{name} lifecycle {want}"), LIMIT, || async {
-        let p = pods.get(name).await?;
-        let state = annotation(&p, "vm.cocoonstack.io/lifecycle-state");
-        Ok((state.as_deref() == Some(want)).then_some(p))
-    })
-    .await
 }
 
 fn sim_run(c: &CocoonCli, args: &[&str]) -> Result<String> {

@@ -9,6 +9,7 @@
 //! and it wakes Ready with its guest's state intact. One testbed serves every attack.
 
 use e2e::daemon;
+use e2e::daemon::{annotate, lifecycle_is};
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, Daemo
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 use vk_cocoon::registry::Registry;
 
@@ -90,21 +91,6 @@ async fn tag(reg: &Registry, name: &str, tag: &str) -> Result<(String, Option<St
         .get(vk_cocoon::registry::media::ANN_OWNER)
         .cloned();
     Ok((r.digest, owner))
-}
-
-async fn lifecycle_is(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
-    until(&format!("{name} lifecycle {want}"), LIMIT, || async {
-        let p = pods.get(name).await?;
-        Ok((annotation(&p, STATE).as_deref() == Some(want)).then_some(p))
-    })
-    .await
-}
-
-async fn annotate(pods: &Api<Pod>, name: &str, key: &str, value: Option<&str>) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {key: value}}});
-    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use crate::procs::Proc;
 use crate::testbed::Testbed;
@@ -453,6 +453,25 @@ pub async fn curl_status(url: &str, args: &[&str]) -> Result<String> {
         .await
         .context("running curl")?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Sets (`Some`) or removes (`None`) one annotation of pod `name`, as the operator does.
+pub async fn annotate(pods: &Api<Pod>, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Waits up to 90 s until pod `name`'s lifecycle annotation says `want`.
+pub async fn lifecycle_is(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
+    let limit = Duration::from_secs(90);
+    until(&format!("{name} lifecycle {want}"), limit, || async {
+        let p = pods.get(name).await?;
+        let state = annotation(&p, "vm.cocoonstack.io/lifecycle-state");
+        Ok((state.as_deref() == Some(want)).then_some(p))
+    })
+    .await
 }
 
 /// A managed run-mode pod `name` on `node`, its VM named `vk-<ns>-<name>`.

@@ -74,33 +74,11 @@ fn tools() -> Option<(PathBuf, PathBuf)> {
         );
         return None;
     }
-    Some((real, standin()))
-}
-
-/// Builds the stand-in into the target directory this test runs from.
-fn standin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let mut dir = exe.parent().unwrap().to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-j2",
-            "-p",
-            "ch-standin",
-            "--bin",
-            "cloud-hypervisor",
-        ])
-        .env("CARGO_TARGET_DIR", dir.parent().unwrap())
-        .current_dir(workspace)
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the stand-in failed");
-    dir.join("cloud-hypervisor")
+    let standin = match e2e::real_cocoon::standin_binary() {
+        Ok(p) => p,
+        Err(e) => panic!("building the stand-in failed: {e}"),
+    };
+    Some((real, standin))
 }
 
 fn alive(pid: i64) -> bool {
