@@ -200,7 +200,7 @@ fn statfs(path: &str) -> (u64, u64) {
 }
 
 #[cfg(test)]
-mod reuse_tests {
+mod tests {
     use super::*;
 
     /// M1: every surface asking within the freshness window gets the same sample, so a
@@ -234,5 +234,22 @@ mod reuse_tests {
         let fresh = sampler.sample();
         assert!(!Arc::ptr_eq(&first, &fresh));
         assert_eq!(fresh.node.cpu_seconds, 10.0);
+    }
+
+    /// DEC-3: a sparse COW disk counts the blocks it holds, not the size it claims, so a fresh
+    /// clone of a 1 GiB disk shows what the guest wrote.
+    #[test]
+    fn cow_size_is_the_allocated_bytes_not_the_apparent_size() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cow.raw");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.set_len(1 << 30).unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&[7u8; 65536]).unwrap();
+        f.sync_all().unwrap();
+        let got = allocated_bytes(path.to_str().unwrap());
+        assert!((65536..1 << 24).contains(&got), "{got} bytes allocated");
+        assert_eq!(allocated_bytes("/nonexistent/cow.raw"), 0);
     }
 }
