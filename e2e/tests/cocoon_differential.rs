@@ -239,3 +239,62 @@ fn help_texts_name_the_same_verbs_and_flags() {
     }
     d.assert_none();
 }
+
+/// The comparison itself: a shape that ignored what it must compare would let every
+/// differential test pass.
+#[test]
+fn the_shape_comparison_sees_what_differs() {
+    use differential_common::shape;
+    use serde_json::json;
+    let vm = json!({"id": "AAAA", "state": "running", "pid": 41, "config": {"cpu": 2, "name": "a"},
+                    "snapshot_ids": {"X": {}}, "created_at": "2026-01-01T00:00:00Z"});
+    let same = json!({"id": "BBBB", "state": "running", "pid": 97, "config": {"cpu": 2, "name": "a"},
+                      "snapshot_ids": {"Y": {}}, "created_at": "2027-02-02T00:00:00Z"});
+    assert_eq!(
+        shape(&vm),
+        shape(&same),
+        "ids, pids, times and id-keyed sets are not compared"
+    );
+    let differs = [
+        json!({"id": "AAAA", "state": "stopped (stale)", "pid": 41, "config": {"cpu": 2, "name": "a"},
+               "snapshot_ids": {"X": {}}, "created_at": "2026-01-01T00:00:00Z"}),
+        json!({"id": "AAAA", "state": "running", "pid": 0, "config": {"cpu": 2, "name": "a"},
+               "snapshot_ids": {"X": {}}, "created_at": "2026-01-01T00:00:00Z"}),
+        json!({"id": "AAAA", "state": "running", "pid": 41, "config": {"cpu": 4, "name": "a"},
+               "snapshot_ids": {"X": {}}, "created_at": "2026-01-01T00:00:00Z"}),
+        json!({"id": "AAAA", "state": "running", "pid": 41, "config": {"cpu": 2, "name": "a"},
+               "snapshot_ids": {}, "created_at": "2026-01-01T00:00:00Z"}),
+        json!({"id": "AAAA", "state": "running", "pid": 41, "config": {"cpu": 2, "name": "a"},
+               "snapshot_ids": {"X": {}}}),
+        json!({"id": 7, "state": "running", "pid": 41, "config": {"cpu": 2, "name": "a"},
+               "snapshot_ids": {"X": {}}, "created_at": "2026-01-01T00:00:00Z"}),
+    ];
+    for d in differs {
+        assert_ne!(shape(&vm), shape(&d), "{d} reads like {vm}");
+    }
+}
+
+#[test]
+fn the_error_line_mask_hides_only_ids_and_the_root() {
+    use differential_common::masked;
+    let dir = Path::new("/tmp/x1");
+    assert_eq!(
+        masked(
+            "Error: vm name \"c1\" already exists (id: Q3ZK7M2XW4JH5N6P7R3S6T2UVA)",
+            dir
+        ),
+        "Error: vm name \"c1\" already exists (id: <ID>)"
+    );
+    assert_eq!(
+        masked("Error: open /tmp/x1/root/a: gone", dir),
+        "Error: open <dir>/root/a: gone"
+    );
+    assert_eq!(
+        masked(
+            "Error: inspect: vm Q3ZK7M2XW4JH5N6P7R8S9T2UV1: VM not found",
+            dir
+        ),
+        "Error: inspect: vm Q3ZK7M2XW4JH5N6P7R8S9T2UV1: VM not found",
+        "1 is not in cocoon's id alphabet"
+    );
+}

@@ -288,8 +288,8 @@ impl Differences {
     ) -> bool {
         let what = format!("cocoon {}", args.join(" "));
         let (s, r) = (
-            masked(&sim.last_stderr_line, &pair.sim),
-            masked(&real.last_stderr_line, &pair.real),
+            masked(&sim.last_stderr_line, &pair.sim.dir),
+            masked(&real.last_stderr_line, &pair.real.dir),
         );
         if sim.code != real.code {
             self.0.push(format!(

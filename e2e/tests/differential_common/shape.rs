@@ -3,7 +3,9 @@
 
 use serde_json::{Map, Value};
 
-use super::{path, Side};
+use std::path::Path;
+
+use super::path;
 
 /// Keys whose string values are fixed by the argv, so both sides must agree on them.
 const FIXED_STRINGS: &[&str] = &[
@@ -78,9 +80,9 @@ fn shape_at(key: Option<&str>, v: &Value) -> Value {
 }
 
 /// The final error line with what differs between two roots masked: cocoon's 26-character
-/// base32 ids and the two sides' directories.
-pub fn masked(line: &str, side: &Side) -> String {
-    let line = line.replace(&path(&side.dir), "<dir>");
+/// base32 ids and the side's directory.
+pub fn masked(line: &str, dir: &Path) -> String {
+    let line = line.replace(&path(dir), "<dir>");
     let mut out = String::new();
     let mut word = String::new();
     let flush = |word: &mut String, out: &mut String| {
