@@ -216,35 +216,10 @@ fn built_once() -> (PathBuf, PathBuf) {
     BUILT
         .get_or_init(|| {
             let sim = e2e::sim::binary().expect("the simulator builds");
-            (sim, standin())
+            let standin = e2e::real_cocoon::standin_binary().expect("the stand-in builds");
+            (sim, standin)
         })
         .clone()
-}
-
-/// Builds the stand-in into the target directory this test runs from.
-fn standin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let mut dir = exe.parent().unwrap().to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-j2",
-            "-p",
-            "ch-standin",
-            "--bin",
-            "cloud-hypervisor",
-        ])
-        .env("CARGO_TARGET_DIR", dir.parent().unwrap())
-        .current_dir(workspace)
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the stand-in failed");
-    dir.join("cloud-hypervisor")
 }
 
 /// Collects every difference between the two sides' answers to one argv.
