@@ -31,8 +31,9 @@ const OPERATOR: &str = "cocoon-operator";
 
 /// The testbed with the operator, one daemon pointed at the same registry prefix, and clients.
 struct Bed {
-    tb: Testbed,
+    // The daemon stops before the testbed it talks to.
     d: Daemon,
+    tb: Testbed,
     sets: Api<DynamicObject>,
     hibs: Api<DynamicObject>,
     pods: Api<Pod>,
@@ -210,7 +211,38 @@ impl Bed {
             },
         )
         .await;
-        got.with_context(|| self.context(&Value::Null))
+        match got {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let seen = self.all_events().await.unwrap_or_default();
+                Err(e.context(format!(
+                    "Events:\n{}\n{}",
+                    seen.join("\n"),
+                    self.context(&Value::Null)
+                )))
+            }
+        }
+    }
+
+    /// Every Event in the namespace, one line each, for a failure's message.
+    async fn all_events(&self) -> Result<Vec<String>> {
+        Ok(self
+            .events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|e| {
+                format!(
+                    "{} {} {} {}: {}",
+                    e.type_.unwrap_or_default(),
+                    e.source.and_then(|s| s.component).unwrap_or_default(),
+                    e.involved_object.name.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                )
+            })
+            .collect())
     }
 
     /// Warnings any component other than the scheduler (which reports FailedScheduling while
@@ -287,8 +319,13 @@ fn phase_is(obj: &Value, phase: &str) -> bool {
 /// The set's status is current (observedGeneration) and says `ready` of `desired` agents.
 fn agents_ready(obj: &Value, ready: i64, desired: i64) -> bool {
     obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
-        && obj["status"]["readyAgents"] == ready
-        && obj["status"]["desiredAgents"] == desired
+        && count(obj, "readyAgents") == ready
+        && count(obj, "desiredAgents") == desired
+}
+
+/// A status count; the operator's merge patch of its status leaves out a count that is 0.
+fn count(obj: &Value, field: &str) -> i64 {
+    obj["status"][field].as_i64().unwrap_or(0)
 }
 
 fn vm_name(set: &str, slot: usize) -> String {
@@ -755,6 +792,193 @@ async fn suspend_and_unsuspend_release_then_delete() -> Result<()> {
     ensure!(phase_is(&obj, "Running"), "phase after the wake: {obj}");
 
     delete_leaves_nothing(&b, "seat", 1).await?;
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_the_daemon_reports_reach_the_operator() -> Result<()> {
+    let b = bed().await?;
+    let sim = b.tb.host(None)?;
+    // Every run fails until the fault is cleared, so the failure holds long enough for the
+    // operator to act on it whatever the daemon's retry backoff (P3) is at.
+    sim.run(&[
+        "sim",
+        "fault",
+        "fail",
+        "vm run",
+        "--times",
+        "1000",
+        "--message",
+        "host out of capacity",
+    ])?;
+    b.create_set("brittle", json!({"agent": run_agent(1)}))
+        .await?;
+    // ANN-4.4: a `failed` main puts the set in Failed, with the daemon's message in the Event.
+    let obj = b
+        .set_until("brittle", "Failed", |o| phase_is(o, "Failed"))
+        .await?;
+    ensure!(count(&obj, "readyAgents") == 0, "status: {obj}");
+    let (kind, msg) = b.operator_event("brittle", "PodLifecycleFailed").await?;
+    ensure!(
+        kind == "Warning" && msg.contains("brittle-0") && msg.contains("host out of capacity"),
+        "PodLifecycleFailed Event: {kind} {msg}"
+    );
+    // The lifecycle itself is not read back here: the daemon retries (P3), so it alternates
+    // between `failed` and `creating` until the fault is cleared.
+    let main = b.pods.get("brittle-0").await?;
+
+    // The daemon's own retry brings the same pod up once the host recovers.
+    sim.run(&["sim", "fault", "clear"])?;
+    let recovered = b
+        .pod_until("brittle-0", "Ready after the fault", is_ready)
+        .await?;
+    ensure!(
+        recovered.metadata.uid == main.metadata.uid,
+        "the main was recreated, not retried"
+    );
+    // No RecoveredFromFailure Event is asserted: the operator emits it only when one pass
+    // sees its Failed phase and a Ready main together, and the daemon's retry writes
+    // `creating` first (ANN-4.3), whose reconcile already moves the set out of Failed.
+    running(&b, "brittle", 2).await?;
+
+    // ANN-4.4: a `failed` sub-agent is deleted and made again by the operator.
+    sim.run(&[
+        "sim",
+        "fault",
+        "fail",
+        "vm clone",
+        "--times",
+        "1000",
+        "--message",
+        "clone refused",
+    ])?;
+    b.patch_set("brittle", json!({"agent": {"replicas": 2}}))
+        .await?;
+    let (kind, msg) = b.operator_event("brittle", "SubAgentRebuilding").await?;
+    ensure!(
+        kind == "Normal" && msg.starts_with("slot 2 attempt 1/"),
+        "SubAgentRebuilding: {msg}"
+    );
+    sim.run(&["sim", "fault", "clear"])?;
+    let obj = running(&b, "brittle", 3).await?;
+    check_agents(&b, "brittle", &obj, 3).await?;
+    let history = set_annotation(&obj, "cocoonset.cocoonstack.io/rebuild-history")
+        .context("no rebuild history")?;
+    ensure!(history.contains("\"2\""), "rebuild history: {history}");
+    Ok(())
+}
+
+/// The simulator's address for VM `id`, once it has one.
+async fn sim_ip(b: &Bed, id: &str) -> Result<String> {
+    let sim = b.tb.host(None)?;
+    until(&format!("an address for {id}"), LIMIT, || async {
+        let v: Value = serde_json::from_str(&sim.run(&["sim", "info", id])?)?;
+        Ok(v["ip"]
+            .as_str()
+            .filter(|ip| !ip.is_empty())
+            .map(str::to_string))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_static_toolboxes() -> Result<()> {
+    let b = bed().await?;
+    // A static toolbox names a VM that exists before the set (T10: the node checks the claim).
+    let sim = b.tb.host(None)?;
+    sim.run(&["image", "pull", IMAGE])?;
+    let made: Value = serde_json::from_str(
+        &sim.run(&["vm", "run", "--output", "json", "--name", "desk", IMAGE])?,
+    )?;
+    let id = made["id"].as_str().context("desk id")?.to_string();
+    let ip = sim_ip(&b, &id).await?;
+
+    b.create_set(
+        "kit",
+        json!({"agent": run_agent(0), "toolboxes": [
+            {"name": "shell", "image": IMAGE},
+            {"name": "desk", "mode": "static", "staticVMID": id, "staticIP": ip, "vncPort": 5901},
+        ]}),
+    )
+    .await?;
+    let obj = b
+        .set_until("kit", "Running with both toolboxes", |o| {
+            phase_is(o, "Running")
+                && agents_ready(o, 1, 1)
+                && count(o, "readyToolboxes") == 2
+                && count(o, "desiredToolboxes") == 2
+        })
+        .await?;
+    let ready = condition(&obj, "Ready").context("Ready condition")?;
+    ensure!(
+        ready["message"] == "1/1 agents ready, 2/2 toolboxes ready",
+        "Ready: {ready}"
+    );
+    let toolboxes = obj["status"]["toolboxes"].as_array().context("toolboxes")?;
+    let by_name = |n: &str| toolboxes.iter().find(|t| t["name"] == n).cloned();
+    let shell = by_name("shell").context("shell status")?;
+    let shell_pod = b.pods.get("kit-shell").await?;
+    ensure!(
+        shell["vmName"] == "vk-default-kit-shell"
+            && shell["connType"] == "ssh"
+            && shell["phase"] == "Running"
+            && shell["vmID"].as_str() == annotation(&shell_pod, "vm.cocoonstack.io/id").as_deref(),
+        "shell: {shell}"
+    );
+    ensure!(
+        b.vms()?.contains(&"vk-default-kit-shell".to_string()),
+        "no shell VM"
+    );
+    let desk = by_name("desk").context("desk status")?;
+    ensure!(
+        desk["vmID"] == id.as_str()
+            && desk["ip"] == ip.as_str()
+            && desk["connType"] == "vnc"
+            && desk["vncPort"] == 5901
+            && desk["phase"] == "Running",
+        "desk: {desk}"
+    );
+    // ANN-0 read-only rule: the daemon never rewrites a static toolbox's vnc-port, id or ip
+    // differently, or the operator would see drift and recreate the pod.
+    let desk_pod = b.pods.get("kit-desk").await?;
+    ensure!(is_ready(&desk_pod), "desk not Ready");
+    for (key, want) in [
+        ("vm.cocoonstack.io/id", id.as_str()),
+        ("vm.cocoonstack.io/ip", ip.as_str()),
+        ("vm.cocoonstack.io/vnc-port", "5901"),
+    ] {
+        ensure!(
+            annotation(&desk_pod, key).as_deref() == Some(want),
+            "desk {key}"
+        );
+    }
+    ensure!(
+        annotation(&desk_pod, "cocoonset.cocoonstack.io/managed").is_none(),
+        "a static toolbox is unmanaged"
+    );
+    running(&b, "kit", 1).await?;
+    let again = b.pods.get("kit-desk").await?;
+    ensure!(
+        again.metadata.uid == desk_pod.metadata.uid,
+        "the desk pod was recreated"
+    );
+
+    // C5/D1: deleting the set forgets the static toolbox's VM and leaves it running.
+    b.sets.delete("kit", &DeleteParams::default()).await?;
+    for pod in ["kit-0", "kit-shell", "kit-desk"] {
+        b.pod_gone(pod).await?;
+    }
+    let vms = b.vms()?;
+    ensure!(
+        vms.contains(&"desk".to_string()),
+        "the static VM was removed: {vms:?}"
+    );
+    ensure!(
+        !vms.contains(&"vk-default-kit-shell".to_string()),
+        "shell VM left: {vms:?}"
+    );
     let warnings = b.warnings().await?;
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
