@@ -121,7 +121,7 @@ async fn pull_run_reach_snapshot_clone_and_remove_on_the_cni_network() {
     let pid = vm["pid"].as_i64().unwrap();
     let inspected = real.json(&["vm", "inspect", &id]).unwrap();
     let ip = primary_ip(&inspected);
-    assert_eq!(inspected["config"]["network"], real.network.name.as_str());
+    assert_eq!(inspected["config"]["network"], e2e::cni::NETWORK);
     assert_eq!(
         inspected["network_configs"][0]["network"]["gateway"],
         real.network.gateway.as_str()
