@@ -983,3 +983,68 @@ async fn run_and_static_toolboxes() -> Result<()> {
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_made_again_after_a_retain_unsuspend_boot_fresh() -> Result<()> {
+    let b = bed().await?;
+    b.create_set("again", json!({"agent": run_agent(1)}))
+        .await?;
+    running(&b, "again", 2).await?;
+    b.patch_set("again", json!({"suspend": true})).await?;
+    b.set_until("again", "Suspended", |o| phase_is(o, "Suspended"))
+        .await?;
+    b.patch_set("again", json!({"suspend": false})).await?;
+    running(&b, "again", 2).await?;
+    let sub = vm_name("again", 1);
+    ensure!(
+        b.tags(&sub).await? == ["hibernate"],
+        "{sub} tags after the unsuspend"
+    );
+
+    // A new sub-agent under the old name: it forks the main (C9) while its predecessor's
+    // :hibernate tag is still in the registry.
+    b.patch_set("again", json!({"agent": {"replicas": 0}}))
+        .await?;
+    running(&b, "again", 1).await?;
+    b.pod_gone("again-1").await?;
+    b.patch_set("again", json!({"agent": {"replicas": 1}}))
+        .await?;
+    let obj = running(&b, "again", 2).await?;
+    check_agents(&b, "again", &obj, 2).await?;
+
+    // A drifted main (new resources) is deleted and made again by the operator, without the
+    // restore marker, while its :hibernate tag is also left.
+    let old = b.pods.get("again-0").await?.metadata.uid;
+    let mut agent = run_agent(1);
+    agent["resources"]["limits"]["cpu"] = json!("2");
+    b.patch_set("again", json!({ "agent": agent })).await?;
+    let main = b
+        .pod_until("again-0", "made again and Ready", |p| {
+            p.metadata.uid != old && is_ready(p)
+        })
+        .await?;
+    ensure!(
+        annotation(&main, "vm.cocoonstack.io/restore-from-hibernate").is_none(),
+        "the operator marked a drift rebuild for restore"
+    );
+    let obj = running(&b, "again", 2).await?;
+    check_agents(&b, "again", &obj, 2).await?;
+    // C11.1: each new pod found its predecessor's tag, older than itself, and booted fresh,
+    // saying so; nothing else went wrong.
+    let warnings = b.warnings().await?;
+    for pod in ["again-0", "again-1"] {
+        ensure!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with(&format!("{pod}: HibernateSnapshotPredatesPod"))),
+            "no HibernateSnapshotPredatesPod for {pod}: {warnings:?}"
+        );
+    }
+    ensure!(
+        warnings
+            .iter()
+            .all(|w| w.contains("HibernateSnapshotPredatesPod")),
+        "Warnings: {warnings:?}"
+    );
+    Ok(())
+}
