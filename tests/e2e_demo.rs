@@ -167,4 +167,13 @@ fn demo_once_shows_three_ready_pods_the_node_and_the_journal() {
         "journal path {}\n{both}",
         journal.display()
     );
+
+    // The run directory is gone with the testbed; the journal is kept, and replays.
+    let kept = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("the run's journal is kept in "))
+        .and_then(|l| l.split(';').next())
+        .unwrap_or_else(|| panic!("the kept journal is not named\n{both}"));
+    e2e::daemon::replay_verify(Path::new(kept)).unwrap_or_else(|e| panic!("{e:#}\n{both}"));
 }

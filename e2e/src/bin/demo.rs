@@ -132,5 +132,33 @@ async fn main() -> Result<()> {
     }
     step!("tearing down");
     d.stop();
+    // The run directory goes with the testbed; the journal is the one thing worth keeping.
+    let kept = keep_journal(&opts.journal)?;
+    println!(
+        "the run's journal is kept in {}; replay it with: vk-cocoon replay --verify {}",
+        kept.display(),
+        kept.display()
+    );
     Ok(())
+}
+
+/// Copies the journal's files (rotation may have made several) out of the run directory to
+/// `<target>/demo-journal/`, replacing an earlier run's, and returns the current file's path.
+fn keep_journal(journal: &std::path::Path) -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let target = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .context("the target directory")?;
+    let keep = target.join("demo-journal");
+    if keep.exists() {
+        std::fs::remove_dir_all(&keep)?;
+    }
+    std::fs::create_dir_all(&keep)?;
+    let dir = journal.parent().context("journal dir")?;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        std::fs::copy(e.path(), keep.join(e.file_name()))?;
+    }
+    Ok(keep.join(journal.file_name().context("journal file name")?))
 }
