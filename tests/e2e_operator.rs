@@ -25,14 +25,17 @@ use vk_cocoon::registry::{PushKnobs, Registry};
 
 const NS: &str = "default";
 const NODE: &str = "node-a";
+const NODE_B: &str = "node-b";
 const LIMIT: Duration = Duration::from_secs(90);
 const IMAGE: &str = "ghcr.io/cocoonstack/ubuntu:24.04";
 const OPERATOR: &str = "cocoon-operator";
 
 /// The testbed with the operator, one daemon pointed at the same registry prefix, and clients.
 struct Bed {
-    // The daemon stops before the testbed it talks to.
+    // The daemons stop before the testbed they talk to.
     d: Daemon,
+    /// The second node's daemon, when there is one.
+    others: Vec<Daemon>,
     tb: Testbed,
     sets: Api<DynamicObject>,
     hibs: Api<DynamicObject>,
@@ -45,7 +48,13 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 }
 
 async fn bed() -> Result<Bed> {
-    let tb = Testbed::start(
+    bed_on(false).await
+}
+
+/// With `second`, a second node `node-b` on its own simulator host: the two daemons serve
+/// the peer API each on its own loopback address, as e2e_peer's do.
+async fn bed_on(second: bool) -> Result<Bed> {
+    let mut tb = Testbed::start(
         TestbedOptions::control_plane()
             .with_sim()
             .with_registry()
@@ -58,19 +67,37 @@ async fn bed() -> Result<Bed> {
         .context("operator")?
         .oci_registry
         .clone();
-    let journal = tb.run_dir().join("journal").join("events.journal");
-    let opts = DaemonOptions {
-        env: vec![("OCI_REGISTRY".into(), oci)],
+    let peer_port = e2e::ports::free_port()?;
+    let opts = |node: &str, ip: &str, host: Option<&str>| DaemonOptions {
+        node: node.into(),
+        env: vec![("OCI_REGISTRY".into(), oci.clone())],
+        host: host.map(str::to_string),
+        node_ip: second.then(|| ip.to_string()),
+        peer_addr: second.then(|| format!("{ip}:{peer_port}")),
         ..DaemonOptions::default()
     };
-    let d = daemon::start(
-        &tb,
-        &opts,
-        &journal,
-        e2e::ports::free_port()?,
-        e2e::ports::free_port()?,
-    )?;
-    daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
+    let mut nodes = vec![(NODE, "127.0.0.2", None)];
+    if second {
+        tb.add_host("sim-b")?;
+        nodes.push((NODE_B, "127.0.0.3", Some("sim-b")));
+    }
+    let mut daemons = Vec::new();
+    for (node, ip, host) in nodes {
+        let journal = tb
+            .run_dir()
+            .join(format!("journal-{node}"))
+            .join("events.journal");
+        let d = daemon::start(
+            &tb,
+            &opts(node, ip, host),
+            &journal,
+            e2e::ports::free_port()?,
+            e2e::ports::free_port()?,
+        )?;
+        daemon::node_registered(&tb, &d, node, LIMIT).await?;
+        daemons.push(d);
+    }
+    let d = daemons.remove(0);
     let client = tb.client()?;
     Ok(Bed {
         sets: Api::namespaced_with(client.clone(), NS, &resource("CocoonSet", "cocoonsets")),
@@ -81,8 +108,9 @@ async fn bed() -> Result<Bed> {
         ),
         pods: Api::namespaced(client.clone(), NS),
         events: Api::namespaced(client, NS),
-        tb,
         d,
+        others: daemons,
+        tb,
     })
 }
 
@@ -1046,5 +1074,51 @@ async fn pods_made_again_after_a_retain_unsuspend_boot_fresh() -> Result<()> {
             .all(|w| w.contains("HibernateSnapshotPredatesPod")),
         "Warnings: {warnings:?}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_main_agent_migrates_to_another_node() -> Result<()> {
+    let b = bed_on(true).await?;
+    b.create_set("mover", json!({"nodeName": NODE, "agent": run_agent(0)}))
+        .await?;
+    running(&b, "mover", 1).await?;
+    let vm = vm_name("mover", 0);
+    let before = b.pods.get("mover-0").await?;
+    ensure!(
+        before.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE),
+        "not on {NODE}"
+    );
+
+    // Hibernation doc §8.4: quiesce on node-a, push :hibernate, delete, restore on node-b.
+    b.patch_set("mover", json!({ "nodeName": NODE_B })).await?;
+    b.set_until("mover", "Migrating", |o| phase_is(o, "Migrating"))
+        .await?;
+    let moved = b
+        .pod_until("mover-0", "Ready on node-b", |p| {
+            p.metadata.uid != before.metadata.uid
+                && is_ready(p)
+                && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE_B)
+        })
+        .await?;
+    ensure!(
+        annotation(&moved, "vm.cocoonstack.io/restore-from-hibernate").as_deref() == Some("true"),
+        "the new main carries no restore marker"
+    );
+    let obj = running(&b, "mover", 1).await?;
+    let agent = &obj["status"]["agents"][0];
+    ensure!(
+        agent["vmID"].as_str() == annotation(&moved, "vm.cocoonstack.io/id").as_deref(),
+        "status: {agent}"
+    );
+    // The operator drops the tag once the restored VM runs.
+    b.tags_until(&vm, &[]).await?;
+    ensure!(!b.vms()?.contains(&vm), "{vm} still runs on node-a");
+    let on_b =
+        b.tb.host(Some("sim-b"))?
+            .run(&["vm", "list", "-o", "json"])?;
+    ensure!(on_b.contains(&vm), "{vm} does not run on node-b: {on_b}");
+    let warnings = b.warnings().await?;
+    ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
 }
