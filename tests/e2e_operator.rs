@@ -195,11 +195,15 @@ impl Bed {
 
     fn context(&self, status: &Value) -> String {
         let operator = self.tb.operator.as_ref().map(|o| o.proc.log_tail(40));
-        format!(
+        let mut out = format!(
             "last status: {status}\n--- cocoon-operator:\n{}\n--- vk-cocoon:\n{}",
             operator.unwrap_or_default(),
             self.d.proc.log_tail(40)
-        )
+        );
+        for d in &self.others {
+            out += &format!("\n--- vk-cocoon ({NODE_B}):\n{}", d.proc.log_tail(40));
+        }
+        out
     }
 
     /// The operator's Events about one object, as (type, reason, message).
