@@ -41,6 +41,9 @@ pub struct Env {
     pub lease_delay_ms: u64,
     pub net: NetMode,
     pub boot_ms: u64,
+    /// `COCOON_SIM_EVENT_POLL_MS` (200): how often the event stream compares the records;
+    /// a record removed wakes it at once.
+    pub event_poll_ms: u64,
     pub cgroup_parent: Option<String>,
     pub guest_ports: Vec<u16>,
     pub ipam_dir: PathBuf,
@@ -212,6 +215,7 @@ impl Env {
             lease_delay_ms: delay("COCOON_SIM_LEASE_DELAY_MS", 300)?,
             net,
             boot_ms: delay("COCOON_SIM_BOOT_MS", 0)?,
+            event_poll_ms: delay("COCOON_SIM_EVENT_POLL_MS", 200)?,
             guests,
             cgroup_parent,
             guest_ports,

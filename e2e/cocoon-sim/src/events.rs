@@ -1,6 +1,9 @@
-//! `vm status --event --format json` (CLI-7): an ADDED burst on connect, then a diff every
-//! 200 ms by ID on (name, reconciled state, cpu, memory, static IPs, image). Runs until
-//! SIGTERM/SIGINT (exit 0); `sim fault kill-streams` makes it exit 1.
+//! `vm status --event --format json` (CLI-7): an ADDED burst on connect, then a diff by ID on
+//! (name, reconciled state, cpu, memory, static IPs, image) every 200 ms
+//! (`COCOON_SIM_EVENT_POLL_MS`), and at once when a VM's record is removed, as cocoon's stream
+//! is driven by file-system notifications (so a vanished VM is reported in the time the
+//! daemon takes, not the poll's). Runs until SIGTERM/SIGINT (exit 0); `sim fault kill-streams`
+//! makes it exit 1.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -128,6 +131,8 @@ pub fn status(
     let mut cache = RecordCache::default();
     let mut alive = AliveCache::default();
     let mut out = std::io::stdout();
+    let changed = watch_records(&store);
+    let poll = Duration::from_millis(env.event_poll_ms.max(20));
     if !json {
         let _ = writeln!(out, "EVENT\tID\tNAME\tSTATE\tCPU\tMEMORY\tIMAGE");
     }
@@ -172,11 +177,86 @@ pub fn status(
             // Reader went away: nothing left to report to.
             return Ok(());
         }
-        for _ in 0..10 {
-            if STOP.load(Ordering::SeqCst) {
-                return Ok(());
+        if wait_for_change(&changed, poll) {
+            return Ok(());
+        }
+    }
+}
+
+/// Removals under `<root>/vms/`, as a channel that carries one unit per notification; the
+/// watcher lives as long as the returned value.
+fn watch_records(store: &Store) -> Changes {
+    let dir = store.vms_dir();
+    let _ = std::fs::create_dir_all(&dir);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if ev.is_ok_and(|ev| is_a_change(&ev.kind)) {
+            let _ = tx.send(());
+        }
+    })
+    .and_then(|mut w| {
+        notify::Watcher::watch(&mut w, &dir, notify::RecursiveMode::Recursive)?;
+        Ok(w)
+    });
+    match watcher {
+        Ok(w) => Changes {
+            rx,
+            _watcher: Some(w),
+        },
+        Err(e) => {
+            warn(
+                "event stream",
+                format!("cannot watch {}: {e}; polling only", dir.display()),
+            );
+            Changes { rx, _watcher: None }
+        }
+    }
+}
+
+/// A record removed: a VM gone is reported at once. Writes of a record are left to the poll,
+/// as they always were, so a VM's passing states (`created` on its way to `running`, a crash
+/// just before a state fault) are not reported one by one; opens and reads never wake it, or
+/// the stream's own reads of the records would.
+fn is_a_change(kind: &notify::EventKind) -> bool {
+    use notify::EventKind;
+    match kind {
+        EventKind::Remove(_) => true,
+        EventKind::Create(_)
+        | EventKind::Modify(_)
+        | EventKind::Access(_)
+        | EventKind::Any
+        | EventKind::Other => false,
+    }
+}
+
+struct Changes {
+    rx: std::sync::mpsc::Receiver<()>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+/// Waits until a record changes or `poll` has passed, in short slices so a signal ends the
+/// stream promptly; true when the stream should end.
+fn wait_for_change(changes: &Changes, poll: Duration) -> bool {
+    const SLICE: Duration = Duration::from_millis(20);
+    let mut left = poll;
+    loop {
+        if STOP.load(Ordering::SeqCst) {
+            return true;
+        }
+        match changes.rx.recv_timeout(SLICE.min(left)) {
+            Ok(()) => {
+                // One pass covers every change so far; a burst of writes is one diff.
+                while changes.rx.try_recv().is_ok() {}
+                return false;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(SLICE.min(left));
+            }
+        }
+        left = left.saturating_sub(SLICE);
+        if left.is_zero() {
+            return false;
         }
     }
 }

@@ -149,3 +149,21 @@ fn a_failed_list_pass_gives_spurious_deleted_then_added() {
     s.next_where("re-ADDED", is("ADDED", "flaky"));
     assert_eq!(s.terminate(), Some(0));
 }
+
+/// A VM removed is reported at once, as cocoon's stream is driven by file-system
+/// notifications: with the stream's poll set to ten minutes, `vm rm` and a vanished record
+/// are still reported, which only a notification can have caused.
+#[test]
+fn a_removed_vm_is_reported_without_waiting_for_the_poll() {
+    let sim = Sim::with_env(&[("COCOON_SIM_EVENT_POLL_MS", "600000")]);
+    sim.run_vm("removed", &[]);
+    sim.run_vm("vanished", &[]);
+    let s = Stream::open(&sim);
+    s.next_where("ADDED removed", is("ADDED", "removed"));
+    s.next_where("ADDED vanished", is("ADDED", "vanished"));
+    sim.run(&["vm", "rm", "--force", "removed"]).ok();
+    s.next_where("DELETED removed", is("DELETED", "removed"));
+    sim.run(&["sim", "fault", "vanish", "vanished"]).ok();
+    s.next_where("DELETED vanished", is("DELETED", "vanished"));
+    assert_eq!(s.terminate(), Some(0));
+}
