@@ -40,7 +40,7 @@ testbed-down:
 # The real-cocoon lane, alone: tests of this package in E2E_REAL_TESTS, of the root package in
 # E2E_REAL_ROOT_TESTS (file names without .rs), all with TESTBED_COCOON=real so a testbed that
 # asks for a cocoon host gets the real one.
-E2E_REAL_TESTS := real_cocoon_network
+E2E_REAL_TESTS := real_cocoon_network real_cocoon_lifecycle cocoon_differential differential_lifecycle differential_events
 E2E_REAL_ROOT_TESTS := e2e_real_cocoon
 
 e2e-real: deps
