@@ -14,6 +14,7 @@ use e2e::daemon::{annotation, is_ready, until, Daemon, DaemonOptions};
 use e2e::operator::{GROUP, PREFIX, VERSION};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -508,6 +509,17 @@ async fn scale_down_and_up() -> Result<()> {
     Ok(())
 }
 
+/// Returns once the wall clock has left the second of the condition's lastTransitionTime.
+async fn past_the_second_of(condition: &Value) -> Result<()> {
+    let t: Time = serde_json::from_value(condition["lastTransitionTime"].clone())?;
+    let second = t.0.as_second();
+    until("the next second", LIMIT, || async {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        Ok((now.as_secs() as i64 > second).then_some(()))
+    })
+    .await
+}
+
 async fn create_hibernation(b: &Bed, name: &str, pod: &str, desire: &str) -> Result<()> {
     let obj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
@@ -565,6 +577,10 @@ async fn a_hibernation_hibernates_and_wakes_the_main_agent() -> Result<()> {
     let set_ready = condition(&set, "Ready").context("set Ready")?;
     ensure!(set_ready["status"] == "False", "set Ready: {set_ready}");
 
+    // The operator announces a phase exit once per Ready transition, told apart by
+    // lastTransitionTime, which has whole seconds: a wake whose Waking starts in the second
+    // the hibernation started in would exit with no WokenActive Event.
+    past_the_second_of(ready).await?;
     b.hibs
         .patch(
             "nap",

@@ -17,6 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
 
 use crate::apiserver::ApiServer;
 use crate::bins;
@@ -75,16 +77,14 @@ impl Operator {
         run: &RunDir,
         pki: &Pki,
         api: &ApiServer,
+        client: &kube::Client,
         registry: &Registry,
     ) -> Result<Operator> {
         let bin = bins::built("cocoon-operator")?;
         let manifests = manifests_dir()?;
         let crd_dir = manifests.join("crd").display().to_string();
         crate::kube::kubectl(&api.kubeconfig, &["apply", "--server-side", "-f", &crd_dir]).await?;
-        let crds: Vec<String> = CRDS.iter().map(|c| format!("crd/{c}")).collect();
-        let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
-        wait.extend(crds.iter().map(String::as_str));
-        crate::kube::kubectl(&api.kubeconfig, &wait).await?;
+        established(client).await?;
         let role = manifests.join("rbac/role.yaml").display().to_string();
         crate::kube::kubectl(&api.kubeconfig, &["apply", "-f", &role]).await?;
 
@@ -137,5 +137,33 @@ impl Operator {
             oci_registry,
             ready_after,
         })
+    }
+}
+
+/// Waits until the apiserver serves both CRDs. Polled rather than `kubectl wait`, which fails
+/// at once on a CRD whose status has no conditions yet.
+async fn established(client: &kube::Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut missing = Vec::new();
+        for name in CRDS {
+            let ok = crds.get_opt(name).await?.is_some_and(|c| {
+                c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+            });
+            if !ok {
+                missing.push(name);
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("CRDs not Established within 60 s: {missing:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -273,13 +273,14 @@ impl Testbed {
             tb.metrics_server =
                 Some(MetricsServer::start(&tb.run, pki, api, client, resolution).await?);
         }
-        if let (true, Some(pki), Some(api), Some(registry)) = (
+        if let (true, Some(pki), Some(api), Some(client), Some(registry)) = (
             opts.operator,
             tb.pki.as_ref(),
             tb.apiserver.as_ref(),
+            tb.client.as_ref(),
             tb.registry.as_ref(),
         ) {
-            tb.operator = Some(Operator::start(&tb.run, pki, api, registry).await?);
+            tb.operator = Some(Operator::start(&tb.run, pki, api, client, registry).await?);
         }
         step!("testbed up in {}", tb.run.path().display());
         Ok(tb)
