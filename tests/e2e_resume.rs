@@ -80,11 +80,10 @@ async fn counter(port: u16, name: &str, labels: &str) -> Result<f64> {
         .sum())
 }
 
-/// SIGKILLs the one `cocoon` process of this simulator whose arguments include all of `words`,
-/// and its process group (the daemon starts each cocoon as a group leader).
-fn kill_cocoon(sim: &CocoonSim, words: &[&str]) -> Result<()> {
+/// The `cocoon` processes of this simulator whose arguments include all of `words`.
+fn cocoon_procs(sim: &CocoonSim, words: &[&str]) -> Result<Vec<i32>> {
     let root = format!("COCOON_SIM_ROOT={}", sim.root.display());
-    let mut killed = Vec::new();
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc")?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
@@ -104,20 +103,29 @@ fn kill_cocoon(sim: &CocoonSim, words: &[&str]) -> Result<()> {
             .first()
             .is_some_and(|a| std::path::Path::new(a).file_name() == Some("cocoon".as_ref()));
         if ours && is_cocoon && words.iter().all(|w| args.iter().any(|a| a == w)) {
-            killed.push((pid, args));
+            found.push(pid);
         }
     }
-    ensure!(
-        killed.len() == 1,
-        "cocoon processes with {words:?}: {killed:?}"
-    );
-    let pid = killed[0].0;
+    Ok(found)
+}
+
+/// Waits for the one `cocoon` process with `words` (see [`cocoon_procs`]).
+async fn cocoon_proc(sim: &CocoonSim, words: &[&str]) -> Result<i32> {
+    until(&format!("cocoon {words:?} running"), LIMIT, || async {
+        let pids = cocoon_procs(sim, words)?;
+        ensure!(pids.len() <= 1, "cocoon processes with {words:?}: {pids:?}");
+        Ok(pids.first().copied())
+    })
+    .await
+}
+
+/// SIGKILLs a cocoon process and its group: the daemon starts each cocoon as a group leader.
+fn kill_cocoon(pid: i32) {
     // SAFETY: plain syscalls on a process this test's daemon started.
     unsafe {
         libc::kill(-pid, libc::SIGKILL);
         libc::kill(pid, libc::SIGKILL);
     }
-    Ok(())
 }
 
 struct Running {
@@ -181,8 +189,9 @@ async fn a_restarted_daemon_collects_adopts_and_resumes() -> Result<()> {
     .with_context(|| r.d.proc.log_tail(40))?;
     // The daemon's cocoon children lead process groups of their own and outlive it; a create
     // is left stale only when its `vm run` dies too, as on a host that went down.
+    let run = cocoon_proc(sim, &["run", &vm_name("stale")]).await?;
     r.d.proc.signal(libc::SIGKILL);
-    kill_cocoon(sim, &["run", &vm_name("stale")])?;
+    kill_cocoon(run);
     ensure!(
         annotation(&pods.get("stale").await?, ID).is_none(),
         "the stale pod got an id before the kill"
@@ -261,10 +270,11 @@ async fn a_restarted_daemon_collects_adopts_and_resumes() -> Result<()> {
     })
     .await
     .with_context(|| r.d.proc.log_tail(60))?;
-    r.d.proc.signal(libc::SIGKILL);
     let fixup_id = annotation(&fixing, ID).context("the clone has no id")?;
+    let exec = cocoon_proc(sim, &["exec", &fixup_id]).await?;
+    r.d.proc.signal(libc::SIGKILL);
     // Otherwise the old fix-up would finish on its own and hide whether the new daemon ran one.
-    kill_cocoon(sim, &["exec", &fixup_id])?;
+    kill_cocoon(exec);
     let info: Value = serde_json::from_str(&sim.run(&["sim", "info", &fixup_id])?)?;
     ensure!(
         info["fixup"]["done"] == false,
@@ -272,9 +282,18 @@ async fn a_restarted_daemon_collects_adopts_and_resumes() -> Result<()> {
     );
 
     r = start(&tb, &opts, &journals[2])?;
-    let fixed = wait_ready(&pods, "fixup", LIMIT)
-        .await
-        .with_context(|| r.d.proc.log_tail(80))?;
+    let fixed = match wait_ready(&pods, "fixup", LIMIT).await {
+        Ok(p) => p,
+        Err(e) => {
+            let p = pods.get("fixup").await?;
+            let info = sim.run(&["sim", "info", &fixup_id]).unwrap_or_default();
+            return Err(e.context(format!(
+                "annotations {:?}\nsim info {info}\n{}",
+                p.metadata.annotations,
+                r.d.proc.log_tail(80)
+            )));
+        }
+    };
     ensure!(
         annotation(&fixed, POST_CLONE_STATE).as_deref() == Some("done"),
         "post-clone-state after the resume: {:?}",
