@@ -1,11 +1,12 @@
 //! What a restarted daemon owes and what a registry fault undoes, end to end: the real daemon,
 //! the simulator and (for the second test) the testbed's registry behind a gate the test can
-//! close. A daemon killed with SIGKILL in the middle of a `vm run` leaves a `creating` record
-//! that the next one collects (B3); a pod that lost its id adopts the VM of its name (B5); a
-//! clone killed in its post-clone fix-up gets it again (B9). A hibernate whose push is refused
-//! rolls back and hibernates once the registry answers (U4); a wake ignores a local `<vm>` that
-//! is not the tag's snapshot and fails, without the local copy, while the registry cannot
-//! verify it (U6); `main-only` pushes slot 0 of a CocoonSet at delete, not slot 1 (D4).
+//! close. A daemon killed with SIGKILL in the middle of a `vm run` that dies with it (as on a
+//! host that went down) leaves a `creating` record that the next one collects (B3); a pod that
+//! lost its id adopts the VM of its name (B5); a clone killed in its post-clone fix-up gets it
+//! again (B9). A hibernate whose push is refused rolls back and hibernates once the registry
+//! answers (U4); a wake ignores a local `<vm>` that is not the tag's snapshot and fails, without
+//! the local copy, while the registry cannot verify it (U6); `main-only` pushes slot 0 of a
+//! CocoonSet at delete, not slot 1 (D4). Each daemon's journal is replayed with --verify.
 
 use e2e::daemon;
 
@@ -175,8 +176,8 @@ async fn a_restarted_daemon_collects_adopts_and_resumes() -> Result<()> {
     let named_id = annotation(&named, ID).context("named has no id")?;
     let named_ip = annotation(&named, IP).context("named has no ip")?;
 
-    // B3: the daemon dies while `vm run` holds the `creating` record; the run dies with it
-    // (same process group), so the record's create lock has no owner any more.
+    // B3: the daemon and its `vm run` die while the run holds the `creating` record, so the
+    // record's create lock has no owner any more.
     sim.run(&["sim", "fault", "delay", "vm run", "8000", "--times", "1"])?;
     create_pod(&pods, &run_pod("stale", json!({}))?).await?;
     let stale_id = until("the stale pod's create under way", LIMIT, || async {
