@@ -49,12 +49,13 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 }
 
 async fn bed() -> Result<Bed> {
-    bed_on(false).await
+    bed_on(false, &[]).await
 }
 
 /// With `second`, a second node `node-b` on its own simulator host: the two daemons serve
 /// the peer API each on its own loopback address, as e2e_peer's do.
-async fn bed_on(second: bool) -> Result<Bed> {
+/// `env` goes to every daemon (and so to the simulator it runs).
+async fn bed_on(second: bool, env: &[(&str, &str)]) -> Result<Bed> {
     let mut tb = Testbed::start(
         TestbedOptions::control_plane()
             .with_sim()
@@ -71,7 +72,9 @@ async fn bed_on(second: bool) -> Result<Bed> {
     let peer_port = e2e::ports::free_port()?;
     let opts = |node: &str, ip: &str, host: Option<&str>| DaemonOptions {
         node: node.into(),
-        env: vec![("OCI_REGISTRY".into(), oci.clone())],
+        env: std::iter::once(("OCI_REGISTRY".to_string(), oci.clone()))
+            .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect(),
         host: host.map(str::to_string),
         node_ip: second.then(|| ip.to_string()),
         peer_addr: second.then(|| format!("{ip}:{peer_port}")),
@@ -278,9 +281,12 @@ impl Bed {
             .collect())
     }
 
-    /// Warnings any component other than the scheduler (which reports FailedScheduling while
-    /// the node registers) raised in the namespace.
+    /// Warnings about the pods and the operator's objects from any component other than the
+    /// scheduler (which reports FailedScheduling while the node registers). The control
+    /// plane's own Warnings about itself (its Service CIDR, say) are not the test's business.
     async fn warnings(&self) -> Result<Vec<String>> {
+        let ours =
+            |kind: Option<&str>| matches!(kind, Some("Pod" | "CocoonSet" | "CocoonHibernation"));
         Ok(self
             .events
             .list(&ListParams::default())
@@ -288,6 +294,7 @@ impl Bed {
             .items
             .into_iter()
             .filter(|e| e.type_.as_deref() == Some("Warning") && !daemon::from_the_scheduler(e))
+            .filter(|e| ours(e.involved_object.kind.as_deref()))
             .map(|e| {
                 format!(
                     "{}: {} {}",
@@ -766,9 +773,34 @@ async fn suspend_and_unsuspend_retain_then_delete() -> Result<()> {
         ensure!(!vms.contains(&vm), "{vm} runs while suspended");
     }
 
+    // ANN-4.2.6: a spec change while suspended raises the generation the operator stamps on
+    // the hibernated pods, and the set is Suspended at it only once the daemon has echoed it
+    // for pods that have no VM. The new sub-agent waits for the unsuspend.
+    b.patch_set("keep", json!({"agent": {"replicas": 2}}))
+        .await?;
+    let raised = generation + 1;
+    b.set_until("keep", "Suspended at the raised generation", |o| {
+        o["metadata"]["generation"] == raised
+            && o["status"]["observedGeneration"] == raised
+            && phase_is(o, "Suspended")
+    })
+    .await?;
+    for slot in 0..2 {
+        let pod = b.pods.get(&format!("keep-{slot}")).await?;
+        ensure!(
+            annotation(&pod, "vm.cocoonstack.io/lifecycle-observed-generation")
+                == Some(raised.to_string()),
+            "keep-{slot} did not echo generation {raised}"
+        );
+    }
+    ensure!(
+        b.pods.get_opt("keep-2").await?.is_none(),
+        "a sub-agent made while suspended"
+    );
+
     b.patch_set("keep", json!({"suspend": false})).await?;
-    let obj = running(&b, "keep", 2).await?;
-    check_agents(&b, "keep", &obj, 2).await?;
+    let obj = running(&b, "keep", 3).await?;
+    check_agents(&b, "keep", &obj, 3).await?;
     for slot in 0..2 {
         let pod = b.pods.get(&format!("keep-{slot}")).await?;
         ensure!(
@@ -783,7 +815,7 @@ async fn suspend_and_unsuspend_retain_then_delete() -> Result<()> {
         );
     }
 
-    delete_leaves_nothing(&b, "keep", 2).await?;
+    delete_leaves_nothing(&b, "keep", 3).await?;
     let warnings = b.warnings().await?;
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
@@ -1099,7 +1131,7 @@ async fn pods_made_again_after_a_retain_unsuspend_boot_fresh() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_main_agent_migrates_to_another_node() -> Result<()> {
-    let b = bed_on(true).await?;
+    let b = bed_on(true, &[]).await?;
     b.create_set("mover", json!({"nodeName": NODE, "agent": run_agent(0)}))
         .await?;
     running(&b, "mover", 1).await?;
