@@ -493,7 +493,11 @@ async fn a_run_mode_set_with_sub_agents_comes_up() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_down_and_up() -> Result<()> {
     let b = bed().await?;
-    b.create_set("pool", json!({"agent": run_agent(2)})).await?;
+    b.create_set(
+        "pool",
+        json!({"snapshotPolicy": "main-only", "agent": run_agent(2)}),
+    )
+    .await?;
     running(&b, "pool", 3).await?;
 
     b.patch_set("pool", json!({"agent": {"replicas": 1}}))
@@ -503,14 +507,17 @@ async fn scale_down_and_up() -> Result<()> {
     check_agents(&b, "pool", &obj, 2).await?;
     let gone = vm_name("pool", 2);
     ensure!(!b.vms()?.contains(&gone), "{gone} still runs");
-    // D4: snapshotPolicy defaults to `always`, so the daemon pushed the removed VM.
-    b.tags_until(&gone, &["latest"]).await?;
+    // D4, ANN-2.5: `main-only` pushes nothing for a sub-agent; its pod is gone only after
+    // any push, so an empty repository here is the daemon's decision, not a lag.
+    ensure!(b.tags(&gone).await?.is_empty(), "{gone} was pushed");
 
     b.patch_set("pool", json!({"agent": {"replicas": 3}}))
         .await?;
     let obj = running(&b, "pool", 4).await?;
     check_agents(&b, "pool", &obj, 4).await?;
     ensure!(obj["metadata"]["generation"] == 3, "generation: {obj}");
+    // The operator's teardown keeps `:latest` where the same policy says the daemon pushed.
+    delete_leaves_nothing(&b, "pool", 4, "main-only").await?;
     let warnings = b.warnings().await?;
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
@@ -708,9 +715,9 @@ fn set_annotation(obj: &Value, key: &str) -> Option<String> {
 }
 
 /// Deletes the set and checks that nothing of its VMs is left but what the contract keeps:
-/// the daemon pushed `:latest` of each VM under the default policy (D4) and the operator's
-/// teardown dropped every `:hibernate` (hibernation doc §8.5).
-async fn delete_leaves_nothing(b: &Bed, set: &str, slots: usize) -> Result<()> {
+/// the daemon pushed `:latest` of each VM its snapshot policy names (D4, ANN-2.5) and the
+/// operator's teardown dropped every `:hibernate` (hibernation doc §8.5).
+async fn delete_leaves_nothing(b: &Bed, set: &str, slots: usize, policy: &str) -> Result<()> {
     b.sets.delete(set, &DeleteParams::default()).await?;
     until(&format!("CocoonSet {set} gone"), LIMIT, || async {
         Ok(b.sets.get_opt(set).await?.is_none().then_some(()))
@@ -730,7 +737,9 @@ async fn delete_leaves_nothing(b: &Bed, set: &str, slots: usize) -> Result<()> {
             "local snapshots of {vm} left: {snapshots:?}"
         );
         let tags = b.tags(&vm).await?;
-        ensure!(tags == ["latest"], "{vm} tags after the delete: {tags:?}");
+        let pushed = policy == "always" || (policy == "main-only" && slot == 0);
+        let want: &[&str] = if pushed { &["latest"] } else { &[] };
+        ensure!(tags == want, "{vm} tags after the delete: {tags:?}");
     }
     Ok(())
 }
@@ -815,7 +824,7 @@ async fn suspend_and_unsuspend_retain_then_delete() -> Result<()> {
         );
     }
 
-    delete_leaves_nothing(&b, "keep", 3).await?;
+    delete_leaves_nothing(&b, "keep", 3, "always").await?;
     let warnings = b.warnings().await?;
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
@@ -871,7 +880,7 @@ async fn suspend_and_unsuspend_release_then_delete() -> Result<()> {
         .await?;
     ensure!(phase_is(&obj, "Running"), "phase after the wake: {obj}");
 
-    delete_leaves_nothing(&b, "seat", 1).await?;
+    delete_leaves_nothing(&b, "seat", 1, "always").await?;
     let warnings = b.warnings().await?;
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
