@@ -546,11 +546,11 @@ async fn create_hibernation(b: &Bed, name: &str, pod: &str, desire: &str) -> Res
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hibernation_hibernates_and_wakes_the_main_agent() -> Result<()> {
+async fn hibernations_hibernate_and_wake_the_main_and_a_sub_agent() -> Result<()> {
     let b = bed().await?;
-    b.create_set("sleepy", json!({"agent": run_agent(0)}))
+    b.create_set("sleepy", json!({"agent": run_agent(1)}))
         .await?;
-    running(&b, "sleepy", 1).await?;
+    running(&b, "sleepy", 2).await?;
     let vm = vm_name("sleepy", 0);
 
     create_hibernation(&b, "nap", "sleepy-0", "Hibernate").await?;
@@ -582,10 +582,10 @@ async fn a_hibernation_hibernates_and_wakes_the_main_agent() -> Result<()> {
         "no :hibernate tag"
     );
     ensure!(!b.vms()?.contains(&vm), "{vm} still runs while hibernated");
-    // The set counts a hibernated main as not ready.
+    // The set counts a hibernated main as not ready; its sub-agent runs on.
     let set = b
-        .set_until("sleepy", "0/1 ready while hibernated", |o| {
-            agents_ready(o, 0, 1)
+        .set_until("sleepy", "1/2 ready while hibernated", |o| {
+            agents_ready(o, 1, 2)
         })
         .await?;
     let set_ready = condition(&set, "Ready").context("set Ready")?;
@@ -622,7 +622,35 @@ async fn a_hibernation_hibernates_and_wakes_the_main_agent() -> Result<()> {
     ensure!(b.vms()?.contains(&vm), "{vm} not running after the wake");
     // The operator drops the tag once the woken VM runs (hibernation doc §8.1).
     b.tags_until(&vm, &[]).await?;
-    running(&b, "sleepy", 1).await?;
+    running(&b, "sleepy", 2).await?;
+
+    // A sub-agent hibernates into its own tag and wakes under its own name, not as a fork.
+    let sub = vm_name("sleepy", 1);
+    create_hibernation(&b, "sub-nap", "sleepy-1", "Hibernate").await?;
+    let hib = b
+        .hib_until("sub-nap", "Hibernated", |o| phase_is(o, "Hibernated"))
+        .await?;
+    ensure!(b.tags(&sub).await? == ["hibernate"], "{sub} tags");
+    ensure!(
+        !b.vms()?.contains(&sub),
+        "{sub} still runs while hibernated"
+    );
+    past_the_second_of(condition(&hib, "Ready").context("Ready condition")?).await?;
+    b.hibs
+        .patch(
+            "sub-nap",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"desire": "Wake"}})),
+        )
+        .await?;
+    b.hib_until("sub-nap", "Active", |o| phase_is(o, "Active"))
+        .await?;
+    let (kind, _) = b.operator_event("sub-nap", "WokenActive").await?;
+    ensure!(kind == "Normal", "WokenActive Event type {kind}");
+    b.tags_until(&sub, &[]).await?;
+    let obj = running(&b, "sleepy", 2).await?;
+    check_agents(&b, "sleepy", &obj, 2).await?;
+    b.hibs.delete("sub-nap", &DeleteParams::default()).await?;
 
     b.hibs.delete("nap", &DeleteParams::default()).await?;
     until("the hibernation gone", LIMIT, || async {
