@@ -1211,3 +1211,43 @@ async fn the_main_agent_migrates_to_another_node() -> Result<()> {
     ensure!(warnings.is_empty(), "Warnings: {warnings:?}");
     Ok(())
 }
+
+/// The operator makes a deleted pod of a hibernated agent again with the restore marker, and
+/// its hibernation reconciler puts `hibernate=true` back on it a moment later (hibernation doc
+/// §9.2). The daemon then either tracks the new pod as Hibernated without writing a lifecycle
+/// for it (B6), or, when the marker's restore is already under way, finishes it to `ready`
+/// and leaves the VM running with `hibernate=true` set (U2 only acts on a running pod).
+/// Either way the hibernation never reports Hibernated again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the daemon does not settle a recreated hibernated pod (e2e/README.md, cocoon-operator)"]
+async fn a_hibernated_agent_whose_pod_is_made_again_stays_hibernated() -> Result<()> {
+    let b = bed().await?;
+    b.create_set("again", json!({"agent": run_agent(0)}))
+        .await?;
+    running(&b, "again", 1).await?;
+    let vm = vm_name("again", 0);
+    create_hibernation(&b, "nap", "again-0", "Hibernate").await?;
+    b.hib_until("nap", "Hibernated", |o| phase_is(o, "Hibernated"))
+        .await?;
+    let old = b.pods.get("again-0").await?.metadata.uid;
+    b.pods.delete("again-0", &DeleteParams::default()).await?;
+    let pod = b
+        .pod_until("again-0", "made again", |p| p.metadata.uid != old)
+        .await?;
+    ensure!(
+        annotation(&pod, "vm.cocoonstack.io/restore-from-hibernate").as_deref() == Some("true"),
+        "the operator made the pod again without the restore marker"
+    );
+    b.pod_until("again-0", "lifecycle hibernated", |p| {
+        annotation(p, "vm.cocoonstack.io/lifecycle-state").as_deref() == Some("hibernated")
+            && annotation(p, "vm.cocoonstack.io/hibernate").as_deref() == Some("true")
+    })
+    .await?;
+    b.hib_until("nap", "Hibernated again", |o| phase_is(o, "Hibernated"))
+        .await?;
+    ensure!(
+        !b.vms()?.contains(&vm),
+        "{vm} runs while its agent is hibernated"
+    );
+    Ok(())
+}
