@@ -216,6 +216,14 @@ fn daemonset_env(
         .context("DaemonSet container")?;
     let mut env: Vec<(String, String)> = Vec::new();
     for v in container.env.clone().unwrap_or_default() {
+        // The shipped registry is a placeholder for the operator's own; this testbed has none,
+        // and the daemon must not reach any address but loopback.
+        if v.value_from
+            .as_ref()
+            .is_some_and(|f| f.config_map_key_ref.is_some())
+        {
+            continue;
+        }
         let value = match (
             &v.value,
             v.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
