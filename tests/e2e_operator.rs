@@ -526,10 +526,17 @@ async fn scale_down_and_up() -> Result<()> {
 /// Returns once the wall clock has left the second of the condition's lastTransitionTime.
 async fn past_the_second_of(condition: &Value) -> Result<()> {
     let t: Time = serde_json::from_value(condition["lastTransitionTime"].clone())?;
-    let second = t.0.as_second();
+    past_second(t.0.as_second()).await
+}
+
+fn unix_second() -> Result<i64> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(now.as_secs() as i64)
+}
+
+async fn past_second(second: i64) -> Result<()> {
     until("the next second", LIMIT, || async {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
-        Ok((now.as_secs() as i64 > second).then_some(()))
+        Ok((unix_second()? > second).then_some(()))
     })
     .await
 }
@@ -1117,6 +1124,10 @@ async fn pods_made_again_after_a_retain_unsuspend_boot_fresh() -> Result<()> {
         b.tags(&sub).await? == ["hibernate"],
         "{sub} tags after the unsuspend"
     );
+    // The daemon compares the tag's push time with the pod's creationTimestamp, which has
+    // whole seconds: a pod made in the second of the push would count as made before it and
+    // the tag as a wake it lost. Every push is done by now; later pods start a second later.
+    past_second(unix_second()?).await?;
 
     // A new sub-agent under the old name: it forks the main (C9) while its predecessor's
     // :hibernate tag is still in the registry.
