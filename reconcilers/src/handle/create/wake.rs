@@ -47,9 +47,12 @@ pub(super) fn evidence(
             // C11.1: a tag pushed before this pod existed is no wake this pod lost; it is a
             // hibernation an earlier pod of the name left behind (a retain-mode unsuspend
             // keeps its tag), and restoring it would bring back state older than the wake.
+            // A pod's creation time is whole seconds: a push within the second the pod was
+            // created counts as before it (a lost wake needs a pod that existed well before its
+            // hibernation's push).
             let created = s.pod(key).and_then(|e| e.pod.creation_timestamp);
             if let (Some(pushed), Some(created)) = (r.pushed_at, created) {
-                if pushed < created {
+                if pushed.div_euclid(1000) <= created.div_euclid(1000) {
                     verdict(s, EvidenceVerdict::Predates);
                     let msg = format!(
                         "create: {name}:hibernate was pushed before this pod was created, so it \
