@@ -1,6 +1,7 @@
 # e2e testbed targets, included by the top-level Makefile.
 #   make deps            install the harness's Debian packages and build kube-apiserver, kubectl,
-#                        etcd, registry, metrics-server (cached in ~/.cache/vk-cocoon)
+#                        etcd, registry, metrics-server, the real cocoon CLI, cocoon-operator and
+#                        mkfs.erofs (cached in ~/.cache/vk-cocoon)
 #   make testbed-up      start the testbed in the background and print its exports:
 #                          eval "$$(make -s testbed-up)"
 #   make testbed-status  list testbed runs and their processes

@@ -11,6 +11,7 @@
 #                    plugins of the real cocoon's CNI network (/usr/lib/cni); the keyring, compilers,
 #                    autotools, lz4 and uuid headers build mkfs.erofs from trixie's source package)
 #   build-deps.sh    the k8s control plane, etcd, registry, metrics-server, the real cocoon CLI,
+#                    cocoon-operator,
 #                    mkfs.erofs (cold: ~20 min, warm: <1 s)
 set -euo pipefail
 
