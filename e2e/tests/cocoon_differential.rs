@@ -7,8 +7,7 @@
 //! cobra's.
 
 mod differential_common;
-#[path = "../cocoon-sim/src/help_rule.rs"]
-mod help_rule;
+use reconcilers::cocoon_caps::{help_has_flag, help_verbs};
 
 use std::path::Path;
 
@@ -213,7 +212,7 @@ fn help_texts_name_the_same_verbs_and_flags() {
             "cocoon {} is the captured {fixture}",
             path.join(" ")
         );
-        let (sv, rv) = (help_rule::verbs(&s), help_rule::verbs(&r));
+        let (sv, rv) = (help_verbs(&s), help_verbs(&r));
         for v in probed_verbs {
             let (a, b) = (sv.iter().any(|x| x == v), rv.iter().any(|x| x == v));
             if a != b {
@@ -225,10 +224,7 @@ fn help_texts_name_the_same_verbs_and_flags() {
         }
         for f in probed_flags {
             let flag = format!("--{f}");
-            let (a, b) = (
-                help_rule::has_flag(&s, &flag),
-                help_rule::has_flag(&r, &flag),
-            );
+            let (a, b) = (help_has_flag(&s, &flag), help_has_flag(&r, &flag));
             if a != b {
                 d.note(format!(
                     "{}: {flag}: simulator {a}, real {b}",

@@ -1,9 +1,9 @@
-//! The help-text rule (`help_rule`) applied to the real reference release's help (captured
-//! under tests/fixtures/) and to the simulator's own help in both tiers, so the simulator
-//! cannot drift into a help layout the rule misreads.
+//! The daemon's help-text rule (`reconcilers::cocoon_caps`) applied to the real reference
+//! release's help (captured under tests/fixtures/) and to the simulator's own help in both
+//! tiers, so the simulator cannot drift into a help layout the daemon misreads.
 
-use crate::help_rule::{has_flag, verbs};
 use crate::tier::{self, Tier, NEWER_CLONE_FLAGS, NEWER_RUN_FLAGS, NEWER_VM_VERBS};
+use reconcilers::cocoon_caps::{help_has_flag as has_flag, help_verbs as verbs};
 
 const REAL_VM: &str = include_str!("../tests/fixtures/real-s-vm-help.txt");
 const REAL_RUN: &str = include_str!("../tests/fixtures/real-s-vm-run-help.txt");

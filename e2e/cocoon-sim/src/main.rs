@@ -13,8 +13,6 @@ mod fixup;
 mod guest;
 #[cfg(test)]
 mod help_probe;
-#[cfg(test)]
-mod help_rule;
 mod hub;
 mod ids;
 mod images;
