@@ -1224,13 +1224,11 @@ async fn the_main_agent_migrates_to_another_node() -> Result<()> {
 }
 
 /// The operator makes a deleted pod of a hibernated agent again with the restore marker, and
-/// its hibernation reconciler puts `hibernate=true` back on it a moment later (hibernation doc
-/// §9.2). The daemon then either tracks the new pod as Hibernated without writing a lifecycle
-/// for it (B6), or, when the marker's restore is already under way, finishes it to `ready`
-/// and leaves the VM running with `hibernate=true` set (U2 only acts on a running pod).
-/// Either way the hibernation never reports Hibernated again.
+/// its hibernation reconciler puts `hibernate=true` back on it a moment later. Whichever the
+/// daemon sees first, the pod settles `hibernated` (B6: taken in hibernated, it shows that
+/// state at once; U2: a restore already under way is hibernated again once its VM is up), so
+/// the hibernation reports Hibernated again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the daemon does not settle a recreated hibernated pod (e2e/README.md, cocoon-operator)"]
 async fn a_hibernated_agent_whose_pod_is_made_again_stays_hibernated() -> Result<()> {
     let b = bed().await?;
     b.create_set("again", json!({"agent": run_agent(0)}))

@@ -109,12 +109,14 @@ impl PodEntry {
             Phase::Running(r) => running(r),
             Phase::Evicting(v) => running(&v.running),
             Phase::Hibernating(_) => at(Lifecycle::Hibernating),
-            // B6: a hibernated pod taken in is `hibernated` only if its hibernate had begun.
+            // B6: a hibernated pod taken in is `hibernated` if its hibernate had begun, or if
+            // it never showed a state (a pod made with `hibernate=true`, as the operator remakes
+            // a hibernated agent's: nothing runs for it, and its owner waits for `hibernated`).
             Phase::Hibernated => match kept() {
-                Some((Lifecycle::Hibernating | Lifecycle::Hibernated, _, _)) => {
+                Some((Lifecycle::Hibernating | Lifecycle::Hibernated, _, _)) | None => {
                     at(Lifecycle::Hibernated)
                 }
-                Some(_) | None => begun(Lifecycle::Hibernated),
+                Some(_) => begun(Lifecycle::Hibernated),
             },
             // A rejected pod gets no lifecycle write (C1); a failed bring-up's is its failure.
             Phase::Failed(_)
@@ -221,10 +223,21 @@ mod tests {
         let mut e = PodEntry::new(pod(&[]));
         e.phase = running(ADOPT_LEASE);
         assert_eq!(e.lifecycle(), None);
-        e.phase = Phase::Hibernated;
-        assert_eq!(e.lifecycle(), None);
         e.sticky.inherited = false;
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Creating, 0, None)));
+    }
+
+    /// B6: a pod made with `hibernate=true` (the operator remaking a hibernated agent's pod)
+    /// shows `hibernated` at once: nothing runs for it, and its owner waits for that state. One
+    /// that showed another state keeps it until this process begins something.
+    #[test]
+    fn a_pod_taken_in_hibernated_without_a_state_is_hibernated() {
+        let mut e = PodEntry::new(pod(&[]));
+        e.phase = Phase::Hibernated;
         assert_eq!(e.lifecycle(), Some((Lifecycle::Hibernated, 0, None)));
+        let mut e = PodEntry::new(pod(&[(keys::LIFECYCLE_STATE, "ready")]));
+        e.phase = Phase::Hibernated;
+        assert_eq!(e.lifecycle(), Some((Lifecycle::Ready, 0, None)));
     }
 
     #[test]

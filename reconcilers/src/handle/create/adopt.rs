@@ -73,6 +73,11 @@ pub(super) fn booted(s: &mut State, key: &PodKey, vm: VmRecord) {
         e.post_clone = None;
     }
     crate::guest::begin(s, key, wait);
+    // U2: a hibernate asked for while the VM was being made (the operator sets `hibernate`
+    // on a pod it remade with the restore marker) starts once the VM is up.
+    if crate::hibernate::wanted(s, key) {
+        crate::hibernate::begin(s, key, 0);
+    }
 }
 
 /// The pod holds this VM now: Running with no task, indexed, its IP resolved.
