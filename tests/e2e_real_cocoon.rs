@@ -421,11 +421,20 @@ async fn a_daemon_killed_mid_create_converges_after_restart() -> Result<()> {
     daemon::node_registered(&tb, &d, NODE, LIMIT).await?;
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
     create_pod(&pods, &run_pod(&tb, "midway")?).await?;
-    let child = until("cocoon vm run under way", LIMIT, || async {
-        Ok(vm_run_child("vk-default-midway"))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(60))?;
+    // A `vm run` lasts a tenth of a second or so here (the CNI set-up and the stand-in's
+    // launch), so /proc is read every few milliseconds rather than at `until`'s pace.
+    let deadline = std::time::Instant::now() + LIMIT;
+    let child = loop {
+        if let Some(pid) = vm_run_child("vk-default-midway") {
+            break pid;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no cocoon vm run seen\n{}",
+            d.proc.log_tail(60)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
     d.proc.signal(libc::SIGKILL);
     e2e::step!("daemon killed while cocoon vm run (pid {child}) was under way");
     let journal = tb.run_dir().join("journal-2").join("events.journal");
