@@ -65,3 +65,56 @@ pub fn path_env() -> OsString {
     }
     std::env::join_paths(parts).unwrap_or_else(|_| cache_bin_dir().into_os_string())
 }
+
+/// A binary of this workspace, for the harness to run: the path in `override_var` if set;
+/// otherwise `cargo build -p <package> --bin <bin>` into the target directory (and profile) of
+/// the running test or testbed binary — a no-op when fresh, so nothing stale ever runs, and
+/// cargo holds no lock while tests run.
+pub fn workspace_binary(
+    package: &str,
+    bin: &str,
+    override_var: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    use std::process::{Command, Stdio};
+    if let Some(b) = std::env::var_os(override_var) {
+        return Ok(b.into());
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe
+        .parent()
+        .context("current exe has no parent")?
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if workspace.join("Cargo.toml").exists() {
+        crate::step!("cargo build -p {package} --bin {bin} (a no-op when fresh)");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-j2", "-p", package, "--bin", bin])
+            .current_dir(&workspace)
+            .stdin(Stdio::null());
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .with_context(|| format!("running cargo build -p {package}"))?;
+        if !status.success() {
+            anyhow::bail!("building {package} failed ({status})");
+        }
+    }
+    let path = dir.join(bin);
+    if !path.exists() {
+        anyhow::bail!(
+            "{} is missing: build it with `cargo build -p {package}` or set {override_var}",
+            path.display()
+        );
+    }
+    Ok(path)
+}

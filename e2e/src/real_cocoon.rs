@@ -252,54 +252,28 @@ fn teardown_host(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(RECORD));
 }
 
+/// The real CLI for tests that drive it by hand, or `None` (skipped; a failure under CI, see
+/// `crate::skip`) when it is not built or qemu-img, which its cloud-image import runs, is
+/// missing.
+pub fn cli_for_tests() -> Option<PathBuf> {
+    let bin = match crate::bins::built("cocoon-real") {
+        Ok(p) => p,
+        Err(e) => {
+            crate::skip::unless_ci(e);
+            return None;
+        }
+    };
+    if Command::new("qemu-img").arg("--version").output().is_err() {
+        crate::skip::unless_ci(
+            "qemu-img (Debian's qemu-utils) is missing: run e2e/scripts/ci-setup.sh",
+        );
+        return None;
+    }
+    Some(bin)
+}
+
 /// `CH_STANDIN_BIN` if set; otherwise `cargo build -p ch-standin --bin cloud-hypervisor` into
 /// the target directory of the running binary (a no-op when fresh).
 pub fn standin_binary() -> Result<PathBuf> {
-    if let Some(b) = std::env::var_os("CH_STANDIN_BIN") {
-        return Ok(PathBuf::from(b));
-    }
-    let exe = std::env::current_exe()?;
-    let mut dir = exe
-        .parent()
-        .context("current exe has no parent")?
-        .to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if workspace.join("Cargo.toml").exists() {
-        step!("cargo build -p ch-standin --bin cloud-hypervisor (a no-op when fresh)");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "-j2",
-            "-p",
-            "ch-standin",
-            "--bin",
-            "cloud-hypervisor",
-        ])
-        .current_dir(&workspace)
-        .stdin(Stdio::null());
-        if let Some(target) = dir.parent() {
-            cmd.env("CARGO_TARGET_DIR", target);
-        }
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .context("running cargo build for the stand-in")?;
-        if !status.success() {
-            bail!("building the cloud-hypervisor stand-in failed ({status})");
-        }
-    }
-    let bin = dir.join("cloud-hypervisor");
-    if !bin.exists() {
-        bail!(
-            "{} is missing: build it with `cargo build -p ch-standin` or set CH_STANDIN_BIN",
-            bin.display()
-        );
-    }
-    Ok(bin)
+    crate::bins::workspace_binary("ch-standin", "cloud-hypervisor", "CH_STANDIN_BIN")
 }

@@ -214,47 +214,7 @@ impl Drop for CocoonSim {
 /// target directory as the running test or testbed binary (a no-op when it is fresh, so tests
 /// never run a stale simulator; cargo holds no lock while tests run).
 pub fn binary() -> Result<PathBuf> {
-    if let Some(b) = std::env::var_os("COCOON_SIM_BIN") {
-        return Ok(PathBuf::from(b));
-    }
-    let exe = std::env::current_exe()?;
-    let mut dir = exe
-        .parent()
-        .context("current exe has no parent")?
-        .to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let bin = dir.join("cocoon");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if workspace.join("Cargo.toml").exists() {
-        step!("cargo build -p {PACKAGE} --bin cocoon (a no-op when fresh)");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-j2", "-p", PACKAGE, "--bin", "cocoon"])
-            .current_dir(&workspace)
-            .stdin(Stdio::null());
-        // Build into the directory the caller runs from, whatever profile that is.
-        if let Some(target) = dir.parent() {
-            cmd.env("CARGO_TARGET_DIR", target);
-        }
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .context("running cargo build for the simulator")?;
-        if !status.success() {
-            bail!("building the cocoon simulator failed ({status})");
-        }
-    }
-    if !bin.exists() {
-        bail!(
-            "{} is missing: build it with `cargo build -p {PACKAGE}` or set COCOON_SIM_BIN",
-            bin.display()
-        );
-    }
-    Ok(bin)
+    crate::bins::workspace_binary(PACKAGE, "cocoon", "COCOON_SIM_BIN")
 }
 
 /// Where cgroup2 is mounted: /sys/fs/cgroup on unified hosts, /sys/fs/cgroup/unified on

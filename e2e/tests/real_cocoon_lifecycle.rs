@@ -61,19 +61,7 @@ impl Root {
 }
 
 fn tools() -> Option<(PathBuf, PathBuf)> {
-    let real = match e2e::bins::built("cocoon-real") {
-        Ok(p) => p,
-        Err(e) => {
-            e2e::skip::unless_ci(e);
-            return None;
-        }
-    };
-    if Command::new("qemu-img").arg("--version").output().is_err() {
-        e2e::skip::unless_ci(
-            "qemu-img (Debian's qemu-utils) is missing: run e2e/scripts/ci-setup.sh",
-        );
-        return None;
-    }
+    let real = e2e::real_cocoon::cli_for_tests()?;
     let standin = match e2e::real_cocoon::standin_binary() {
         Ok(p) => p,
         Err(e) => panic!("building the stand-in failed: {e}"),

@@ -111,19 +111,7 @@ impl Pair {
     /// Both sides, or `None` (skipped; a failure under CI) when the real CLI or qemu-img is
     /// missing.
     pub fn new() -> Option<Pair> {
-        let real_bin = match e2e::bins::built("cocoon-real") {
-            Ok(p) => p,
-            Err(e) => {
-                e2e::skip::unless_ci(e);
-                return None;
-            }
-        };
-        if Command::new("qemu-img").arg("--version").output().is_err() {
-            e2e::skip::unless_ci(
-                "qemu-img (Debian's qemu-utils) is missing: run e2e/scripts/ci-setup.sh",
-            );
-            return None;
-        }
+        let real_bin = e2e::real_cocoon::cli_for_tests()?;
         let (sim_bin, standin) = built_once();
         let tmp = tempfile::tempdir().expect("a temp dir");
         let sim_dir = tmp.path().join("sim");
