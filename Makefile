@@ -23,12 +23,13 @@ build:
 test: deps lint unit e2e
 
 # reconcilers with its testkit (scenario files, property tests), the cocoon simulator's
-# contract tests, the cloud-hypervisor stand-in's tests, and this package's unit and
+# contract tests, the cloud-hypervisor stand-in's tests, the image builder's, and this package's unit and
 # integration tests that need no testbed.
 unit:
 	$(CARGO) test -j$(JOBS) -p reconcilers --all-features
 	$(CARGO) test -j$(JOBS) -p cocoon-sim
 	$(CARGO) test -j$(JOBS) -p ch-standin
+	$(CARGO) test -j$(JOBS) -p vk-cocoon-image
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --all-features --lib --bins $(ROOT_TESTS)
 
 # The testbed's smoke tests and the daemon end to end (kube-apiserver + etcd, the cocoon
@@ -97,6 +98,39 @@ bench-snapshot: deps
 # CRASH_SEED=<n> repeats a run's choices (figures in docs/crash-sweep.md).
 crash-sweep: deps
 	CRASH_POINTS=$(CRASH_POINTS) $(CARGO) test -j$(JOBS) -p vk-cocoon --test crash_sweep_e2e -- --ignored --nocapture
+
+# What is shipped. `make dist`: the static (musl) binary, stripped, its debug information
+# beside it in $(TARGET_DIR)/dist (packaging/dist.sh; cold ~8 min). `make image`: the daemon's
+# OCI image from it, without a container engine (packaging/image): an OCI layout archive that
+# `ctr -n k8s.io images import` loads as localhost/vk-cocoon:<version>, the image
+# packaging/daemonset.yaml runs; IMAGE_PUSH=<registry>/<repo>:<tag> also pushes it
+# (REGISTRY_USERNAME/REGISTRY_PASSWORD log in; IMAGE_INSECURE=1 for plain HTTP).
+# `make deb`: a Debian package of the stripped binary, the systemd unit and the env file, and
+# a -dbgsym package of its debug information by build id, with cargo-deb (installed on first
+# use, ~3 min).
+.PHONY: dist image deb
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+CARGO_DEB_VERSION ?= 3.8.0
+dist:
+	JOBS=$(JOBS) bash packaging/dist.sh
+image: dist
+	$(CARGO) run -j$(JOBS) -q -p vk-cocoon-image --bin oci-image -- --binary $(TARGET_DIR)/dist/vk-cocoon \
+		--out $(TARGET_DIR)/image/vk-cocoon-$(VERSION).oci.tar \
+		$(if $(IMAGE_PUSH),--push $(IMAGE_PUSH)) $(if $(IMAGE_INSECURE),--insecure)
+deb: dist
+	@command -v cargo-deb >/dev/null || { echo "[deb] installing cargo-deb $(CARGO_DEB_VERSION) (~3 min, once)"; \
+		$(CARGO) install -j$(JOBS) --locked cargo-deb --version $(CARGO_DEB_VERSION); }
+	rm -rf $(TARGET_DIR)/debian
+	$(CARGO) deb --no-build --target x86_64-unknown-linux-musl --dbgsym --compress-debug-symbols=zlib \
+		-p vk-cocoon --output $(TARGET_DIR)/debian/
+	@ls -l $(TARGET_DIR)/debian/
+
+# The shipped artifacts as a user gets them: `make image` pushes to a testbed registry and the
+# image is pulled back and its binary run; the package installs into a scratch root
+# (tests/e2e_packaging.rs). Needs the release build: ~12 min cold, ~1 min warm.
+.PHONY: e2e-packaging
+e2e-packaging: deps deb
+	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_packaging -- --ignored --test-threads=1
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p reconcilers --all-features

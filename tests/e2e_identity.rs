@@ -385,7 +385,7 @@ async fn a_daemonset_pod_is_not_its_kubelet(tb: &Testbed, who: &Who) -> Result<(
     let ds_pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "vk-cocoon-host-a", "namespace": "cocoon-system"},
         "spec": {"serviceAccountName": "vk-cocoon", "nodeName": "host-a",
-                 "containers": [{"name": "vk-cocoon", "image": "ghcr.io/cocoonstack/vk-cocoon:latest"}]}
+                 "containers": [{"name": "vk-cocoon", "image": "localhost/vk-cocoon:0.1.0"}]}
     }))?;
     Api::<Pod>::namespaced(who.admin.clone(), "cocoon-system")
         .create(&pp, &ds_pod)

@@ -188,6 +188,13 @@ async fn the_node_is_registered_as_the_spec_says() -> Result<()> {
             info[field]
         );
     }
+    // N7: the platform in Kubernetes' naming, as a kubelet reports it.
+    ensure!(
+        info["operatingSystem"] == "linux" && info["architecture"] == "amd64",
+        "nodeInfo platform: {} {}",
+        info["operatingSystem"],
+        info["architecture"]
+    );
     ensure!(
         status["phase"].is_null(),
         "the node's phase is set: {}",

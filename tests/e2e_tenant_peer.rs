@@ -531,7 +531,9 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
          RSS {rss0} KiB -> at most {rss_max} KiB, answers {answered:?}"
     );
     ensure!(
-        answered.keys().all(|k| k == "404" || k == "503" || k == "shed"),
+        answered
+            .keys()
+            .all(|k| k == "404" || k == "503" || k == "shed"),
         "plan answers: {answered:?}"
     );
     ensure!(

@@ -145,7 +145,7 @@ fn alert_rules_pass_their_promtool_unit_tests() {
 #[test]
 fn systemd_unit_runs_the_daemon_and_keeps_vms_on_stop() {
     let unit = std::fs::read_to_string("packaging/vk-cocoon.service").unwrap();
-    assert!(unit.contains("ExecStart=/usr/local/bin/vk-cocoon run"));
+    assert!(unit.contains("ExecStart=/usr/bin/vk-cocoon run"));
     assert!(unit.contains("Restart=always") && unit.contains("RestartSec=5"));
     // Only the daemon gets the signal; VMs (and their cocoon children) are not its cgroup's to kill.
     assert!(unit.contains("KillMode=process"));

@@ -77,8 +77,22 @@ fn status(s: &NodeSettings) -> Value {
         "daemonEndpoints": {"kubeletEndpoint": {"Port": s.kubelet_port}},
         "declaredFeatures": declared_features(s),
         "nodeInfo": {"kubeletVersion": s.version, "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
-                     "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": std::env::consts::ARCH},
+                     "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": kube_arch()},
     })
+}
+
+/// N7: the machine's architecture in Kubernetes' naming (Go's GOARCH: `amd64`, `arm64`), the
+/// one `kubectl get nodes -o wide`, the kubelet and image platforms use; Rust calls them
+/// `x86_64` and `aarch64`.
+pub fn kube_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+        "loongarch64" => "loong64",
+        other => other,
+    }
 }
 
 /// K4: the node features the apiserver consults before proxying. With
