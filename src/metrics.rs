@@ -44,6 +44,17 @@ pub struct Metrics {
     /// M6: an action handed to the executor until its call starts, by `kind` ([`ActionSlot`]).
     pub action_wait: HistogramVec,
     pub lease: LeaseRenewals,
+    /// Families that render themselves (the VM stats), appended to each scrape as text.
+    rendered: Arc<Mutex<Vec<Arc<dyn Rendered>>>>,
+}
+
+/// A source of families that keeps its own exposition text, so a scrape copies it rather than
+/// rebuilding thousands of series: the VM stats change only when the shared sample does.
+pub trait Rendered: Send + Sync {
+    /// The families' names, listed by [`Metrics::families`].
+    fn names(&self) -> Vec<String>;
+    /// The text exposition of the families as of now.
+    fn text(&self) -> Arc<str>;
 }
 
 /// M6: the node Lease's successful renewals: the interval between two, and the age of the
@@ -149,6 +160,7 @@ impl Metrics {
             lease,
             registry: r.registry,
             names: r.names,
+            rendered: Default::default(),
         }
         .zeroed()
     }
@@ -175,6 +187,17 @@ impl Metrics {
     /// Registers a collector of the shell's own (the VM stats), so it is scraped and listed.
     pub fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
         self.reg().register(c)
+    }
+
+    /// Adds families that render themselves (the VM stats) to every scrape.
+    pub fn attach(&self, r: Arc<dyn Rendered>) {
+        let mut known = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        known.extend(r.names());
+        drop(known);
+        self.rendered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
     }
 
     fn reg(&self) -> Reg {
@@ -344,7 +367,16 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        let mut out = String::from_utf8(buf).unwrap_or_default();
+        let rendered = self
+            .rendered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for r in rendered {
+            out.push_str(&r.text());
+        }
+        out
     }
 }
 

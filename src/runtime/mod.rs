@@ -94,11 +94,9 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         &settings.cgroup_parent,
         &settings.root_dir,
     ));
-    metrics
-        .register(Box::new(crate::stats_collector::StatsCollector::new(
-            sampler.clone(),
-        )))
-        .context("registering the VM stats collector")?;
+    metrics.attach(std::sync::Arc::new(
+        crate::stats_collector::StatsCollector::new(sampler.clone()),
+    ));
     serve_kubelet(&settings, &client, views.clone(), sampler, &metrics)?;
     if let Some(addr) = settings.metrics_addr {
         metrics::spawn_server(addr, metrics.clone())?;

@@ -111,6 +111,14 @@ impl Sampler {
         s
     }
 
+    /// Ages the cached sample past the window, so the next ask builds a new one.
+    #[cfg(test)]
+    pub(crate) fn expire(&self) {
+        if let Some((at, _)) = self.cache.lock().unwrap().as_mut() {
+            *at -= FRESH_FOR;
+        }
+    }
+
     fn build(&self) -> Sample {
         let src = &self.sources;
         let (avail, total) = statfs(&self.root_dir);
@@ -227,10 +235,7 @@ mod tests {
         std::fs::write(&stat, "cpu  900 0 100 0 0 0 0 0 0 0\n").unwrap();
         let again = sampler.sample();
         assert!(Arc::ptr_eq(&first, &again), "read again within the window");
-        // Age the cached sample past the window instead of waiting for it.
-        if let Some((at, _)) = sampler.cache.lock().unwrap().as_mut() {
-            *at -= FRESH_FOR;
-        }
+        sampler.expire();
         let fresh = sampler.sample();
         assert!(!Arc::ptr_eq(&first, &fresh));
         assert_eq!(fresh.node.cpu_seconds, 10.0);
