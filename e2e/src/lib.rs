@@ -23,6 +23,7 @@ pub mod kube;
 pub mod kubeconfig;
 pub mod log;
 pub mod metrics_server;
+pub mod null_node;
 pub mod operator;
 pub mod ports;
 pub mod procs;

@@ -16,7 +16,7 @@ use crate::prometheus::{Prometheus, ScrapeJob};
 use crate::real_cocoon::RealCocoon;
 use crate::registry::Registry;
 use crate::rundir::RunDir;
-use crate::scheduler::Scheduler;
+use crate::scheduler::{ClientConnection, Scheduler};
 use crate::sim::CocoonSim;
 use crate::step;
 
@@ -44,6 +44,9 @@ pub struct TestbedOptions {
     pub operator: bool,
     /// Namespaces to create, each with its `default` ServiceAccount ("default" always is).
     pub namespaces: Vec<String>,
+    /// kube-scheduler's API client rate limit; `None` leaves its defaults, as a stock cluster
+    /// has them (see [`crate::scheduler::DEFAULT_CLIENT`]).
+    pub scheduler_client: Option<ClientConnection>,
 }
 
 impl TestbedOptions {
@@ -66,6 +69,7 @@ impl TestbedOptions {
             metrics_server: None,
             operator: false,
             namespaces: Vec::new(),
+            scheduler_client: None,
         }
     }
 
@@ -116,6 +120,12 @@ impl TestbedOptions {
 
     pub fn with_namespace(mut self, ns: &str) -> Self {
         self.namespaces.push(ns.to_string());
+        self
+    }
+
+    /// See [`TestbedOptions::scheduler_client`].
+    pub fn with_scheduler_client(mut self, client: Option<ClientConnection>) -> Self {
+        self.scheduler_client = client;
         self
     }
 }
@@ -208,7 +218,7 @@ impl Testbed {
                 return anyhow::Ok(Some((pki, etcd, api, None)));
             }
             let (sched, cm) = tokio::join!(
-                Scheduler::start(run, &pki, &api),
+                Scheduler::start(run, &pki, &api, opts.scheduler_client),
                 ControllerManager::start(run, &pki, &api)
             );
             // Both kept (or dropped, which stops them) together with the apiserver.
