@@ -77,6 +77,20 @@ BENCH_ALL_PODS ?= 1000
 bench-all: deps
 	BENCH_PODS=$(BENCH_ALL_PODS) $(CARGO) test -j$(JOBS) --release -p vk-cocoon --test bench_e2e -- --ignored --nocapture
 
+# What a fleet costs the apiserver, as the apiserver counts it: FLEET_NODES daemons on one
+# testbed, each a node with its own simulator root and node identity, FLEET_PODS pods pinned
+# to each. Idle, mass create until every pod is Ready, steady state, delete until every pod is
+# gone (FLEET_STEADY_SECS, 60, per steady window); per node: requests per minute by kind
+# (attributed by API Priority and Fairness), watch events and bytes, pod writes per pod
+# lifecycle beside a kubelet's, then the extrapolation to 5,000 hosts × 100 pods
+# (docs/bench-fleet.md). Release build; about 5 minutes at 20 × 50 on 2 cores, plus the first
+# release build (~6 minutes).
+.PHONY: bench-fleet
+FLEET_NODES ?= 20
+FLEET_PODS ?= 50
+bench-fleet: deps
+	FLEET_NODES=$(FLEET_NODES) FLEET_PODS=$(FLEET_PODS) $(CARGO) test -j$(JOBS) --release -p vk-cocoon --test bench_fleet_e2e -- --ignored --nocapture
+
 # BENCH_FOLLOWERS (100) `logs -f` clients on one node while lines are appended and pods are
 # created: the daemon's RSS and CPU, line delivery latency, create → Ready with and without
 # them (figures in docs/bench-logs.md). About 2 minutes.

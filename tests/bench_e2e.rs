@@ -288,8 +288,14 @@ struct DaemonRun {
 /// deleted at once.
 async fn daemon_run(tb: &Testbed, n: usize, journal: &Path) -> Result<DaemonRun> {
     let metrics_port = e2e::ports::free_port()?;
+    // BENCH_LAUNCHER runs the daemon under a profiler, e.g. `heaptrack -o DIR/vk-cocoon` for
+    // the heap table of docs/benchmarks.md.
+    let launcher = std::env::var("BENCH_LAUNCHER")
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
     let opts = DaemonOptions {
         env: e2e::sim::CocoonSim::at_scale_env(),
+        launcher,
         ..DaemonOptions::default()
     };
     let mut d = daemon::start(tb, &opts, journal, metrics_port, e2e::ports::free_port()?)?;

@@ -10,6 +10,7 @@
 //! is swept by the next one (see [`rundir`] and [`procs`]).
 
 pub mod apiserver;
+pub mod apiserver_metrics;
 pub mod bins;
 pub mod certs;
 pub mod cni;
