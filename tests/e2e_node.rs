@@ -336,3 +336,53 @@ async fn the_node_is_registered_as_the_spec_says() -> Result<()> {
     );
     Ok(())
 }
+
+/// N17: the Lease is renewed in place from the copy the daemon last wrote, as a kubelet
+/// renews it: an update every 10 s and no read of it back, which at 5,000 hosts would be
+/// 500 quorum reads a second. Only the daemon talks to this apiserver, so every Lease request
+/// it counts is the daemon's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_renewed_without_reading_it_back() -> Result<()> {
+    use e2e::apiserver_metrics::Metrics;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let tb = Testbed::start(TestbedOptions::control_plane().apiserver_only().with_sim()).await?;
+    let journal = tb.run_dir().join("journal").join("events.journal");
+    let d = daemon::start(
+        &tb,
+        &DaemonOptions::default(),
+        &journal,
+        e2e::ports::free_port()?,
+        e2e::ports::free_port()?,
+    )?;
+    let leases: Api<Lease> = Api::namespaced(tb.client()?, "kube-node-lease");
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    let first = until("the node Lease", LIMIT, || async {
+        Ok(leases.get_opt(NODE).await?.and_then(|l| renewed(&l)))
+    })
+    .await
+    .with_context(|| d.proc.log_tail(40))?;
+    let client = tb.client()?;
+    let before = Metrics::scrape(&client).await?;
+    // Two renewals at least (every 10 s).
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let grown = Metrics::scrape(&client).await?.since(&before);
+    let count = |verb: &str| {
+        grown.sum("apiserver_request_total", |l| {
+            l.get("resource").map(String::as_str) == Some("leases")
+                && l.get("verb").map(String::as_str) == Some(verb)
+        })
+    };
+    let (gets, puts) = (count("GET"), count("PUT"));
+    ensure!(
+        puts >= 2.0 && gets == 0.0,
+        "in 25 s: {puts} Lease updates (want at least 2) and {gets} Lease reads (want none)"
+    );
+    let last = leases.get(NODE).await?;
+    ensure!(
+        renewed(&last).is_some_and(|t| t.0 > first.0),
+        "the Lease was not renewed: {:?} then {:?}",
+        first,
+        renewed(&last)
+    );
+    Ok(())
+}
