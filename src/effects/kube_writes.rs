@@ -49,6 +49,11 @@ pub async fn patch_pod(
         .map_err(classify)?;
     Ok(KubeOk::Status {
         status: pod.status.as_ref().map(observed_status).unwrap_or_default(),
+        resource_version: pod
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(crate::sources::pod_view::resource_version),
     })
 }
 

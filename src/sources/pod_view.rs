@@ -28,6 +28,15 @@ fn quantities(
         .unwrap_or_default()
 }
 
+/// A resourceVersion as the integer Kubernetes defines it (v1.35 on: positive, no leading
+/// zero); anything else is left unknown, and then no copy counts as older.
+pub fn resource_version(rv: &str) -> Option<u64> {
+    (!rv.starts_with('0'))
+        .then(|| rv.parse().ok())
+        .flatten()
+        .filter(|v| *v > 0)
+}
+
 pub fn pod_view(pod: &Pod) -> PodView {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
@@ -73,6 +82,7 @@ pub fn pod_view(pod: &Pod) -> PodView {
             .unwrap_or_default(),
         restart_policy: spec.and_then(|s| s.restart_policy.clone()),
         deletion_timestamp: meta.deletion_timestamp.as_ref().map(millis),
+        resource_version: meta.resource_version.as_deref().and_then(resource_version),
         creation_timestamp: meta.creation_timestamp.as_ref().map(millis),
         status: pod.status.as_ref().map(observed_status).unwrap_or_default(),
     }
@@ -134,5 +144,19 @@ pub fn observed_status(s: &K8sStatus) -> PodStatus {
                     .collect()
             })
             .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_version;
+
+    /// Resource versions compare as integers only in the form Kubernetes defines (v1.35 on).
+    #[test]
+    fn a_resource_version_is_an_integer_or_unknown() {
+        assert_eq!(resource_version("12345"), Some(12345));
+        for odd in ["", "0", "012", "abc", "-3", "18446744073709551616"] {
+            assert_eq!(resource_version(odd), None, "{odd:?}");
+        }
     }
 }

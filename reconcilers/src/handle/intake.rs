@@ -50,6 +50,11 @@ pub fn pod_applied(s: &mut State, pod: PodView) {
         pod_gone(s, &key, &old_uid);
         return;
     }
+    // A version from before vk's own last write (S10): everything it says, the write's answer
+    // or the watch's next event says newer. Taking it would send that write again.
+    if pod.older_than(e.pod.resource_version) {
+        return;
+    }
     let changed = !e.pod.same_desired(&pod);
     let starts_deleting = pod.deletion_timestamp.is_some() && !e.phase.deleting();
     e.pod = pod;

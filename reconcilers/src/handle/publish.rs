@@ -70,7 +70,16 @@ pub(crate) fn write_done(
             e.writer.failures = 0;
             // The echo is the server's whole status; without one it holds what was pushed.
             match (ok, &pushed) {
-                (KubeOk::Status { status: held }, _) => e.pod.status = held,
+                (
+                    KubeOk::Status {
+                        status: held,
+                        resource_version,
+                    },
+                    _,
+                ) => {
+                    e.pod.status = held;
+                    e.pod.resource_version = e.pod.resource_version.max(resource_version);
+                }
                 (KubeOk::Done, Some(pushed)) => e.pod.status = pushed.clone(),
                 (KubeOk::Done, None) => {}
             }

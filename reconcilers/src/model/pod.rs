@@ -195,6 +195,10 @@ pub struct PodView {
     pub deletion_timestamp: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<Millis>,
+    /// `metadata.resourceVersion`, when it is the integer Kubernetes makes it: resource
+    /// versions of one resource compare as integers since v1.35.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<u64>,
     /// The status as last seen on the server (only the fields vk owns).
     #[serde(default)]
     pub status: PodStatus,
@@ -219,6 +223,12 @@ impl PodView {
         self.annotation(crate::keys::GENERATION)
             .and_then(|g| g.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// A copy of the pod older than `known`, the version a write of vk's own returned: the
+    /// watch delivers the versions before that write's after it was answered.
+    pub fn older_than(&self, known: Option<u64>) -> bool {
+        matches!((self.resource_version, known), (Some(v), Some(k)) if v < k)
     }
 
     pub fn is_terminal(&self) -> bool {

@@ -344,7 +344,7 @@ pub fn event(e: &Event) -> String {
         },
         Event::KubeDone { op, result } => match result {
             Ok(KubeOk::Done) => format!("kube-done #{op} ok"),
-            Ok(KubeOk::Status { status: s }) => format!("kube-done #{op} ok {}", status(s)),
+            Ok(KubeOk::Status { status: s, .. }) => format!("kube-done #{op} ok {}", status(s)),
             Err(e) => format!("kube-done #{op} err {:?}", e.kind),
         },
         Event::RegistryDone { op, result } => match result {

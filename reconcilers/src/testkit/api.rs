@@ -21,6 +21,9 @@ pub struct FakeApi {
     /// Status writes accepted, for measuring write economy.
     /// Status-and-annotation patches answered.
     pub writes: u64,
+    /// The last resourceVersion a write of vk's gave a pod. Only those writes are versioned:
+    /// what a test applies itself carries none, and an unversioned copy never counts as old.
+    pub version: u64,
 }
 
 impl FakeApi {
@@ -89,12 +92,20 @@ impl FakeApi {
             };
         }
         let changed = before != (p.status.clone(), p.annotations.clone());
+        if changed {
+            self.version += 1;
+            p.resource_version = Some(self.version);
+        }
         let held = p.status.clone();
+        let resource_version = p.resource_version;
         self.writes += 1;
         if changed {
             self.echo(key);
         }
-        Ok(KubeOk::Status { status: held })
+        Ok(KubeOk::Status {
+            status: held,
+            resource_version,
+        })
     }
 
     /// Grace 0, or a pod already terminal, goes at once; otherwise the pod only gets a
