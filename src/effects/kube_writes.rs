@@ -48,7 +48,7 @@ pub async fn patch_pod(
         .await
         .map_err(classify)?;
     Ok(KubeOk::Status {
-        status: pod.status.as_ref().map(observed_status).unwrap_or_default(),
+        status: Box::new(pod.status.as_ref().map(observed_status).unwrap_or_default()),
         resource_version: pod
             .metadata
             .resource_version

@@ -77,7 +77,7 @@ pub(crate) fn write_done(
                     },
                     _,
                 ) => {
-                    e.pod.status = held;
+                    e.pod.status = *held;
                     e.pod.resource_version = e.pod.resource_version.max(resource_version);
                 }
                 (KubeOk::Done, Some(pushed)) => e.pod.status = pushed.clone(),

@@ -204,7 +204,7 @@ pub enum KubeOk {
     Done,
     /// A status write answered with the pod's status as the server now holds it.
     Status {
-        status: PodStatus,
+        status: Box<PodStatus>,
         /// The pod's resourceVersion after the write.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resource_version: Option<u64>,

@@ -103,7 +103,7 @@ impl FakeApi {
             self.echo(key);
         }
         Ok(KubeOk::Status {
-            status: held,
+            status: Box::new(held),
             resource_version,
         })
     }
