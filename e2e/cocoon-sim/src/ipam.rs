@@ -39,21 +39,35 @@ impl Claim {
 }
 
 pub fn claims(env: &Env) -> Vec<Claim> {
+    claims_where(env, |_| true)
+}
+
+/// The claims of addresses in the /16 `net`: only their files are read.
+pub fn claims_in(env: &Env, net: [u8; 2]) -> Vec<Claim> {
+    let prefix = format!("{}.{}.", net[0], net[1]);
+    claims_where(env, |ip| ip.starts_with(&prefix))
+}
+
+fn claims_where(env: &Env, wanted: impl Fn(&str) -> bool) -> Vec<Claim> {
     let Ok(rd) = fs::read_dir(claims_dir(env)) else {
         return Vec::new();
     };
     rd.flatten()
         .filter_map(|e| {
             let ip = e.file_name().to_str()?.to_string();
-            let text = fs::read_to_string(e.path()).ok()?;
-            let mut lines = text.lines();
-            Some(Claim {
-                ip,
-                root: PathBuf::from(lines.next()?),
-                id: lines.next()?.to_string(),
-            })
+            wanted(&ip).then(|| read_claim(&e.path(), ip)).flatten()
         })
         .collect()
+}
+
+fn read_claim(path: &Path, ip: String) -> Option<Claim> {
+    let text = fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    Some(Claim {
+        ip,
+        root: PathBuf::from(lines.next()?),
+        id: lines.next()?.to_string(),
+    })
 }
 
 fn claim(path: &Path, owner: &str) -> std::io::Result<bool> {
@@ -89,9 +103,7 @@ pub fn allocate(env: &Env, net: [u8; 2], id: &str) -> Result<Addr> {
                 prefix: 16,
             });
         }
-        let stale = claims(env)
-            .into_iter()
-            .any(|c| c.ip == ip && !c.owner_alive());
+        let stale = read_claim(&path, ip.clone()).is_some_and(|c| !c.owner_alive());
         if stale {
             let _ = fs::remove_file(&path);
             if claim(&path, &owner)? {

@@ -7,7 +7,7 @@
 use crate::cgroup;
 use crate::config::{Env, NetMode};
 use crate::error::Result;
-use crate::ipam;
+use crate::ipam::{self, Claim};
 use crate::lock;
 use crate::model::{StaticNet, StoredVm};
 use crate::netns;
@@ -150,6 +150,9 @@ pub fn attach_cgroup(env: &Env, vm: &mut StoredVm) {
 }
 
 /// Everything but the lease: cocoon-net keeps a deleted VM's lease until it expires.
+/// Removing a VM costs the same however many VMs the host holds, as cocoon's does (a CNI
+/// DEL frees one address): only a netns VM, the bridge's user, looks at the other claims, and
+/// only at netns ones, so a loopback VM's rm holds the host-wide lock for one file's removal.
 pub fn detach(env: &Env, vm: &StoredVm) {
     cgroup::remove_scope(&vm.sim.cgroup);
     netns::teardown(&vm.sim.netns, &vm.sim.veth);
@@ -157,16 +160,17 @@ pub fn detach(env: &Env, vm: &StoredVm) {
         return;
     };
     ipam::release(env, &vm.sim.ip, &vm.id);
-    maybe_drop_bridge(env);
+    if vm.sim.net_mode == "netns" {
+        maybe_drop_bridge(env);
+    }
 }
 
 /// Removes the shared bridge once no live VM of any root still claims a netns address.
 /// Caller holds the net lock.
 pub fn maybe_drop_bridge(env: &Env) {
-    let prefix = format!("{}.{}.", ipam::NETNS_NET[0], ipam::NETNS_NET[1]);
-    let in_use = ipam::claims(env)
+    let in_use = ipam::claims_in(env, ipam::NETNS_NET)
         .iter()
-        .any(|c| c.ip.starts_with(&prefix) && c.owner_alive());
+        .any(Claim::owner_alive);
     if !in_use {
         netns::delete_bridge();
     }

@@ -1,6 +1,7 @@
 //! Calls on distinct VMs do not wait for each other: a VM whose record lock is held (`sim
 //! fault hold`) delays only changes to that VM, while other VMs are stopped, started,
-//! created and removed, and every VM is still read and listed.
+//! created and removed, and every VM is still read and listed. Nor does a VM's removal wait on
+//! the other VMs of the host: it frees its own address as cocoon's CNI teardown does.
 
 mod common;
 
@@ -99,4 +100,61 @@ fn parallel_creates_get_distinct_ids_and_addresses() {
     ips.sort_unstable();
     ips.dedup();
     assert_eq!(ips.len(), 8);
+}
+
+/// `vm rm` of a loopback VM reads no address claim but its own, however many VMs the host's
+/// other roots hold, so a mass delete costs per VM what a mass create does. Another claim that
+/// cannot be read (a FIFO without a writer blocks its reader) shows it: were it read, the rm
+/// would never return.
+#[test]
+fn vm_rm_reads_no_other_address_claim() {
+    let ipam = std::env::temp_dir().join(format!("cocoon-sim-ipam-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ipam);
+    std::fs::create_dir_all(ipam.join("ips")).unwrap();
+    let sim = Sim::with_env(&[
+        ("COCOON_SIM_NET", "loopback"),
+        ("COCOON_SIM_IPAM_DIR", ipam.to_str().unwrap()),
+    ]);
+    let vm = sim.run_vm("mine", &[]);
+    let id = vm["id"].as_str().unwrap().to_string();
+    let ip = sim.info("mine")["ip"].as_str().unwrap().to_string();
+    assert!(ip.starts_with("127.213."), "a loopback address: {ip}");
+    // Another root's claims, in the netns range and in the loopback one.
+    let unreadable = ["10.213.7.7", "127.213.255.254"].map(|a| ipam.join("ips").join(a));
+    for f in &unreadable {
+        let made = std::process::Command::new("mkfifo")
+            .arg(f)
+            .status()
+            .unwrap();
+        assert!(made.success(), "mkfifo {}", f.display());
+    }
+
+    let mut rm = sim.spawn(&["vm", "rm", "--force", "--", &id]);
+    let done = (0..400).find_map(|_| {
+        let st = rm.try_wait().unwrap();
+        if st.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        st
+    });
+    if done.is_none() {
+        let _ = rm.kill();
+    }
+    // Gone before anything else (cleanup included) could read them.
+    for f in &unreadable {
+        std::fs::remove_file(f).unwrap();
+    }
+    let out = rm.wait_with_output().unwrap();
+    assert!(done.is_some(), "vm rm read another VM's address claim");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !ipam.join("ips").join(&ip).exists(),
+        "vm rm frees its own address"
+    );
+    drop(sim);
+    let _ = std::fs::remove_dir_all(&ipam);
 }
