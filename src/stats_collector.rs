@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use prometheus::core::{Collector, Desc};
+use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{CounterVec, Encoder, GaugeVec, Opts, TextEncoder};
 
@@ -14,7 +14,8 @@ use crate::stats::{Sample, Sampler};
 
 pub struct StatsCollector {
     sampler: Arc<Sampler>,
-    descs: Vec<Desc>,
+    /// The families' names, listed by the metrics registry.
+    names: Vec<String>,
     /// The text of the last sample rendered, with that sample.
     last: Mutex<Option<(Arc<Sample>, Arc<str>)>>,
 }
@@ -115,14 +116,14 @@ impl Families {
 
 impl StatsCollector {
     pub fn new(sampler: Arc<Sampler>) -> Self {
-        let descs = Families::new()
+        let names = Families::new()
             .collectors()
             .iter()
-            .flat_map(|c| c.desc().into_iter().cloned())
+            .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
             .collect();
         Self {
             sampler,
-            descs,
+            names,
             last: Mutex::new(None),
         }
     }
@@ -130,7 +131,7 @@ impl StatsCollector {
 
 impl Rendered for StatsCollector {
     fn names(&self) -> Vec<String> {
-        self.descs.iter().map(|d| d.fq_name.clone()).collect()
+        self.names.clone()
     }
 
     fn text(&self) -> Arc<str> {
@@ -150,16 +151,6 @@ impl Rendered for StatsCollector {
         let text: Arc<str> = String::from_utf8(buf).unwrap_or_default().into();
         *last = Some((sample, text.clone()));
         text
-    }
-}
-
-impl Collector for StatsCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        families(&self.sampler.sample())
     }
 }
 
@@ -243,7 +234,9 @@ mod tests {
         };
         let c = StatsCollector::new(Arc::new(Sampler::with_sources(views, sources, "/")));
         let value = |name: &str| {
-            let f = c.collect().into_iter().find(|f| f.name() == name);
+            let f = families(&c.sampler.sample())
+                .into_iter()
+                .find(|f| f.name() == name);
             f.unwrap().get_metric()[0].get_counter().get_value()
         };
         assert_eq!(value("cocoon_vk_vm_network_rx_bytes_total"), 5000.0);

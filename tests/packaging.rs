@@ -33,9 +33,7 @@ fn exported() -> BTreeSet<String> {
     let (tx, _rx) = vk_cocoon::sources::event_queue();
     metrics.watch_event_queue(&tx);
     let sampler = Sampler::new(Views::default(), "cocoon.slice", "/nonexistent");
-    metrics
-        .register(Box::new(StatsCollector::new(Arc::new(sampler))))
-        .expect("the VM stats register");
+    metrics.attach(Arc::new(StatsCollector::new(Arc::new(sampler))));
     let families = metrics.families();
     // What a scrape shows is a subset of the list: the list is the registry's.
     for f in metrics.registry.gather() {
@@ -93,12 +91,12 @@ fn dashboard_names_only_exported_metrics() {
 /// VM's CPU, throttling, memory, disk and network, and what the storage alert watches.
 #[test]
 fn dashboard_charts_every_sampled_family() {
-    use prometheus::core::Collector;
+    use vk_cocoon::metrics::Rendered;
     let text = std::fs::read_to_string("packaging/grafana-dashboard.json").unwrap();
     let charted = metric_names(&text);
     let sampler = Sampler::new(Views::default(), "cocoon.slice", "/nonexistent");
     let stats = StatsCollector::new(Arc::new(sampler));
-    let families: Vec<String> = stats.desc().iter().map(|d| d.fq_name.clone()).collect();
+    let families = stats.names();
     assert_eq!(families.len(), 11, "{families:?}");
     for name in families {
         assert!(
