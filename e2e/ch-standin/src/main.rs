@@ -61,6 +61,20 @@ async fn run(
     restore: Option<String>,
     no_shutdown: bool,
 ) -> ExitCode {
+    // Both handlers exist before the socket does: whoever sees the socket may signal at once,
+    // and a signal before the handler would kill the process instead of shutting it down.
+    let signals = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .and_then(|t| {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                .map(|i| (t, i))
+        });
+    let (mut term, mut int) = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("Error installing the signal handler: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let guest = match GuestShared::new() {
         Ok(g) => g,
         Err(e) => {
@@ -83,13 +97,6 @@ async fn run(
         remove(&socket);
         return ExitCode::FAILURE;
     }
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("Error installing the signal handler: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let api = async {
         match listener {
             Some(l) => server::serve(l, vmm.clone()).await,
@@ -99,7 +106,7 @@ async fn run(
     tokio::select! {
         _ = api => eprintln!("VMM shutting down"),
         _ = term.recv() => eprintln!("received SIGTERM: VMM shutting down"),
-        _ = tokio::signal::ctrl_c() => eprintln!("received SIGINT: VMM shutting down"),
+        _ = int.recv() => eprintln!("received SIGINT: VMM shutting down"),
     }
     guest.update(|v| v.exit = true);
     remove(&socket);
