@@ -164,6 +164,7 @@ fn run() -> ExitCode {
 
 fn daemon(config: Config) -> anyhow::Result<()> {
     let settings = vk_cocoon::runtime::Settings::from_config(&config)?;
+    vk_cocoon::heap::limit_arenas();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -5,6 +5,7 @@ pub mod caps;
 pub mod cocoon;
 pub mod config;
 pub mod effects;
+pub mod heap;
 pub mod journal;
 pub mod kubelet;
 pub mod metrics;

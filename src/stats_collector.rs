@@ -3,127 +3,108 @@
 //! scrape while the sample is (M1): at 1,000 VMs that is 7,000 series a scrape would
 //! otherwise rebuild, hash and encode.
 
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use prometheus::core::Collector;
-use prometheus::proto::MetricFamily;
-use prometheus::{CounterVec, Encoder, GaugeVec, Opts, TextEncoder};
-
 use crate::metrics::Rendered;
-use crate::stats::{Sample, Sampler};
+use crate::stats::{Sample, Sampler, VmSample};
 
 pub struct StatsCollector {
     sampler: Arc<Sampler>,
-    /// The families' names, listed by the metrics registry.
-    names: Vec<String>,
     /// The text of the last sample rendered, with that sample.
     last: Mutex<Option<(Arc<Sample>, Arc<str>)>>,
 }
 
-const VM_LABELS: [&str; 4] = ["vm", "pod", "namespace", "backend"];
-
-fn counter(name: &str, help: &str, labels: &[&str]) -> CounterVec {
-    CounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
 }
 
-fn gauge(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    GaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+/// One family: its name, help and kind, and how its value is read from the sample.
+struct Family<T> {
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    value: fn(&T) -> f64,
 }
 
-struct Families {
-    vm_cpu: CounterVec,
-    vm_throttled: CounterVec,
-    vm_periods: CounterVec,
-    vm_rss: GaugeVec,
-    vm_cow: GaugeVec,
-    vm_rx: CounterVec,
-    vm_tx: CounterVec,
-    node_cpu: CounterVec,
-    node_mem: GaugeVec,
-    storage_avail: GaugeVec,
-    storage_total: GaugeVec,
-}
+const VM_FAMILIES: [Family<VmSample>; 7] = [
+    Family {
+        name: "cocoon_vk_vm_cpu_seconds_total",
+        help: "Per-VM cumulative CPU (cgroup scope usage_usec)",
+        kind: Kind::Counter,
+        value: |v| v.cpu.usage_seconds,
+    },
+    Family {
+        name: "cocoon_vk_vm_cpu_throttled_seconds_total",
+        help: "Per-VM time throttled by the CPU quota",
+        kind: Kind::Counter,
+        value: |v| v.cpu.throttled_seconds,
+    },
+    Family {
+        name: "cocoon_vk_vm_cpu_throttled_periods_total",
+        help: "Per-VM throttled enforcement periods",
+        kind: Kind::Counter,
+        value: |v| v.cpu.throttled_periods,
+    },
+    Family {
+        name: "cocoon_vk_vm_memory_rss_bytes",
+        help: "Per-VM RSS",
+        kind: Kind::Gauge,
+        value: |v| v.rss as f64,
+    },
+    Family {
+        name: "cocoon_vk_vm_disk_cow_bytes",
+        help: "Per-VM bytes allocated to the COW disk",
+        kind: Kind::Gauge,
+        value: |v| v.cow_bytes as f64,
+    },
+    Family {
+        name: "cocoon_vk_vm_network_rx_bytes_total",
+        help: "Per-VM bytes received by the first NIC's TAP on the host (its rx column: what the guest sent)",
+        kind: Kind::Counter,
+        value: |v| v.net.rx as f64,
+    },
+    Family {
+        name: "cocoon_vk_vm_network_tx_bytes_total",
+        help: "Per-VM bytes transmitted by the first NIC's TAP on the host (its tx column: what the guest received)",
+        kind: Kind::Counter,
+        value: |v| v.net.tx as f64,
+    },
+];
 
-impl Families {
-    fn new() -> Self {
-        Self {
-            vm_cpu: counter(
-                "cocoon_vk_vm_cpu_seconds_total",
-                "Per-VM cumulative CPU (cgroup scope usage_usec)",
-                &VM_LABELS,
-            ),
-            vm_throttled: counter(
-                "cocoon_vk_vm_cpu_throttled_seconds_total",
-                "Per-VM time throttled by the CPU quota",
-                &VM_LABELS,
-            ),
-            vm_periods: counter(
-                "cocoon_vk_vm_cpu_throttled_periods_total",
-                "Per-VM throttled enforcement periods",
-                &VM_LABELS,
-            ),
-            vm_rss: gauge("cocoon_vk_vm_memory_rss_bytes", "Per-VM RSS", &VM_LABELS),
-            vm_cow: gauge(
-                "cocoon_vk_vm_disk_cow_bytes",
-                "Per-VM bytes allocated to the COW disk",
-                &VM_LABELS,
-            ),
-            vm_rx: counter(
-                "cocoon_vk_vm_network_rx_bytes_total",
-                "Per-VM bytes received by the first NIC's TAP on the host (its rx column: what the guest sent)",
-                &VM_LABELS,
-            ),
-            vm_tx: counter(
-                "cocoon_vk_vm_network_tx_bytes_total",
-                "Per-VM bytes transmitted by the first NIC's TAP on the host (its tx column: what the guest received)",
-                &VM_LABELS,
-            ),
-            node_cpu: counter(
-                "cocoon_vk_node_cpu_seconds_total",
-                "Node cumulative busy CPU (idle and iowait excluded)",
-                &[],
-            ),
-            node_mem: gauge("cocoon_vk_node_memory_used_bytes", "Node used memory", &[]),
-            storage_avail: gauge(
-                "cocoon_vk_node_storage_available_bytes",
-                "Cocoon root filesystem available bytes",
-                &[],
-            ),
-            storage_total: gauge(
-                "cocoon_vk_node_storage_total_bytes",
-                "Cocoon root filesystem total bytes",
-                &[],
-            ),
-        }
-    }
-
-    fn collectors(&self) -> [&dyn Collector; 11] {
-        [
-            &self.vm_cpu,
-            &self.vm_throttled,
-            &self.vm_periods,
-            &self.vm_rss,
-            &self.vm_cow,
-            &self.vm_rx,
-            &self.vm_tx,
-            &self.node_cpu,
-            &self.node_mem,
-            &self.storage_avail,
-            &self.storage_total,
-        ]
-    }
-}
+const NODE_FAMILIES: [Family<Sample>; 4] = [
+    Family {
+        name: "cocoon_vk_node_cpu_seconds_total",
+        help: "Node cumulative busy CPU (idle and iowait excluded)",
+        kind: Kind::Counter,
+        value: |s| s.node.cpu_seconds,
+    },
+    Family {
+        name: "cocoon_vk_node_memory_used_bytes",
+        help: "Node used memory",
+        kind: Kind::Gauge,
+        value: |s| s.node.memory_used as f64,
+    },
+    Family {
+        name: "cocoon_vk_node_storage_available_bytes",
+        help: "Cocoon root filesystem available bytes",
+        kind: Kind::Gauge,
+        value: |s| s.node.storage_available as f64,
+    },
+    Family {
+        name: "cocoon_vk_node_storage_total_bytes",
+        help: "Cocoon root filesystem total bytes",
+        kind: Kind::Gauge,
+        value: |s| s.node.storage_total as f64,
+    },
+];
 
 impl StatsCollector {
     pub fn new(sampler: Arc<Sampler>) -> Self {
-        let names = Families::new()
-            .collectors()
-            .iter()
-            .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
-            .collect();
         Self {
             sampler,
-            names,
             last: Mutex::new(None),
         }
     }
@@ -131,7 +112,10 @@ impl StatsCollector {
 
 impl Rendered for StatsCollector {
     fn names(&self) -> Vec<String> {
-        self.names.clone()
+        let vm = VM_FAMILIES.iter().map(|f| f.name);
+        vm.chain(NODE_FAMILIES.iter().map(|f| f.name))
+            .map(String::from)
+            .collect()
     }
 
     fn text(&self) -> Arc<str> {
@@ -142,52 +126,93 @@ impl Rendered for StatsCollector {
                 return text.clone();
             }
         }
-        let mut buf = Vec::new();
-        // As the registry's gather does: a family without series (no VM yet) is left out,
-        // where the encoder would refuse the whole text.
-        let mut families = families(&sample);
-        families.retain(|f| !f.get_metric().is_empty());
-        let _ = TextEncoder::new().encode(&families, &mut buf);
-        let text: Arc<str> = String::from_utf8(buf).unwrap_or_default().into();
+        let text: Arc<str> = render(&sample).into();
         *last = Some((sample, text.clone()));
         text
     }
 }
 
-fn families(s: &Sample) -> Vec<MetricFamily> {
-    let f = Families::new();
-    for v in &s.vms {
-        let l = [
-            v.vm.vm_name.as_str(),
-            v.vm.pod.as_str(),
-            v.vm.namespace.as_str(),
-            v.vm.backend.as_str(),
-        ];
-        f.vm_cpu.with_label_values(&l).inc_by(v.cpu.usage_seconds);
-        f.vm_throttled
-            .with_label_values(&l)
-            .inc_by(v.cpu.throttled_seconds);
-        f.vm_periods
-            .with_label_values(&l)
-            .inc_by(v.cpu.throttled_periods);
-        f.vm_rss.with_label_values(&l).set(v.rss as f64);
-        f.vm_cow.with_label_values(&l).set(v.cow_bytes as f64);
-        f.vm_rx.with_label_values(&l).inc_by(v.net.rx as f64);
-        f.vm_tx.with_label_values(&l).inc_by(v.net.tx as f64);
+/// The sample in Prometheus' text format, written straight from it: building the client
+/// library's families first took 7 MiB at 1,000 VMs for a text of a fraction of that. A
+/// family without series (no VM yet) is left out, as the registry's gather leaves it out.
+fn render(s: &Sample) -> String {
+    let mut vms: Vec<&VmSample> = s.vms.iter().collect();
+    vms.sort_by(|a, b| {
+        let (a, b) = (&a.vm, &b.vm);
+        (&a.namespace, &a.pod, &a.vm_name).cmp(&(&b.namespace, &b.pod, &b.vm_name))
+    });
+    let mut out = String::with_capacity(vms.len() * VM_FAMILIES.len() * 160 + 1024);
+    if !vms.is_empty() {
+        for f in &VM_FAMILIES {
+            header(&mut out, f.name, f.help, f.kind);
+            for v in &vms {
+                out.push_str(f.name);
+                out.push('{');
+                let labels = [
+                    ("vm", &v.vm.vm_name),
+                    ("pod", &v.vm.pod),
+                    ("namespace", &v.vm.namespace),
+                    ("backend", &v.vm.backend),
+                ];
+                for (i, (name, value)) in labels.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(name);
+                    out.push_str("=\"");
+                    escape(&mut out, value, true);
+                    out.push('"');
+                }
+                out.push_str("} ");
+                number(&mut out, (f.value)(v));
+                out.push('\n');
+            }
+        }
     }
-    f.node_cpu
-        .with_label_values::<&str>(&[])
-        .inc_by(s.node.cpu_seconds);
-    f.node_mem
-        .with_label_values::<&str>(&[])
-        .set(s.node.memory_used as f64);
-    f.storage_avail
-        .with_label_values::<&str>(&[])
-        .set(s.node.storage_available as f64);
-    f.storage_total
-        .with_label_values::<&str>(&[])
-        .set(s.node.storage_total as f64);
-    f.collectors().iter().flat_map(|c| c.collect()).collect()
+    for f in &NODE_FAMILIES {
+        header(&mut out, f.name, f.help, f.kind);
+        out.push_str(f.name);
+        out.push(' ');
+        number(&mut out, (f.value)(s));
+        out.push('\n');
+    }
+    out
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: Kind) {
+    out.push_str("# HELP ");
+    out.push_str(name);
+    out.push(' ');
+    escape(out, help, false);
+    out.push_str("\n# TYPE ");
+    out.push_str(name);
+    out.push_str(match kind {
+        Kind::Counter => " counter\n",
+        Kind::Gauge => " gauge\n",
+    });
+}
+
+/// The text format's escapes: backslash and newline everywhere, the double quote in label
+/// values.
+fn escape(out: &mut String, s: &str, quote: bool) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if quote => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+}
+
+fn number(out: &mut String, v: f64) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{v}");
+    }
 }
 
 #[cfg(test)]
@@ -233,14 +258,42 @@ mod tests {
             user_hz: 100.0,
         };
         let c = StatsCollector::new(Arc::new(Sampler::with_sources(views, sources, "/")));
-        let value = |name: &str| {
-            let f = families(&c.sampler.sample())
-                .into_iter()
-                .find(|f| f.name() == name);
-            f.unwrap().get_metric()[0].get_counter().get_value()
-        };
-        assert_eq!(value("cocoon_vk_vm_network_rx_bytes_total"), 5000.0);
-        assert_eq!(value("cocoon_vk_vm_network_tx_bytes_total"), 7000.0);
+        let text = c.text();
+        let labels =
+            r#"{vm="vk-demo-web-0",pod="web-0",namespace="demo",backend="cloud-hypervisor"}"#;
+        for line in [
+            format!("cocoon_vk_vm_network_rx_bytes_total{labels} 5000\n"),
+            format!("cocoon_vk_vm_network_tx_bytes_total{labels} 7000\n"),
+            "# TYPE cocoon_vk_vm_network_rx_bytes_total counter\n".to_string(),
+        ] {
+            assert!(text.contains(&line), "{line} not in {text}");
+        }
+    }
+
+    /// Label values are escaped as the text format asks; a value is written as the client
+    /// library writes it.
+    #[test]
+    fn labels_are_escaped_and_values_written_plainly() {
+        let mut out = String::new();
+        escape(&mut out, "a\"b\\c\nd", true);
+        assert_eq!(out, r#"a\"b\\c\nd"#);
+        let mut out = String::new();
+        escape(&mut out, "it's \"x\"", false);
+        assert_eq!(out, "it's \"x\"");
+        for (v, text) in [
+            (5000.0, "5000"),
+            (0.25, "0.25"),
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "+Inf"),
+        ] {
+            let mut out = String::new();
+            number(&mut out, v);
+            assert_eq!(out, text);
+        }
+        // No VM: only the node's families, as the registry's gather leaves empty ones out.
+        let text = render(&Sample::default());
+        assert!(!text.contains("cocoon_vk_vm_"), "{text}");
+        assert!(text.contains("# TYPE cocoon_vk_node_storage_total_bytes gauge\ncocoon_vk_node_storage_total_bytes 0\n"), "{text}");
     }
 
     /// M1: every scrape within a sample's life copies the text rendered from it; the next

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use k8s_openapi::api::core::v1::Pod;
 use reconcilers::pod::PodKey;
 use reconcilers::status::PodStatus;
 use reconcilers::{Action, OpId, State};
@@ -48,7 +47,7 @@ pub struct Views {
     /// Pod key → the pod object as the watch last delivered it. Kept by the pod watch itself,
     /// before it hands the pod to the loop, so `GET /pods` can serve whole objects without
     /// the journal carrying them.
-    pub objects: Arc<DashMap<String, Arc<Pod>>>,
+    pub objects: Arc<DashMap<String, crate::sources::pods::StoredPod>>,
 }
 
 /// A status write the loop sent and has not heard back from.

@@ -32,7 +32,8 @@ pub async fn pods(ctx: web::Data<Ctx>) -> HttpResponse {
             .map(|r| {
                 let key = format!("{}/{}", r.namespace, r.name);
                 let watched = ctx.views.objects.get(&key).map(|o| o.value().clone());
-                super::pod_object::pod_object(watched.as_deref(), r)
+                let watched = watched.and_then(|o| o.decode());
+                super::pod_object::pod_object(watched.as_ref(), r)
             })
             .collect(),
     )

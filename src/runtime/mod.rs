@@ -282,6 +282,7 @@ fn start_sources(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let (cli, list_tx) = (settings.cocoon.clone(), tx.clone());
     vec![
+        crate::heap::spawn_trimmer(),
         tokio::spawn(pods::run(
             client.clone(),
             settings.node.name.clone(),

@@ -26,15 +26,45 @@ fn key(p: &Pod) -> String {
     )
 }
 
+/// A watched pod as `GET /pods` serves it, kept as compact JSON: a decoded `Pod` holds every
+/// optional field of every nested type and took several times the bytes of its JSON, which at
+/// 1,000 pods was most of the daemon's heap. `/pods` is rare; decoding there is cheap enough.
+#[derive(Clone)]
+pub struct StoredPod {
+    uid: Option<String>,
+    json: Arc<[u8]>,
+}
+
+impl StoredPod {
+    fn new(p: &Pod) -> Option<Self> {
+        match serde_json::to_vec(p) {
+            Ok(json) => Some(Self {
+                uid: p.metadata.uid.clone(),
+                json: json.into(),
+            }),
+            // A `Pod` the watch decoded always encodes; were it not to, `/pods` serves the pod
+            // from what the node knows of it, as for a pod the watch has not delivered.
+            Err(e) => {
+                tracing::warn!(error = %e, "a watched pod did not encode; /pods serves the node's view of it");
+                None
+            }
+        }
+    }
+
+    pub fn decode(&self) -> Option<Pod> {
+        serde_json::from_slice(&self.json).ok()
+    }
+}
+
 /// The watch's objects by pod key (`Views::objects`), as the watch last delivered them.
 pub struct Objects {
-    map: Arc<DashMap<String, Arc<Pod>>>,
+    map: Arc<DashMap<String, StoredPod>>,
     /// Keys seen by the relist under way: what it did not list is gone once it completes.
     relisted: Option<HashSet<String>>,
 }
 
 impl Objects {
-    pub fn new(map: Arc<DashMap<String, Arc<Pod>>>) -> Self {
+    pub fn new(map: Arc<DashMap<String, StoredPod>>) -> Self {
         Self {
             map,
             relisted: None,
@@ -54,7 +84,10 @@ impl Objects {
         if let Some(seen) = self.relisted.as_mut() {
             seen.insert(k.clone());
         }
-        self.map.insert(k, Arc::new(p));
+        match StoredPod::new(&p) {
+            Some(stored) => self.map.insert(k, stored),
+            None => self.map.remove(&k).map(|(_, v)| v),
+        };
     }
 
     fn relist_end(&mut self) {
@@ -66,7 +99,7 @@ impl Objects {
     fn deleted(&mut self, p: &Pod) {
         let uid = p.metadata.uid.as_deref();
         self.map
-            .remove_if(&key(p), |_, held| held.metadata.uid.as_deref() == uid);
+            .remove_if(&key(p), |_, held| held.uid.as_deref() == uid);
     }
 }
 
