@@ -24,6 +24,8 @@ pub struct Steps {
     node_seen: Option<f64>,
     vm_call: Option<f64>,
     vm_running: Option<f64>,
+    ip_probe: Option<f64>,
+    probe_ok: Option<f64>,
     write_out: Option<f64>,
     write_done: Option<f64>,
     ready: Option<f64>,
@@ -75,6 +77,8 @@ pub fn daemon_steps(m: &Mass, lat: &Latencies) -> Vec<Steps> {
             s.node_seen = ms(p.seen);
             s.vm_call = ms(p.vm_call);
             s.vm_running = ms(p.vm_running);
+            s.ip_probe = ms(p.ip_probe);
+            s.probe_ok = ms(p.probe_ok);
             s.write_out = ms(p.ready_out);
             s.write_done = ms(p.ready_done);
         }
@@ -120,6 +124,21 @@ const STAGES: &[(&str, At, At)] = &[
     (
         "  of which: VM running → Ready write sent (probes)",
         |s| s.vm_running,
+        |s| s.write_out,
+    ),
+    (
+        "    of which: VM running → first probe with the lease's IP",
+        |s| s.vm_running,
+        |s| s.ip_probe,
+    ),
+    (
+        "    of which: that probe sent → first probe success",
+        |s| s.ip_probe,
+        |s| s.probe_ok,
+    ),
+    (
+        "    of which: first probe success → Ready write sent",
+        |s| s.probe_ok,
         |s| s.write_out,
     ),
     (

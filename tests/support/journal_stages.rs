@@ -19,6 +19,10 @@ pub struct DaemonPod {
     /// `vm run` or `vm clone` sent, and its successful outcome back.
     pub vm_call: Option<i64>,
     pub vm_running: Option<i64>,
+    /// The first probe sent with the guest's IP (the lease was read), and the first probe
+    /// that succeeded.
+    pub ip_probe: Option<i64>,
+    pub probe_ok: Option<i64>,
     /// The status patch that makes it Ready, decided, and its outcome back.
     pub ready_out: Option<i64>,
     pub ready_done: Option<i64>,
@@ -91,9 +95,16 @@ pub fn create_to_ready(journal: &Path) -> Result<Latencies> {
                     open.cocoon.insert(*op, (key.to_string(), at, brings_up));
                 }
                 Action::RunProbe {
-                    key, seq: probe, ..
+                    key,
+                    seq: probe,
+                    target,
+                    ..
                 } => {
                     open.probes.insert((key.to_string(), *probe), at);
+                    if target.ip.is_some() {
+                        let p = pods.entry(key.to_string()).or_default();
+                        p.ip_probe.get_or_insert(at);
+                    }
                 }
                 Action::PatchPod {
                     op,
@@ -185,10 +196,17 @@ fn outcome(
             }
         }
         Event::ProbeDone {
-            key, seq: probe, ..
+            key,
+            seq: probe,
+            ok,
+            ..
         } => {
             if let Some(t0) = open.probes.remove(&(key.to_string(), *probe)) {
                 *waited.entry(key.to_string()).or_default() += at - t0;
+            }
+            if *ok {
+                let p = pods.entry(key.to_string()).or_default();
+                p.probe_ok.get_or_insert(at);
             }
         }
         Event::KubeDone { op, .. } => {
