@@ -546,7 +546,7 @@ fn table(sched: &str, null: &NullRun, d: &DaemonRun, lat: &Latencies, r: &Replay
         ),
         (
             "steady state: daemon RSS",
-            "≤ 40 MiB".into(),
+            "≤ 32 MiB".into(),
             format!("{:.1} MiB", s.rss as f64 / 1048576.0),
         ),
         (
@@ -559,7 +559,7 @@ fn table(sched: &str, null: &NullRun, d: &DaemonRun, lat: &Latencies, r: &Replay
         ),
         (
             "steady state: /metrics scrape p50",
-            "≤ 20 ms".into(),
+            "≤ 10 ms".into(),
             format!("{:.1} ms", percentile(&s.scrape_ms, 0.5)),
         ),
     ];

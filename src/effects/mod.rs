@@ -69,7 +69,7 @@ impl Executor {
             transfers: None,
             cocoon_root_dir: std::path::PathBuf::from("/var/lib/cocoon"),
             cocoon_slots: Arc::new(Semaphore::new(32)),
-            kube_slots: Arc::new(Semaphore::new(32)),
+            kube_slots: Arc::new(Semaphore::new(reconcilers::config::WRITE_SLOTS as usize)),
             events: event_lane::EventLane::new(metrics.events_dropped.clone()),
             metrics,
         }

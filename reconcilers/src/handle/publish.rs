@@ -1,29 +1,36 @@
 //! Publishing a pod: what the server lacks of the derived status and annotations goes out as
 //! one write, one at a time per pod. While a write is out nothing else is sent; its outcome
 //! touches the pod, and whatever still differs then goes next, so a burst of changes costs
-//! one or two writes instead of one each (S9, S10, L1–L3).
+//! one or two writes instead of one each (S9, S10, L1–L3). The node has a fixed number of
+//! writes out at once; pods beyond that wait in line, and a pod's changes while it waits
+//! become one write, so a mass create costs about one write per pod instead of two.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::action::{Action, Level, OpId, Timer};
 use crate::event::{KubeError, KubeErrorKind, KubeOk};
 use crate::pod::PodKey;
-use crate::state::{KubeOwner, Publish, State};
+use crate::state::{writes_out, KubeOwner, Publish, State};
 use crate::status::{first_probe_pending, PodStatus};
 use crate::writer::{WriteState, RETRY};
 use crate::{annotations, delete, status};
 
 pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
     let e = &*p.entry;
-    if !p.started || !e.writer.can_write() || e.phase.holds_writes() || first_probe_pending(e) {
-        return;
+    let waiting = match e.writer.state {
+        WriteState::Idle => None,
+        WriteState::Waiting(turn) => Some(turn),
+        WriteState::Out(_) | WriteState::Backoff | WriteState::Superseded => return,
+    };
+    if !p.started || e.phase.holds_writes() || first_probe_pending(e) {
+        return leave_line(p, waiting);
     }
     let status = status::wanted(p.config, e);
     if status.is_none() {
         // The server holds the final status: a deleted pod's object can go (D8).
         delete::finalize(p, key);
         if !p.entry.writer.can_write() || p.entry.phase.holds_writes() {
-            return;
+            return leave_line(p, waiting);
         }
     }
     // A deleting pod's object is about to go: its annotations are not worth a write.
@@ -32,7 +39,20 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         false => annotations::diff(p.entry),
     };
     if status.is_none() && annotations.is_empty() {
+        return leave_line(p, waiting);
+    }
+    // S9: the node's writes out are capped; beyond that the pod waits its turn, and what it
+    // writes is derived again when the turn comes.
+    let free = (p.config.write_slots as usize).saturating_sub(p.fx.writes_out());
+    if !p.turns.within(waiting, free) {
+        if waiting.is_none() {
+            let turn = p.turns.join(key);
+            p.entry.writer.state = WriteState::Waiting(turn);
+        }
         return;
+    }
+    if let Some(turn) = waiting {
+        p.turns.leave(turn);
     }
     let op = p.fx.kube_op(KubeOwner::Write {
         key: key.clone(),
@@ -47,6 +67,46 @@ pub(crate) fn sync(p: &mut Publish, key: &PodKey) {
         status,
         annotations,
     });
+}
+
+/// A waiting pod with nothing it may write now gives up its turn; it queues again, last, once
+/// it has something.
+fn leave_line(p: &mut Publish, waiting: Option<u64>) {
+    if let Some(turn) = waiting {
+        p.turns.leave(turn);
+        p.entry.writer.state = WriteState::Idle;
+    }
+}
+
+/// Touches the first pods in line, as many as there are write slots free, so they are
+/// published before the event is done; turns whose pod no longer waits at them are dropped.
+/// `handed`: the pods this event has handed a slot already, so a pass always ends. Returns
+/// whether it touched any.
+pub(crate) fn hand_on(s: &mut State, handed: &mut BTreeSet<PodKey>) -> bool {
+    let free = (s.config.write_slots as usize).saturating_sub(writes_out(&s.kube_ops));
+    if free == 0 || s.write_turns.is_empty() {
+        return false;
+    }
+    let (mut stale, mut next, mut touched) = (Vec::new(), 0, false);
+    for (turn, key) in s.write_turns.iter() {
+        if next == free {
+            break;
+        }
+        let waits = s.pods.get(key).map(|e| e.writer.state);
+        if waits != Some(WriteState::Waiting(turn)) {
+            stale.push(turn);
+            continue;
+        }
+        next += 1;
+        if handed.insert(key.clone()) {
+            s.touched.insert(key);
+            touched = true;
+        }
+    }
+    for turn in stale {
+        s.write_turns.leave(turn);
+    }
+    touched
 }
 
 /// The outcome of the pod's write.
@@ -169,7 +229,8 @@ pub(crate) fn retry(s: &mut State, key: &PodKey, uid: &str) {
     };
     match e.writer.state {
         WriteState::Backoff => e.writer.state = WriteState::Idle,
-        WriteState::Idle | WriteState::Out(_) | WriteState::Superseded => {}
+        WriteState::Idle | WriteState::Waiting(_) | WriteState::Out(_) | WriteState::Superseded => {
+        }
     }
     s.touched.insert(key);
 }

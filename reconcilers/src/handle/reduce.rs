@@ -68,9 +68,14 @@ pub fn reduce_touching(state: &mut State, envelope: Envelope) -> (Vec<Action>, V
     // one, which is taken in at once); nothing touched may wait for the next event, or the
     // state between events would carry work that a state restored from a journal lacks.
     let mut all: Vec<PodKey> = Vec::new();
+    let mut handed = std::collections::BTreeSet::new();
     loop {
         let touched = state.touched.take();
         if touched.is_empty() {
+            // Write slots freed by this event go to the pods first in line.
+            if publish::hand_on(state, &mut handed) {
+                continue;
+            }
             break;
         }
         for key in &touched {

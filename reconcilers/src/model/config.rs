@@ -68,6 +68,25 @@ pub struct Config {
     /// CLI-10: what this node's cocoon can do, read from its help texts at startup.
     #[serde(default, skip_serializing_if = "CocoonCaps::is_current")]
     pub cocoon: CocoonCaps,
+    /// How many pod status-and-annotation writes the node has out at once (S9); the shell
+    /// runs that many. A pod with something to write waits its turn beyond that.
+    #[serde(
+        default = "default_write_slots",
+        skip_serializing_if = "is_default_write_slots"
+    )]
+    pub write_slots: u32,
+}
+
+/// The kube write lane's size: enough to keep a loaded apiserver busy, few enough that a burst
+/// of 1,000 pods queues here, where a pod's write is derived when its turn comes.
+pub const WRITE_SLOTS: u32 = 32;
+
+fn default_write_slots() -> u32 {
+    WRITE_SLOTS
+}
+
+fn is_default_write_slots(n: &u32) -> bool {
+    *n == WRITE_SLOTS
 }
 
 impl Default for Config {
@@ -83,6 +102,7 @@ impl Default for Config {
             clone_from_dir_root: None,
             macos_vnc: false,
             cocoon: CocoonCaps::CURRENT,
+            write_slots: WRITE_SLOTS,
         }
     }
 }

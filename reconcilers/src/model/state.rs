@@ -13,6 +13,7 @@ use crate::pod_table::PodTable;
 use crate::small_str::SmallStr;
 use crate::time::Millis;
 use crate::vm::VmRecord;
+use crate::writer::WriteTurns;
 
 pub use crate::entry::{Agent, Lifecycle, PodEntry, ProbeState, Tracked, VmOwner};
 pub use crate::ops::{CocoonOwner, KubeOwner, RegistryOwner};
@@ -75,6 +76,9 @@ pub struct State {
     /// stay taken); renewed by every cocoon-macos listing.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub macos_foreign: BTreeSet<u16>,
+    /// The pods waiting for one of the node's write slots (`Config::write_slots`).
+    #[serde(default, skip_serializing_if = "WriteTurns::is_empty")]
+    pub(crate) write_turns: WriteTurns,
     #[serde(skip)]
     pub(crate) out: Vec<Action>,
     #[serde(skip)]
@@ -266,6 +270,7 @@ impl State {
             snapshot_claims: BTreeMap::new(),
             macos_inventory: crate::model::macos::Inventory::None,
             macos_foreign: BTreeSet::new(),
+            write_turns: WriteTurns::default(),
             out: Vec::new(),
             touched: Touched::default(),
         }
@@ -340,6 +345,7 @@ impl State {
             config: &self.config,
             started,
             entry,
+            turns: &mut self.write_turns,
             fx: Effects {
                 next_op: &mut self.next_op,
                 kube_ops: &mut self.kube_ops,
@@ -405,6 +411,11 @@ impl Effects<'_> {
         self.out.push(a);
     }
 
+    /// The pods' status-and-annotation writes out (each holds one of the node's write slots).
+    pub(crate) fn writes_out(&self) -> usize {
+        writes_out(self.kube_ops)
+    }
+
     /// Sends a registry call and remembers who waits for its outcome.
     pub(crate) fn kube_op(&mut self, owner: KubeOwner) -> OpId {
         let id = *self.next_op;
@@ -419,5 +430,14 @@ pub(crate) struct Publish<'a> {
     pub config: &'a Config,
     pub started: bool,
     pub entry: &'a mut PodEntry,
+    pub turns: &'a mut WriteTurns,
     pub fx: Effects<'a>,
+}
+
+pub(crate) fn writes_out(kube_ops: &BTreeMap<OpId, Box<KubeOwner>>) -> usize {
+    let writes = kube_ops.values().filter(|o| match o.as_ref() {
+        KubeOwner::Write { .. } => true,
+        KubeOwner::DeleteObject { .. } | KubeOwner::Evict { .. } => false,
+    });
+    writes.count()
 }

@@ -301,6 +301,7 @@ impl Runner {
                 "macos-vnc" => self.config.macos_vnc = v != "off",
                 "registry" => self.config.registry = Some(v.clone()).filter(|v| v != "off"),
                 "echo" => self.echo = v != "off",
+                "write_slots" => self.config.write_slots = v.parse().expect("write_slots"),
                 "settle" => {}
                 other => panic!("unknown setting {other}"),
             }
