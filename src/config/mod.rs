@@ -444,6 +444,8 @@ impl Config {
             macos_vnc: self.macos_vnc_password.is_some(),
             // CLI-10: learned from the binary at startup (`cocoon::tier::detect`).
             cocoon: reconcilers::cocoon_caps::CocoonCaps::CURRENT,
+            // The executor's kube write lane is built to this size.
+            write_slots: reconcilers::config::WRITE_SLOTS,
         }
     }
 }
