@@ -16,7 +16,7 @@
 //! `cargo test -j2 --release -p vk-cocoon --test bench_delete_e2e -- --ignored --nocapture`
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -63,21 +63,14 @@ fn now_ms() -> i64 {
 }
 
 fn deletes(dir: &Path) -> Result<(BTreeMap<String, Delete>, usize)> {
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
     let mut pods: BTreeMap<String, Delete> = BTreeMap::new();
     let mut ops: BTreeMap<u64, Pending> = BTreeMap::new();
     // The most `vm rm` calls out at one time.
     let (mut rm_flying, mut rm_peak) = (0usize, 0usize);
-    for entry in vk_cocoon::journal::Reader::open(&files)? {
-        let vk_cocoon::journal::Entry::Step {
+    for step in vk_cocoon::journal::Reader::open_dir(dir)?.steps() {
+        let vk_cocoon::journal::Step {
             envelope, actions, ..
-        } = entry?
-        else {
-            continue;
-        };
+        } = step?;
         let at = envelope.at;
         match &envelope.event {
             Event::PodApplied { pod } | Event::PodRelistItem { pod }

@@ -49,19 +49,12 @@ fn now_ms() -> i64 {
 fn status_writes(journal: &std::path::Path, from: i64, to: i64) -> Result<Vec<f64>> {
     use reconcilers::{Action, Event};
     let dir = journal.parent().context("dir")?;
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
     let mut issued: BTreeMap<u64, i64> = BTreeMap::new();
     let mut ms = Vec::new();
-    for entry in vk_cocoon::journal::Reader::open(&files)? {
-        let vk_cocoon::journal::Entry::Step {
+    for step in vk_cocoon::journal::Reader::open_dir(dir)?.steps() {
+        let vk_cocoon::journal::Step {
             envelope, actions, ..
-        } = entry?
-        else {
-            continue;
-        };
+        } = step?;
         if let Event::KubeDone { op, .. } = &envelope.event {
             if let Some(t0) = issued.remove(op) {
                 ms.push((envelope.at - t0) as f64);

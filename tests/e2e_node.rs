@@ -346,14 +346,7 @@ async fn the_lease_is_renewed_without_reading_it_back() -> Result<()> {
     use e2e::apiserver_metrics::Metrics;
     use k8s_openapi::api::coordination::v1::Lease;
     let tb = Testbed::start(TestbedOptions::control_plane().apiserver_only().with_sim()).await?;
-    let journal = tb.run_dir().join("journal").join("events.journal");
-    let d = daemon::start(
-        &tb,
-        &DaemonOptions::default(),
-        &journal,
-        e2e::ports::free_port()?,
-        e2e::ports::free_port()?,
-    )?;
+    let (d, _) = daemon::start_default(&tb)?;
     let leases: Api<Lease> = Api::namespaced(tb.client()?, "kube-node-lease");
     let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
     let first = until("the node Lease", LIMIT, || async {

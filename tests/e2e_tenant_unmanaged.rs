@@ -85,14 +85,7 @@ async fn an_unmanaged_pod_gets_only_a_vm_the_node_proves_is_its_own() -> Result<
     for ns in ["team-a", "team-b"] {
         tb.ensure_namespace(ns).await?;
     }
-    let journal = tb.run_dir().join("journal").join("events.journal");
-    let d = daemon::start(
-        &tb,
-        &DaemonOptions::default(),
-        &journal,
-        e2e::ports::free_port()?,
-        e2e::ports::free_port()?,
-    )?;
+    let (d, _) = daemon::start_default(&tb)?;
     let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
     let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
     let sim = tb.sim.as_ref().context("sim")?;

@@ -7,7 +7,7 @@ use e2e::daemon;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, DaemonOptions};
+use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
@@ -53,14 +53,7 @@ async fn a_pod_cannot_take_or_copy_another_namespaces_vm() -> Result<()> {
     for ns in ["team-a", "team-b"] {
         tb.ensure_namespace(ns).await?;
     }
-    let journal = tb.run_dir().join("journal").join("events.journal");
-    let d = daemon::start(
-        &tb,
-        &DaemonOptions::default(),
-        &journal,
-        e2e::ports::free_port()?,
-        e2e::ports::free_port()?,
-    )?;
+    let (d, journal) = daemon::start_default(&tb)?;
     let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
     let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
     let managed = |extra: serde_json::Value| {

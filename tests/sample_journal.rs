@@ -93,3 +93,30 @@ fn the_committed_sample_journal_is_what_the_writer_produces() {
         );
     }
 }
+
+/// What the benches read of a journal: every step of every rotated file in the journal's
+/// directory, in order, with its actions, and no header.
+#[test]
+fn the_steps_of_a_rotated_journal_are_read_from_its_directory() {
+    let w = scenarios::demo();
+    let dir = tempfile::tempdir().unwrap();
+    // Small files: the run rotates across several.
+    support::journal_world(&w, &dir.path().join("events.journal"), 2048, 64);
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert!(files > 1, "the run should rotate, wrote {files} file(s)");
+    let steps: Vec<_> = vk_cocoon::journal::Reader::open_dir(dir.path())
+        .unwrap()
+        .steps()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(steps.len(), w.log.len());
+    for (step, (envelope, actions)) in steps.iter().zip(w.log.iter()) {
+        assert_eq!(step.envelope.seq, envelope.seq);
+        assert_eq!(&step.actions, actions);
+    }
+    let missing = vk_cocoon::journal::Reader::open_dir(&dir.path().join("nope"));
+    assert!(
+        missing.is_err(),
+        "a directory that is not there is an error"
+    );
+}

@@ -226,6 +226,20 @@ pub fn start(
     })
 }
 
+/// The daemon as most tests run it: default options, its journal under the run dir, free
+/// ports. Returns the journal's path with it.
+pub fn start_default(tb: &Testbed) -> Result<(Daemon, PathBuf)> {
+    let journal = tb.run_dir().join("journal").join("events.journal");
+    let d = start(
+        tb,
+        &DaemonOptions::default(),
+        &journal,
+        crate::ports::free_port()?,
+        crate::ports::free_port()?,
+    )?;
+    Ok((d, journal))
+}
+
 /// Polls `f` every 100 ms until it yields `Some`, for at most `limit`; the error names `what`.
 pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> Result<T>
 where

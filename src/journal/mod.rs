@@ -22,6 +22,6 @@ pub use digest::Digest;
 pub use export::write_run;
 pub use files::{existing as existing_files, rotated_path};
 pub use problem::{JournalError, Problem};
-pub use reader::{Entry, Loc, Reader};
+pub use reader::{Entry, Loc, Reader, Step};
 pub use record::{Header, Start, FORMAT_VERSION};
 pub use writer::{Journal, JournalSettings};

@@ -322,6 +322,47 @@ impl Reader {
     }
 }
 
+/// One reduce step, without where it was read: what a tool that looks at the daemon's
+/// decisions wants of a journal.
+#[derive(Debug)]
+pub struct Step {
+    pub envelope: Envelope,
+    pub actions: Vec<Action>,
+    pub reduce_us: Option<u64>,
+}
+
+impl Reader {
+    /// Every file in `dir`, the directory a journal and its rotated files are in.
+    pub fn open_dir(dir: &Path) -> Result<Reader, JournalError> {
+        let listed = std::fs::read_dir(dir).map_err(|e| JournalError {
+            file: dir.to_path_buf(),
+            line: 0,
+            seq: None,
+            problem: Problem::Io(e.to_string()),
+        })?;
+        let files: Vec<PathBuf> = listed.flatten().map(|e| e.path()).collect();
+        Reader::open(&files)
+    }
+
+    /// Only the steps, headers skipped; the first problem still ends the read.
+    pub fn steps(self) -> impl Iterator<Item = Result<Step, JournalError>> {
+        self.filter_map(|entry| match entry {
+            Ok(Entry::Step {
+                envelope,
+                actions,
+                reduce_us,
+                ..
+            }) => Some(Ok(Step {
+                envelope,
+                actions,
+                reduce_us,
+            })),
+            Ok(Entry::Header { .. }) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+}
+
 impl Iterator for Reader {
     type Item = Result<Entry, JournalError>;
 

@@ -2,7 +2,7 @@
 //! view, in the wall milliseconds it stamps every event with.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use reconcilers::cocoon::CocoonCmd;
@@ -40,10 +40,6 @@ fn verb(cmd: &CocoonCmd) -> String {
 
 pub fn read(journal: &Path, created: &BTreeMap<String, i64>) -> Result<JournalFigures> {
     let dir = journal.parent().context("dir")?;
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
     let mut pods: BTreeMap<String, PodTimes> = created
         .iter()
         .map(|(k, t)| {
@@ -60,13 +56,10 @@ pub fn read(journal: &Path, created: &BTreeMap<String, i64>) -> Result<JournalFi
     let mut calls: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut failed_calls: BTreeMap<String, usize> = BTreeMap::new();
     let (mut probes_ok, mut probes_failed) = (Vec::new(), Vec::new());
-    for entry in vk_cocoon::journal::Reader::open(&files)? {
-        let vk_cocoon::journal::Entry::Step {
+    for step in vk_cocoon::journal::Reader::open_dir(dir)?.steps() {
+        let vk_cocoon::journal::Step {
             envelope, actions, ..
-        } = entry?
-        else {
-            continue;
-        };
+        } = step?;
         let at = envelope.at;
         match &envelope.event {
             Event::PodApplied { pod } | Event::PodRelistItem { pod } => {

@@ -51,26 +51,18 @@ struct Open {
 
 pub fn create_to_ready(journal: &Path) -> Result<Latencies> {
     let dir = journal.parent().context("dir")?;
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
     let mut open = Open::default();
     let mut waited: BTreeMap<String, i64> = BTreeMap::new();
     let mut done: BTreeSet<String> = Default::default();
     let mut reduce_us: BTreeMap<String, u64> = BTreeMap::new();
     let mut pods: BTreeMap<String, DaemonPod> = BTreeMap::new();
     let (mut total, mut overhead, mut share_us) = (Vec::new(), Vec::new(), Vec::new());
-    for entry in vk_cocoon::journal::Reader::open(&files)? {
-        let vk_cocoon::journal::Entry::Step {
+    for step in vk_cocoon::journal::Reader::open_dir(dir)?.steps() {
+        let vk_cocoon::journal::Step {
             envelope,
             actions,
             reduce_us: step_us,
-            ..
-        } = entry?
-        else {
-            continue;
-        };
+        } = step?;
         let at = envelope.at;
         for key in about(&envelope.event, &actions, &open)
             .into_iter()
