@@ -17,8 +17,8 @@ mod output;
 pub use input::event;
 pub use model::macos as macos_model;
 pub use model::{
-    annotations, backoff, cocoon_caps, config, entry, keys, moments, names, node_vms, ops, owner,
-    phase, pod, pod_table, quantity, small_str, spec, state, status, time, vm, writer,
+    annotations, backoff, cocoon_caps, config, entry, holders, keys, moments, names, node_vms, ops,
+    owner, phase, pod, pod_table, quantity, small_str, spec, state, status, time, vm, writer,
 };
 pub(crate) use output::macos_cmd;
 pub use output::{action, cocoon, fixup, labels, render};

@@ -211,6 +211,8 @@ impl Executor {
                     let _ = tx.send(Event::RegistryDone { op, result }).await;
                 });
             }
+            // The journal line is the record; nothing else is done with it.
+            Action::Hold { .. } => {}
             Action::RegisterNode | Action::Abort { .. } => {}
         }
     }

@@ -13,6 +13,7 @@ mod digest;
 mod export;
 mod files;
 pub mod frame;
+pub mod holders;
 mod problem;
 mod reader;
 pub mod record;

@@ -117,10 +117,43 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     )
     .with_transfers(transfers(&settings, &client, &staging_dir, peer)?)
     .with_root_dir(settings.root_dir.clone().into());
+    // T11: the holder records are the core's first event, before any source can send one.
+    let _ = tx.send(restore_holders(&settings)).await;
     let objects = pods::Objects::new(views.objects.clone());
     let tasks = start_sources(&settings, &client, &tx, objects);
     let daemon = event_loop::Loop::new(settings, client, tx, metrics, exec, tasks, views);
     daemon.run(rx, &mut shutdown).await
+}
+
+/// T11: the VM holder records the journal holds, as the event that hands them to the core.
+fn restore_holders(settings: &Settings) -> Event {
+    let Some(journal) = &settings.journal else {
+        tracing::warn!(
+            "the journal is off (VK_JOURNAL_PATH is empty), so which pod holds each VM is not \
+             kept across restarts: after one, a VM that pods of two namespaces name is handed \
+             to neither"
+        );
+        return Event::HoldersRestored {
+            holders: Default::default(),
+            problem: Some("the journal is off".into()),
+        };
+    };
+    let started = std::time::Instant::now();
+    let back = crate::journal::holders::read_back(journal);
+    tracing::info!(
+        records = back.holders.len(),
+        steps = back.steps,
+        took_ms = started.elapsed().as_millis() as u64,
+        journal = %journal.path.display(),
+        "VM holder records read back from the journal"
+    );
+    if let Some(problem) = &back.problem {
+        tracing::warn!(%problem, "the journal could not be read to its end; holder records may be incomplete");
+    }
+    Event::HoldersRestored {
+        holders: back.holders,
+        problem: back.problem,
+    }
 }
 
 /// `VK_STAGING_DIR`, created if missing. Staged copies are cloned with `--from-dir`, which

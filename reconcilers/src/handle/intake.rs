@@ -202,6 +202,10 @@ pub fn intake(s: &mut State, key: &PodKey) {
         return create::fail_permanently(s, key, msg);
     }
     if spec.hibernate {
+        // T1: a hibernated pod holds its name, so it must not take another pod's.
+        if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
+            return create::fail(s, key, msg);
+        }
         // B6: a hibernated pod without a VM is Pending until the hibernate key is withdrawn,
         // which wakes it (U5). A hibernate that got as far as removing the VM is complete.
         let Some(e) = s.pods.get_mut(key) else { return };
@@ -216,7 +220,12 @@ pub fn intake(s: &mut State, key: &PodKey) {
         }
         return;
     }
-    if let Some(record) = s.unclaimed.remove(&spec.vm_name) {
+    if let Some(record) = s.unclaimed.get(&spec.vm_name).cloned() {
+        // T11: a VM left without its pod goes only where its holder record allows.
+        if let Err(msg) = crate::trust::may_take(s, key, &record, crate::trust::Moment::Later) {
+            return create::fail(s, key, msg);
+        }
+        s.unclaimed.remove(&spec.vm_name);
         // A new attempt (L3, ANN-4.2.5): `creating` first, so a failed earlier attempt does not
         // hold the adopted VM's `ready` back.
         lifecycle::attempt(s, key);

@@ -397,6 +397,15 @@ pub(crate) fn startup_pod(s: &mut State, key: &PodKey, vms: &[VmRecord]) {
     let Ok(spec) = e.spec.clone() else { return };
     let deleting = e.pod.deletion_timestamp.is_some();
     let found = vms.iter().find(|v| v.name == spec.vm_name).cloned();
+    // T11: a guest goes to a pod only as its holder record allows, as any VM does.
+    let found = match found.map(|vm| {
+        let may = crate::trust::may_take(s, key, &vm, crate::trust::Moment::Startup);
+        (vm, may)
+    }) {
+        Some((vm, Ok(()))) => Some(vm),
+        Some((_, Err(msg))) if !deleting => return create::fail(s, key, msg),
+        Some((_, Err(_))) | None => None,
+    };
     match (found, deleting) {
         (Some(vm), true) => delete::resume(s, key, vm),
         (None, _) => crate::intake::intake(s, key),
@@ -441,6 +450,12 @@ pub(crate) fn leftover(s: &State, key: &PodKey) -> Option<Tracked> {
     }
     let name = e.vm_name()?;
     if crate::trust::name_holder(s, key, name).is_some() {
+        return None;
+    }
+    // T11: nor a guest recorded for a pod of another namespace.
+    let uid = e.pod.uid.as_str();
+    let record = s.holders.get(name).map(|h| &h.holder);
+    if crate::holders::grant(record, key, uid) == crate::holders::Grant::Refused {
         return None;
     }
     Some(tracked(named(name)))

@@ -63,6 +63,9 @@ pub fn reduce_touching(state: &mut State, envelope: Envelope) -> (Vec<Action>, V
         Event::DhcpLeaseReleased { op, result } => dhcp::released(state, op, result),
         Event::SacDone { op, result } => guest::sac_done(state, op, result),
         Event::NodeRegistered => {}
+        Event::HoldersRestored { holders, problem } => {
+            startup::holders_restored(state, holders, problem)
+        }
     }
     // Publishing can touch a pod again (a collected incarnation hands its name to the next
     // one, which is taken in at once); nothing touched may wait for the next event, or the

@@ -9,6 +9,7 @@ use crate::config::OrphanPolicy;
 use crate::keys;
 use crate::pod::PodKey;
 use crate::state::{CocoonOwner, Startup, State};
+use crate::trust::{self, Moment};
 use crate::{create, delete, intake};
 
 pub fn try_start(s: &mut State) {
@@ -16,10 +17,6 @@ pub fn try_start(s: &mut State) {
     let listed = matches!(s.startup, Startup::Waiting { inventory: Some(_) });
     if !listed || !s.relist.complete_once {
         return;
-    }
-    // B2: a pod on this node that needs a CPU class the node lacks is fatal.
-    if let Some(message) = cpu_class_missing(s) {
-        return s.emit(Action::Abort { message });
     }
     // B1: managed macOS pods need cocoon-macos's own listing first.
     if !crate::macos::inventory_ready(s) {
@@ -54,30 +51,56 @@ pub fn try_start(s: &mut State) {
         claim_at_startup(s, key, &vms, &macos_vms, &mut claimed);
     }
     for vm in vms.iter().filter(|v| !claimed.contains(&v.id)) {
-        orphan(s, vm);
+        // T11: a VM that pods name but none may take is left alone, never an orphan.
+        match named_by_a_pod(s, &vm.name) {
+            true => s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "VM {} ({}) is named by pods that may not take it; leaving it alone",
+                    vm.name, vm.id
+                ),
+            }),
+            false => orphan(s, vm),
+        }
     }
     s.emit(Action::RegisterNode);
     crate::sweep::arm(s);
 }
 
-/// B2: the refusal when a pod on this node needs a CPU class the node lacks.
-fn cpu_class_missing(s: &State) -> Option<String> {
-    for (key, e) in s.pods.sorted() {
-        if e.pod.is_terminal() {
-            continue;
-        }
-        if let Ok(spec) = &e.spec {
-            if let Some(class) = &spec.cpu_class {
-                if s.config.cpu_class.as_deref() != Some(class.as_str()) {
-                    return Some(format!(
-                        "pod {key} requires snapshot cpu class {class:?} but this node's class is {}; refusing to register",
-                        s.config.cpu_class.as_deref().map_or("unset".to_string(), |c| format!("{c:?}"))
-                    ));
-                }
-            }
-        }
+/// T11: the holder records a restarted process read back from its journal. They come first,
+/// before the startup claim can read them; later they would overwrite what this process
+/// recorded, so they are refused then.
+pub fn holders_restored(s: &mut State, holders: crate::holders::Holders, problem: Option<String>) {
+    if s.started() {
+        return crate::outcome::unexpected(s, "holder records restored after startup");
     }
-    None
+    let count = holders.len();
+    s.holders = holders;
+    let (level, message) = match problem {
+        None => (
+            Level::Info,
+            format!("{count} VM holder records read back from the journal"),
+        ),
+        Some(p) => (
+            Level::Warn,
+            format!(
+                "{count} VM holder records read back; they may be incomplete ({p}): a VM without a record is handed to no pod of another namespace"
+            ),
+        ),
+    };
+    s.emit(Action::Log { level, message });
+}
+
+/// Whether a managed pod on this node that is not finished names VM `name`.
+fn named_by_a_pod(s: &State, name: &str) -> bool {
+    s.pods
+        .first_where(|_, e| {
+            !e.pod.is_terminal()
+                && e.spec
+                    .as_ref()
+                    .is_ok_and(|sp| sp.managed && sp.vm_name == name)
+        })
+        .is_some()
 }
 
 /// B4–B11 for one pod: its VM found by id, then by name (T3: `claimed` holds the VMs older
@@ -121,23 +144,26 @@ fn claim_at_startup(
         .annotation(keys::VM_ID)
         .map(str::to_string)
         .filter(|i| !i.is_empty());
-    // T3: the id annotation alone is no claim: the VM must also carry the pod's VM name.
-    let by_id = id.as_ref().and_then(|id| {
-        vms.iter()
-            .find(|v| &v.id == id && v.name == spec.vm_name && !claimed.contains(&v.id))
-    });
-    let by_name = || {
-        vms.iter()
-            .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id))
-    };
-    let mut found = by_id;
-    if found.is_none() {
-        found = by_name();
-        if found.is_some() {
-            s.emit(Action::Count {
-                counter: Counter::ReconcileAdoptByName,
+    // T11: the VM carrying the pod's VM name is its only candidate (an `id` annotation is
+    // the pod's to write, so it claims nothing), and the holder records decide.
+    let candidate = vms
+        .iter()
+        .find(|v| v.name == spec.vm_name && !claimed.contains(&v.id));
+    let found = match candidate.map(|vm| (vm, trust::may_take(s, key, vm, Moment::Startup))) {
+        Some((vm, Ok(()))) => Some(vm),
+        Some((vm, Err(why))) => {
+            s.emit(Action::Log {
+                level: Level::Warn,
+                message: format!("pod {key}: VM {} is not resumed for it: {why}", vm.id),
             });
+            None
         }
+        None => None,
+    };
+    if found.is_some_and(|vm| id.as_deref() != Some(vm.id.as_str())) {
+        s.emit(Action::Count {
+            counter: Counter::ReconcileAdoptByName,
+        });
     }
     if let Some(vm) = found {
         claimed.insert(vm.id.clone());
@@ -151,7 +177,7 @@ fn claim_at_startup(
     } else if deleting {
         intake::intake(s, key);
     } else {
-        if let Some(id) = id {
+        if let (Some(id), None) = (id, candidate) {
             s.emit(Action::Log {
                 level: Level::Warn,
                 message: format!(

@@ -18,6 +18,15 @@ pub(crate) fn indexed(s: &mut State, key: &PodKey) {
         .filter(|_| vm.record.static_ip.is_none())
         .map(|m| m.to_ascii_lowercase());
     let managed = vm.managed();
+    // T11: a VM vk runs for this pod is recorded as the pod's, now with its id.
+    let uid = s.pod(key).map(|e| e.pod.uid.clone());
+    if let (true, Some(uid)) = (managed, uid) {
+        let held = crate::holders::Held {
+            holder: crate::holders::Holder::of(key, &uid),
+            id: Some(id.clone()),
+        };
+        s.hold(&name, Some(held));
+    }
     s.vm_ids.insert(id, key.clone());
     s.vm_names.insert(name, key.clone());
     if let Some(mac) = mac {
@@ -52,6 +61,10 @@ pub(crate) fn forget(s: &mut State, key: &PodKey, vm: &Tracked) {
     probe::stop(s, key);
     s.restarts.remove(&vm.record.id);
     unindex(s, key, vm);
+    // T11: nothing is left to hold.
+    if vm.managed() && s.holders.of_vm(&vm.record.name, &vm.record.id).is_some() {
+        s.hold(&vm.record.name, None);
+    }
     if vm.managed() {
         if let Some(mac) = dhcp::release_mac(&vm.record) {
             dhcp::release(s, &mac);

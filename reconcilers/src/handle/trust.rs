@@ -42,8 +42,19 @@ pub(crate) fn name_holder(s: &State, key: &PodKey, name: &str) -> Option<PodKey>
 pub(crate) fn name_taken(s: &State, key: &PodKey, name: &str) -> Option<String> {
     let other = name_holder(s, key, name)?;
     Some(format!(
-        "VM name {name:?} belongs to pod {other}; give this pod another vm.cocoonstack.io/name"
+        "VM name {name:?} belongs to {}; give this pod another vm.cocoonstack.io/name",
+        holder_words(key, &other)
     ))
+}
+
+/// How a refusal names the pod that holds what `key` asked for: a pod of the same namespace
+/// by name, any other only as "a pod of another namespace" (a refusal must not tell a tenant
+/// what another namespace runs).
+pub(crate) fn holder_words(key: &PodKey, holder: &PodKey) -> String {
+    match holder.namespace() == key.namespace() {
+        true => format!("pod {holder}"),
+        false => "a pod of another namespace".to_string(),
+    }
 }
 
 /// T5: `fork-` names the fork snapshots (`fork-<vm>`, C9), so a managed pod's VM may not take
@@ -86,4 +97,73 @@ pub(crate) fn fork_refused(s: &State, key: &PodKey, source: &str) -> Option<Stri
             key.namespace()
         )),
     }
+}
+
+/// When a VM is handed to a pod that names it: at the startup claim, or later (an orphan
+/// kept under `alert`/`keep`, a create that committed while the process was down, the VM
+/// found after "name already exists").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moment {
+    Startup,
+    Later,
+}
+
+/// T11: whether pod `key` may take VM `vm`, which carries its VM name, on the word of the
+/// holder records; `Err` says why not, naming nothing of another namespace.
+pub(crate) fn may_take(
+    s: &State,
+    key: &PodKey,
+    vm: &crate::vm::VmRecord,
+    moment: Moment,
+) -> Result<(), String> {
+    use crate::holders::{grant, Grant};
+    let Some(uid) = s.pod(key).map(|e| e.pod.uid.as_str()) else {
+        return Err(format!("pod {key} is not known"));
+    };
+    let record = s.holders.of_vm(&vm.name, &vm.id);
+    let name = &vm.name;
+    match grant(record, key, uid) {
+        Grant::Holder => Ok(()),
+        // A successor in the holder's namespace, once the holder itself is gone.
+        Grant::Namespace => match record.and_then(|h| live_pod(s, &h.uid)) {
+            Some(other) if &other != key => Err(format!(
+                "VM name {name:?} is held for pod {other}; give this pod another vm.cocoonstack.io/name"
+            )),
+            Some(_) | None => Ok(()),
+        },
+        Grant::Refused => Err(format!(
+            "VM name {name:?} is held on this node for a pod of another namespace; give this pod another vm.cocoonstack.io/name"
+        )),
+        // Made before holders were recorded (or the journal was lost): at the startup claim a
+        // VM only pods of one namespace name goes to them; anything else waits for an operator.
+        Grant::Unrecorded => match moment {
+            Moment::Startup if namers_in_one_namespace(s, key, name) => Ok(()),
+            Moment::Startup => Err(format!(
+                "VM {name:?} has no holder record and pods of more than one namespace name it; it is left alone until an operator removes the pods that are not its own"
+            )),
+            Moment::Later => Err(format!(
+                "VM {name:?} on this node has no holder record, so it is not handed to any pod; an operator removes it (cocoon vm rm) for this pod to make its own"
+            )),
+        },
+    }
+}
+
+/// The pod with UID `uid`, if the node still has it.
+fn live_pod(s: &State, uid: &str) -> Option<PodKey> {
+    s.pods
+        .first_where(|_, e| e.pod.uid == uid && !e.phase.object_gone())
+        .cloned()
+}
+
+/// Whether every managed pod on the node that names VM `name` is in `key`'s namespace.
+fn namers_in_one_namespace(s: &State, key: &PodKey, name: &str) -> bool {
+    s.pods
+        .first_where(|k, e| {
+            k.namespace() != key.namespace()
+                && !e.pod.is_terminal()
+                && e.spec
+                    .as_ref()
+                    .is_ok_and(|sp| sp.managed && sp.vm_name == name)
+        })
+        .is_none()
 }

@@ -284,4 +284,11 @@ pub enum Event {
     },
     /// The node object is registered; pods may now be reported against it.
     NodeRegistered,
+    /// T11: the VM holder records the process found in its journal, sent before any other
+    /// event; `problem` says why they may be incomplete (no journal, a damaged one).
+    HoldersRestored {
+        holders: crate::holders::Holders,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        problem: Option<String>,
+    },
 }

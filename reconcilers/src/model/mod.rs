@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod cocoon_caps;
 pub mod config;
 pub mod entry;
+pub mod holders;
 pub mod keys;
 pub mod lifecycle;
 pub mod macos;

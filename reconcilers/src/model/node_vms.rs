@@ -60,6 +60,11 @@ impl NodeVms {
         self.vms.is_empty() && self.listing_since.is_none()
     }
 
+    /// Whether cocoon reports a VM of this name.
+    pub fn has_name(&self, name: &str) -> bool {
+        self.vms.values().any(|v| v.name == name)
+    }
+
     pub fn get(&self, id: &str) -> Option<&NodeVm> {
         self.vms.get(id)
     }

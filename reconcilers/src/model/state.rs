@@ -44,6 +44,10 @@ pub struct State {
     /// VMs found at startup that no pod claimed, by name, under `alert`/`keep` (B8): the next
     /// create of that name adopts instead of colliding.
     pub unclaimed: BTreeMap<String, VmRecord>,
+    /// T11: the pod each VM on this node is held for, by VM name: recorded when the VM is
+    /// asked for, adopted or woken, read back by a restarted process before it decides.
+    #[serde(default, skip_serializing_if = "crate::holders::Holders::is_empty")]
+    pub holders: crate::holders::Holders,
     /// Every VM cocoon reports on this node, which an unmanaged pod's claim must match (T10).
     #[serde(default, skip_serializing_if = "crate::node_vms::NodeVms::is_empty")]
     pub node_vms: crate::node_vms::NodeVms,
@@ -257,6 +261,7 @@ impl State {
             vm_ids: BTreeMap::new(),
             vm_names: BTreeMap::new(),
             unclaimed: BTreeMap::new(),
+            holders: crate::holders::Holders::default(),
             node_vms: crate::node_vms::NodeVms::default(),
             relist: Relist::default(),
             startup: Startup::default(),
@@ -301,13 +306,42 @@ impl State {
         id
     }
 
-    /// Sends a cocoon command and remembers who waits for its outcome.
+    /// T11: records (or clears) who VM `name` is held for, and journals the change.
+    pub(crate) fn hold(&mut self, name: &str, held: Option<crate::holders::Held>) {
+        if self.holders.set(name, held.clone()) {
+            self.emit(Action::Hold {
+                vm: name.to_string(),
+                held,
+            });
+        }
+    }
+
+    /// Sends a cocoon command and remembers who waits for its outcome. A command that makes
+    /// a VM for a pod records the pod as its holder first (T11), so a create that commits
+    /// while the process is down is still known to be that pod's.
     pub(crate) fn run_cocoon(
         &mut self,
         owner: CocoonOwner,
         key: Option<PodKey>,
         cmd: crate::cocoon::CocoonCmd,
     ) -> OpId {
+        // The record stays when it is another namespace's pod's, or when there is none and the
+        // node already has a VM of that name: cocoon then answers "name taken", and that VM is
+        // not made this pod's by its asking.
+        if let (Some(key), Some(name)) = (&key, cmd.makes_vm()) {
+            let keep = match self.holders.get(name) {
+                Some(h) => h.holder.namespace != key.namespace(),
+                None => self.node_vms.has_name(name),
+            };
+            let uid = self.pods.get(key).map(|e| e.pod.uid.clone());
+            if let (false, Some(uid)) = (keep, uid) {
+                let held = crate::holders::Held {
+                    holder: crate::holders::Holder::of(key, &uid),
+                    id: None,
+                };
+                self.hold(name, Some(held));
+            }
+        }
         let op = self.next_op();
         self.cocoon_ops.insert(op, Box::new(owner));
         self.emit(Action::RunCocoon { op, key, cmd });

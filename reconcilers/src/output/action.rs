@@ -373,6 +373,12 @@ pub enum Action {
         level: Level,
         message: String,
     },
+    /// T11: VM `vm` is now held for `held` (`None`: the record is dropped). Nothing to do
+    /// outside the journal, which is where a restarted process reads the records back.
+    Hold {
+        vm: String,
+        held: Option<crate::holders::Held>,
+    },
     /// Startup reconcile is complete: register the node and start serving.
     RegisterNode,
     /// Startup cannot continue (B1, B2): exit non-zero without registering the node.

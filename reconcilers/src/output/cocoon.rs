@@ -130,6 +130,31 @@ pub enum CocoonCmd {
 }
 
 impl CocoonCmd {
+    /// The name of the VM this command makes, if it makes one (T11).
+    pub fn makes_vm(&self) -> Option<&str> {
+        match self {
+            CocoonCmd::VmRun { name, .. }
+            | CocoonCmd::VmClone { name, .. }
+            | CocoonCmd::MacosRun { name, .. } => Some(name),
+            CocoonCmd::ImagePull { .. }
+            | CocoonCmd::VmInspect { .. }
+            | CocoonCmd::VmList
+            | CocoonCmd::VmRm { .. }
+            | CocoonCmd::VmStart { .. }
+            | CocoonCmd::VmExec { .. }
+            | CocoonCmd::VmNet { .. }
+            | CocoonCmd::SnapshotInspect { .. }
+            | CocoonCmd::SnapshotRm { .. }
+            | CocoonCmd::SnapshotSave { .. }
+            | CocoonCmd::ReconcileStaleCreate { .. }
+            | CocoonCmd::MacosImagePull { .. }
+            | CocoonCmd::MacosInspect { .. }
+            | CocoonCmd::MacosList
+            | CocoonCmd::MacosStart { .. }
+            | CocoonCmd::MacosRm { .. } => None,
+        }
+    }
+
     /// The argv after the binary.
     pub fn argv(&self) -> Vec<String> {
         let mut a: Vec<String> = Vec::new();

@@ -230,6 +230,14 @@ pub fn action(a: &Action) -> String {
         Action::Log { level, message } => {
             format!("log {} {}", format!("{level:?}").to_lowercase(), q(message))
         }
+        Action::Hold { vm, held: None } => format!("hold {vm} -"),
+        Action::Hold { vm, held: Some(h) } => format!(
+            "hold {vm} {}/{} uid={} id={}",
+            h.holder.namespace,
+            h.holder.pod,
+            h.holder.uid,
+            h.id.as_deref().unwrap_or("-")
+        ),
         Action::RegisterNode => "register-node".into(),
         Action::Abort { message } => format!("fatal {}", q(message)),
     }
@@ -381,5 +389,12 @@ pub fn event(e: &Event) -> String {
             Err(e) => format!("sac-done #{op} err {:?} {}", e.stage, q(&e.message)),
         },
         Event::NodeRegistered => "node-registered".into(),
+        Event::HoldersRestored { holders, problem } => {
+            let names: Vec<&str> = holders.iter().map(|(n, _)| n.as_str()).collect();
+            match problem {
+                None => format!("holders-restored [{}]", names.join(",")),
+                Some(p) => format!("holders-restored [{}] problem={}", names.join(","), q(p)),
+            }
+        }
     }
 }

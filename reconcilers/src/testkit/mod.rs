@@ -81,6 +81,9 @@ pub struct World {
     pub violations: Vec<String>,
     /// Steps one `settle` may take before it calls the run a livelock.
     pub max_steps: usize,
+    /// The VM holder records as the journal keeps them (`hold` actions), which the next
+    /// process start hands back (T11).
+    pub journaled_holders: crate::holders::Holders,
     pending: VecDeque<Action>,
     scheduled: BTreeMap<(Millis, u64), Scheduled>,
     seq: u64,
@@ -111,6 +114,7 @@ impl World {
             fatal: None,
             violations: Vec::new(),
             max_steps: 100_000,
+            journaled_holders: crate::holders::Holders::default(),
             pending: VecDeque::new(),
             scheduled: BTreeMap::new(),
             seq: 0,
@@ -185,6 +189,9 @@ impl World {
                 message,
             }),
             Action::Abort { message } => self.fatal = Some(message),
+            Action::Hold { vm, held } => {
+                self.journaled_holders.set(&vm, held);
+            }
             Action::Observe { .. } | Action::ObserveCount { .. } | Action::Log { .. } => {}
             other => self.pending.push_back(other),
         }
@@ -255,8 +262,33 @@ impl World {
         self.settle();
     }
 
+    /// A new process on the same host one second later: cocoon's VMs, the API's pods, the
+    /// lease file and the journal's holder records carry over, the rest starts afresh.
+    /// Nothing is started yet.
+    pub fn restarted(self) -> World {
+        let mut w = World::new(self.state.config.clone());
+        w.dhcp = self.dhcp;
+        w.stream = self.stream;
+        w.api.echo = self.api.echo;
+        w.now = self.now + 1000;
+        w.cocoon = self.cocoon;
+        w.cocoon.stream.clear();
+        w.api.pods = self.api.pods;
+        w.leases = self.leases;
+        w.journaled_holders = self.journaled_holders;
+        w
+    }
+
     /// `start` without the settle, for tests that answer each effect by hand.
     pub fn start_unsettled(&mut self, pods: Vec<PodView>, vms: Vec<VmRecord>) {
+        // The shell reads the records back from its journal before any other event.
+        if !self.journaled_holders.is_empty() {
+            let holders = self.journaled_holders.clone();
+            self.feed(Event::HoldersRestored {
+                holders,
+                problem: None,
+            });
+        }
         for p in pods {
             self.api.pods.insert(p.key(), p);
         }

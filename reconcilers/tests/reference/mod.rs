@@ -218,7 +218,8 @@ impl Reference {
             | Event::RegistryDone { .. }
             | Event::DhcpLeaseReleased { .. }
             | Event::SacDone { .. }
-            | Event::NodeRegistered => {}
+            | Event::NodeRegistered
+            | Event::HoldersRestored { .. } => {}
         }
     }
 

@@ -505,6 +505,21 @@ impl Runner {
                 self.pod(rest);
                 Out::Lines(vec![])
             }
+            // `hold VM NS/POD [id=ID]`: a holder record the journal gives back at the next
+            // start (T11); the pod's UID is the defined pod's.
+            "hold" => {
+                let k = key(&rest[1]);
+                let uid = self
+                    .defs
+                    .get(&k)
+                    .map_or(format!("u-{}", k.name()), |p| p.uid.clone());
+                let held = reconcilers::holders::Held {
+                    holder: reconcilers::holders::Holder::of(&k, &uid),
+                    id: a.iter().find(|(x, _)| x == "id").map(|(_, v)| v.clone()),
+                };
+                self.world().journaled_holders.set(&rest[0], Some(held));
+                Out::Lines(vec![])
+            }
             "start" => {
                 self.configure(&a);
                 let manual = a.iter().any(|(k, v)| k == "settle" && v == "false");
@@ -844,12 +859,8 @@ impl Runner {
     fn restart(&mut self, a: &[(String, String)]) -> Out {
         let old = self.world.take().expect("restart before start");
         let manual = a.iter().any(|(k, v)| k == "settle" && v == "false");
+        self.world = Some(old.restarted());
         let w = self.world();
-        w.now = old.now + 1000;
-        w.cocoon = old.cocoon;
-        w.cocoon.stream.clear();
-        w.api.pods = old.api.pods;
-        w.leases = old.leases;
         let from = w.log.len();
         w.start_unsettled(vec![], vec![]);
         // The shell's lease-file source reports the table once it has read it.

@@ -152,12 +152,12 @@ fn boot_done(
         (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm }))
             if s.vm_ids.get(&vm.id).is_some_and(|k| k != key) =>
         {
-            let other = s.vm_ids[&vm.id].clone();
+            let other = crate::trust::holder_words(key, &s.vm_ids[&vm.id]);
             fail(
                 s,
                 key,
                 format!(
-                    "VM name {:?} belongs to pod {other} (VM {}); give this pod another vm.cocoonstack.io/name",
+                    "VM name {:?} belongs to {other} (VM {}); give this pod another vm.cocoonstack.io/name",
                     spec.vm_name, vm.id
                 ),
             )
@@ -165,7 +165,11 @@ fn boot_done(
         (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm }))
             if vm.is_running() && vm.name == spec.vm_name =>
         {
-            adopt(s, key, vm, crate::labels::LifecycleReason::Adopted)
+            // T11: only the pod (or namespace) the VM is recorded for takes it over.
+            match crate::trust::may_take(s, key, &vm, crate::trust::Moment::Later) {
+                Ok(()) => adopt(s, key, vm, crate::labels::LifecycleReason::Adopted),
+                Err(msg) => fail(s, key, msg),
+            }
         }
         (CreateStep::InspectNameTaken, Ok(CocoonOk::Vm { vm })) => fail(
             s,
