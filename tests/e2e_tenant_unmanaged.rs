@@ -112,13 +112,14 @@ async fn an_unmanaged_pod_gets_only_a_vm_the_node_proves_is_its_own() -> Result<
         }
     };
     ensure!(
-        why.contains("unmanaged pod refused") && why.contains("belongs to pod team-a/victim"),
+        why.contains("unmanaged pod refused")
+            && why.contains("belongs to a pod of another namespace"),
         "thief's Warning: {why}"
     );
     let thief = until("the thief's lifecycle message", LIMIT, || async {
         let p = b.get("thief").await?;
         Ok(annotation(&p, LIFECYCLE_MESSAGE)
-            .filter(|m| m.contains("belongs to pod team-a/victim"))
+            .filter(|m| m.contains("belongs to a pod of another namespace"))
             .map(|_| p))
     })
     .await?;

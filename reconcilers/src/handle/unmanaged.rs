@@ -41,9 +41,10 @@ pub(crate) fn check(s: &State, key: &PodKey, spec: &VmSpec) -> Claim {
         .or_else(|| crate::trust::name_holder(s, key, &vm.name));
     if let Some(other) = holder {
         return Claim::Refused(format!(
-            "unmanaged pod refused: VM {id:?} ({}) belongs to pod {other}; an unmanaged pod may \
+            "unmanaged pod refused: VM {id:?} ({}) belongs to {}; an unmanaged pod may \
              only name a VM no other pod holds",
-            vm.name
+            vm.name,
+            crate::trust::holder_words(key, &other)
         ));
     }
     let leased = || {
