@@ -54,6 +54,7 @@ const EVERY: &[(&str, &str)] = &[
     ("COCOON_MACOS_VNC_PASSWORD", "s3cret"),
     ("VK_RESTORE_MODE", "mmap"),
     ("VK_CLONE_FROM_DIR_ROOT", "/data/import"),
+    ("VK_IMAGE_URL_HOSTS", "images.example,mirror.example:8443"),
     ("VK_STAGING_DIR", "/data/staging"),
     ("VK_COCOON_SNAPSHOT_DIR", "/data/snap"),
     ("COCOON_ROOT_DIR", "/data/cocoon"),
@@ -182,6 +183,10 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.restore_mode, RestoreMode::Ondemand);
     assert_eq!(c.reserve_percent, 20);
     assert_eq!(c.node_pods, 256);
+    // T12: no registry, so no image is fetched by URL; with one, its host only.
+    assert!(c.image_url_hosts.is_empty());
+    let c2 = parse(&[("OCI_REGISTRY", "127.0.0.1:5000/vms")]).expect("valid");
+    assert_eq!(c2.image_url_hosts, ["127.0.0.1:5000"]);
     assert_eq!(
         c.cocoon_net_control_socket,
         Some(PathBuf::from("/run/cocoon-net/control.sock"))

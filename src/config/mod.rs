@@ -158,6 +158,8 @@ pub struct Config {
     /// T4: the only directory `clone-from-dir` paths may lie under; unset, the annotation is
     /// refused.
     pub clone_from_dir_root: Option<PathBuf>,
+    /// T12: the hosts `http(s)://` run images may come from.
+    pub image_url_hosts: Vec<String>,
     pub cocoon_snapshot_dir: PathBuf,
     pub cocoon_root_dir: PathBuf,
     pub cgroup_parent: String,
@@ -363,6 +365,15 @@ impl Config {
         let restore_mode = e.restore_mode();
         let staging_dir = e.path("VK_STAGING_DIR", "/var/lib/cocoon/vk-staging");
         let clone_from_dir_root = e.parsed("VK_CLONE_FROM_DIR_ROOT", parse::absolute_dir);
+        let image_url_hosts = e
+            .parsed("VK_IMAGE_URL_HOSTS", parse::url_hosts)
+            .unwrap_or_else(|| {
+                oci_registry
+                    .as_deref()
+                    .and_then(parse::registry_host)
+                    .into_iter()
+                    .collect()
+            });
         let cocoon_snapshot_dir = e.path(
             "VK_COCOON_SNAPSHOT_DIR",
             "/var/lib/cocoon/snapshot/localfile",
@@ -411,6 +422,7 @@ impl Config {
             restore_mode,
             staging_dir,
             clone_from_dir_root,
+            image_url_hosts,
             cocoon_snapshot_dir,
             cocoon_root_dir,
             cgroup_parent,
@@ -446,6 +458,7 @@ impl Config {
             cocoon: reconcilers::cocoon_caps::CocoonCaps::CURRENT,
             // The executor's kube write lane is built to this size.
             write_slots: reconcilers::config::WRITE_SLOTS,
+            image_url_hosts: Some(self.image_url_hosts.clone()),
         }
     }
 }

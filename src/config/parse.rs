@@ -155,6 +155,35 @@ mod tests {
     }
 }
 
+/// T12: a comma-separated list of hosts, each `host`, `host:port` or `[v6]:port`, or `*`.
+pub fn url_hosts(s: &str) -> Result<Vec<String>, String> {
+    const HOW: &str = "must be hosts separated by commas, each a host name or address with an \
+                       optional :port (no scheme, no path), or * for any host";
+    let mut out = Vec::new();
+    for h in s.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let ok = h == "*"
+            || (!h.contains("://")
+                && !h.contains(['/', '@', '?', '#', ' '])
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b)));
+        if !ok {
+            return Err(format!("{h:?} {HOW}"));
+        }
+        out.push(h.to_ascii_lowercase());
+    }
+    Ok(out)
+}
+
+/// The host (and port) of `OCI_REGISTRY`, which images may always be fetched from.
+pub fn registry_host(registry: &str) -> Option<String> {
+    let rest = registry
+        .strip_prefix("https://")
+        .or_else(|| registry.strip_prefix("http://"))
+        .unwrap_or(registry);
+    let host = rest.split('/').next().unwrap_or("");
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
 /// An absolute directory path, already clean (no `.`, `..`, doubled or trailing `/`): the
 /// root `clone-from-dir` paths are compared against component by component.
 pub fn absolute_dir(s: &str) -> Result<std::path::PathBuf, String> {
@@ -178,7 +207,28 @@ pub fn absolute_dir(s: &str) -> Result<std::path::PathBuf, String> {
 
 #[cfg(test)]
 mod clone_root_tests {
-    use super::absolute_dir;
+    use super::{absolute_dir, registry_host, url_hosts};
+
+    #[test]
+    fn image_url_hosts_are_hosts_and_the_registry_gives_its_own() {
+        assert_eq!(
+            url_hosts("images.example, Mirror.Example:8443,[::1]:5000").unwrap(),
+            ["images.example", "mirror.example:8443", "[::1]:5000"]
+        );
+        assert_eq!(url_hosts("*").unwrap(), ["*"]);
+        assert_eq!(url_hosts("").unwrap(), Vec::<String>::new());
+        for bad in ["https://x", "x/y", "u@x", "x y"] {
+            assert!(url_hosts(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            registry_host("127.0.0.1:5000/cocoon").as_deref(),
+            Some("127.0.0.1:5000")
+        );
+        assert_eq!(
+            registry_host("https://Registry.Example/ns").as_deref(),
+            Some("registry.example")
+        );
+    }
 
     #[test]
     fn the_clone_from_dir_root_is_absolute_and_clean() {

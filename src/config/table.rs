@@ -98,6 +98,10 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             .as_deref()
             .map(path)
             .unwrap_or_else(|| "(unset: clone-from-dir is refused)".into()),
+        "VK_IMAGE_URL_HOSTS" => match c.image_url_hosts.is_empty() {
+            true => "(none: no image is fetched by URL)".into(),
+            false => c.image_url_hosts.join(","),
+        },
         "VK_COCOON_SNAPSHOT_DIR" => path(&c.cocoon_snapshot_dir),
         "COCOON_ROOT_DIR" => path(&c.cocoon_root_dir),
         "COCOON_CGROUP_PARENT" => c.cgroup_parent.clone(),

@@ -155,6 +155,12 @@ pub const VARS: &[Var] = &[
         "the directory clone-from-dir paths must lie under (unset: the annotation is refused)",
     ),
     var(
+        "VK_IMAGE_URL_HOSTS",
+        "",
+        "hosts (host or host:port, comma-separated; * for any) that http(s):// run images may be \
+         fetched from (unset: OCI_REGISTRY's host only)",
+    ),
+    var(
         "VK_STAGING_DIR",
         "/var/lib/cocoon/vk-staging",
         "scratch space for snapshot transfers",

@@ -201,6 +201,9 @@ pub fn intake(s: &mut State, key: &PodKey) {
     if let Some(msg) = crate::trust::fork_prefix(&spec.vm_name) {
         return create::fail_permanently(s, key, msg);
     }
+    if let Some(msg) = crate::trust::image_url_refused(s, &spec.image) {
+        return create::fail_permanently(s, key, msg);
+    }
     if spec.hibernate {
         // T1: a hibernated pod holds its name, so it must not take another pod's.
         if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {

@@ -68,6 +68,49 @@ pub(crate) fn fork_prefix(name: &str) -> Option<String> {
     })
 }
 
+/// T12: an `http(s)://` image makes the host fetch that URL from the node's network, so only
+/// from a host the node's configuration lists; `Some` says why not.
+pub(crate) fn image_url_refused(s: &State, image: &str) -> Option<String> {
+    let rest = image
+        .strip_prefix("https://")
+        .or_else(|| image.strip_prefix("http://"))?;
+    let allowed = s.config.image_url_hosts.as_ref()?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        // The URL is not repeated: it would put the credentials in an Event.
+        return Some(
+            "image: a URL with credentials in it is refused; the node fetches images with its own"
+                .to_string(),
+        );
+    }
+    let authority = authority.to_ascii_lowercase();
+    // `host:port`, `[v6]:port`, or a bare host.
+    let host = match authority.rsplit_once(':') {
+        Some((h, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (!h.contains(':') || h.ends_with(']')) =>
+        {
+            h
+        }
+        _ => authority.as_str(),
+    };
+    let listed = allowed.iter().any(|a| {
+        let a = a.to_ascii_lowercase();
+        a == "*" || a == authority || (!a.contains(':') && a == host)
+    });
+    match listed {
+        true => None,
+        false if allowed.is_empty() => Some(format!(
+            "image {image:?}: this node fetches no image by URL (VK_IMAGE_URL_HOSTS is empty and OCI_REGISTRY is unset)"
+        )),
+        false => Some(format!(
+            "image {image:?}: host {authority:?} is not one this node fetches images from (VK_IMAGE_URL_HOSTS: {})",
+            allowed.join(",")
+        )),
+    }
+}
+
 /// T4: `clone-from-dir` reads a host directory into a guest, so only one under the node's
 /// configured root; the shell then checks that the path resolves to itself (no symlinks).
 pub(crate) fn from_dir_refused(s: &State, dir: &str) -> Option<String> {

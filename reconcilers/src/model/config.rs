@@ -75,6 +75,11 @@ pub struct Config {
         skip_serializing_if = "is_default_write_slots"
     )]
     pub write_slots: u32,
+    /// T12 (`VK_IMAGE_URL_HOSTS`): the hosts an `http(s)://` run image may be fetched from,
+    /// as `host` (any port) or `host:port`; `*` allows any. `None`: any host, as journals
+    /// written before the list existed decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_url_hosts: Option<Vec<String>>,
 }
 
 /// The kube write lane's size: enough to keep a loaded apiserver busy, few enough that a burst
@@ -103,6 +108,7 @@ impl Default for Config {
             macos_vnc: false,
             cocoon: CocoonCaps::CURRENT,
             write_slots: WRITE_SLOTS,
+            image_url_hosts: None,
         }
     }
 }

@@ -302,6 +302,14 @@ impl Runner {
                 "registry" => self.config.registry = Some(v.clone()).filter(|v| v != "off"),
                 "echo" => self.echo = v != "off",
                 "write_slots" => self.config.write_slots = v.parse().expect("write_slots"),
+                "image_url_hosts" => {
+                    self.config.image_url_hosts = Some(
+                        v.split(',')
+                            .filter(|h| !h.is_empty())
+                            .map(str::to_string)
+                            .collect(),
+                    )
+                }
                 "settle" => {}
                 other => panic!("unknown setting {other}"),
             }
