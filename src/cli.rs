@@ -69,12 +69,14 @@ struct ReplayArgs {
     html: Option<PathBuf>,
     /// Print the records themselves, one JSON line each (the files hold them compressed),
     /// instead of the timeline; every record is still checked, and a damaged file prints
-    /// the lines before the damage.
+    /// the lines before the damage. The output is a journal of plain lines, hashes and
+    /// all: `replay` (and `--verify`) read it as they read the files.
     #[arg(long, conflicts_with_all = ["html", "pod", "state"])]
     json: bool,
 }
 
-/// The records of `files`, in journal order, as the JSON lines they were written as.
+/// The records of `files`, in journal order, as the JSON lines they were written as: one
+/// journal of plain lines, which the reader takes as it is (rotated files follow each other).
 fn print_lines(files: &[PathBuf], out: &mut impl Write) -> io::Result<()> {
     use vk_cocoon::journal::{frame, Reader};
     let ordered = match Reader::open(files) {

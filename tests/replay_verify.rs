@@ -1,6 +1,7 @@
 //! `replay --verify` on the sample journal: it passes as committed, and it fails — naming the
 //! record — when a byte is changed, a record is removed, the file is cut short, or the
-//! actions are altered with the hash chain recomputed (only the reducer can catch that).
+//! actions are altered with the hash chain recomputed (only the reducer can catch that). The
+//! `--json` export is a journal of plain lines that verifies the same way.
 
 mod support;
 
@@ -267,4 +268,152 @@ fn state_dump_is_the_state_after_the_last_event() {
     let state: reconcilers::State = serde_json::from_slice(&out.stdout).unwrap();
     let w = support::scenarios::demo();
     assert_eq!(state, w.state);
+}
+
+/// `replay --json FILE…` as bytes, written to `path`.
+fn export(files: &[PathBuf], path: &Path) -> Vec<Vec<u8>> {
+    let out = vk_cocoon()
+        .args(["replay", "--json"])
+        .args(files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(path, &out.stdout).unwrap();
+    out.stdout
+        .split_inclusive(|&c| c == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// `replay --verify` run by the binary on `path`: its exit code and stderr.
+fn verify_binary(path: &Path) -> (Option<i32>, String) {
+    let out = vk_cocoon()
+        .args(["replay", "--verify", "--quiet"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8(out.stderr).unwrap())
+}
+
+#[test]
+fn the_json_export_is_a_journal_that_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.jsonl");
+    let exported = export(&[sample_path()], &path);
+    // The records as written, hashes and all: the same lines the compressed file holds.
+    assert_eq!(exported.concat(), support::read_lines(&sample_path()));
+    let s = verify(std::slice::from_ref(&path)).expect("the export replays identically");
+    let sample = verify(&[sample_path()]).unwrap();
+    assert_eq!((s.steps, s.actions), (sample.steps, sample.actions));
+    let (code, err) = verify_binary(&path);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("every action list identical"), "{err}");
+}
+
+#[test]
+fn a_record_dropped_from_the_json_export_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.jsonl");
+    let mut bad = export(&[sample_path()], &path);
+    bad.remove(10);
+    fs::write(&path, bad.concat()).unwrap();
+    let e = journal_error(std::slice::from_ref(&path));
+    assert_eq!(e.line, 11, "{e}");
+    assert!(matches!(e.problem, Problem::BrokenLink { .. }), "{e}");
+    let (code, err) = verify_binary(&path);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("demo.jsonl:11"), "{err}");
+    assert!(err.contains("broken prev link"), "{err}");
+}
+
+#[test]
+fn two_records_swapped_in_the_json_export_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.jsonl");
+    let original = export(&[sample_path()], &path);
+    // An event and its actions, and two events far apart: each is caught where the first
+    // moved record now stands.
+    for (a, b) in [(9, 10), (19, 39)] {
+        let mut bad = original.clone();
+        bad.swap(a, b);
+        fs::write(&path, bad.concat()).unwrap();
+        let e = journal_error(std::slice::from_ref(&path));
+        assert_eq!(e.line, a as u64 + 1, "{e}");
+        assert!(matches!(e.problem, Problem::BrokenLink { .. }), "{e}");
+        let (code, err) = verify_binary(&path);
+        assert_eq!(code, Some(1));
+        assert!(err.contains(&format!("demo.jsonl:{}", a + 1)), "{err}");
+    }
+}
+
+#[test]
+fn a_rotated_journal_exports_as_one_journal_that_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = support::scenarios::churn(12);
+    let journal = dir.path().join("events.journal");
+    support::journal_world(&w, &journal, 4 * 1024, 1000);
+    let files = vk_cocoon::journal::existing_files(&journal, 1000);
+    assert!(files.len() > 2, "{files:?}");
+    let path = dir.path().join("all.jsonl");
+    let exported = export(&files, &path);
+    let s = verify(std::slice::from_ref(&path)).expect("the export replays identically");
+    assert_eq!(s.steps, w.log.len() as u64);
+    // Dropping the second file's header leaves its records chained to nothing before them.
+    let second = exported
+        .iter()
+        .skip(1)
+        .position(|l| l.starts_with(b"{\"kind\":\"header\""))
+        .expect("a rotation header")
+        + 1;
+    let mut bad = exported.clone();
+    bad.remove(second);
+    fs::write(&path, bad.concat()).unwrap();
+    let e = journal_error(std::slice::from_ref(&path));
+    assert_eq!(e.line, second as u64 + 1, "{e}");
+}
+
+/// A header of a version this build does not read, in either form, names the version found,
+/// the form, and the versions this build reads in each form.
+#[test]
+fn an_unsupported_version_says_what_was_found_and_what_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::read_lines(&sample_path());
+    let newer =
+        String::from_utf8(text.clone())
+            .unwrap()
+            .replacen("\"version\":6,", "\"version\":7,", 1);
+    let older = String::from_utf8(text)
+        .unwrap()
+        .replacen("\"version\":6,", "\"version\":5,", 1);
+    let plain = dir.path().join("plain.jsonl");
+    fs::write(&plain, &newer).unwrap();
+    let framed = dir.path().join("framed.journal");
+    support::write_lines(&framed, newer.as_bytes());
+    let reads = "which reads version 6 in zstd frames and versions 5 and 6 in plain JSON lines";
+    for (path, form) in [(&plain, "plain JSON lines"), (&framed, "zstd frames")] {
+        let (code, err) = verify_binary(path);
+        assert_eq!(code, Some(1));
+        assert!(
+            err.contains(&format!(
+                ":1: journal format version 7 in {form} is not supported"
+            )),
+            "{err}"
+        );
+        assert!(err.contains(reads), "{err}");
+        assert!(err.contains("the vk-cocoon that wrote it"), "{err}");
+    }
+    // Version 5 is read, but only as plain lines: frames around it were never written.
+    support::write_lines(&framed, older.as_bytes());
+    let (code, err) = verify_binary(&framed);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("journal format version 5 in zstd frames is not supported"),
+        "{err}"
+    );
+    assert!(err.contains(reads), "{err}");
+    assert!(!err.contains("the vk-cocoon that wrote it"), "{err}");
 }

@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::digest::Digest;
+use super::record::Form;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Problem {
@@ -18,7 +19,12 @@ pub enum Problem {
     BadJson(String),
     UnknownKind(String),
     BadPrevField(String),
-    UnsupportedVersion(u32),
+    /// A header version this build does not read in the file's form (`None` before the form
+    /// is known).
+    UnsupportedVersion {
+        version: u32,
+        form: Option<Form>,
+    },
     /// The record's bytes do not hash to its `hash`: it was changed after it was written.
     HashMismatch {
         stored: Digest,
@@ -80,12 +86,7 @@ impl fmt::Display for Problem {
                 "unknown record kind {k:?} (expected header, event or actions)"
             ),
             Problem::BadPrevField(p) => write!(f, "bad prev field {p:?}: not 64 hex digits"),
-            Problem::UnsupportedVersion(v) => write!(
-                f,
-                "journal format version {v} is not supported by this vk-cocoon (it reads version {}); \
-                 replay it with the vk-cocoon that wrote it",
-                super::record::FORMAT_VERSION
-            ),
+            Problem::UnsupportedVersion { version, form } => unsupported(f, *version, *form),
             Problem::HashMismatch { stored, computed } => write!(
                 f,
                 "hash mismatch: the record was changed after it was written (stored {}…, its bytes hash to {}…)",
@@ -134,6 +135,39 @@ impl fmt::Display for Problem {
             ),
         }
     }
+}
+
+/// Names the version found, the form it was found in, and what this build reads in each form,
+/// so the message says why a version this build knows can still be refused (version 5 inside
+/// frames).
+fn unsupported(f: &mut fmt::Formatter<'_>, version: u32, form: Option<Form>) -> fmt::Result {
+    fn versions(v: &[u32]) -> String {
+        match v {
+            [one] => format!("version {one}"),
+            [rest @ .., last] => {
+                let rest: Vec<String> = rest.iter().map(u32::to_string).collect();
+                format!("versions {} and {last}", rest.join(", "))
+            }
+            [] => "no version".into(),
+        }
+    }
+    write!(f, "journal format version {version}")?;
+    if let Some(form) = form {
+        write!(f, " in {}", form.name())?;
+    }
+    let reads: Vec<String> = Form::ALL
+        .iter()
+        .map(|form| format!("{} in {}", versions(form.versions()), form.name()))
+        .collect();
+    write!(
+        f,
+        " is not supported by this vk-cocoon, which reads {}",
+        reads.join(" and ")
+    )?;
+    if !Form::known(version) {
+        f.write_str("; replay it with the vk-cocoon that wrote it")?;
+    }
+    Ok(())
 }
 
 /// A problem at a place in the journal.

@@ -13,7 +13,7 @@ use reconcilers::{Action, Envelope};
 use super::digest::Digest;
 use super::frame::{self, FrameError, FrameReader};
 use super::problem::{JournalError, Problem};
-use super::record::{self, Header, Record, Start, FORMAT_VERSION, LINES_VERSION};
+use super::record::{self, Form, Header, Record, Start};
 
 /// Where a record is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +41,8 @@ pub enum Entry {
     },
 }
 
-/// Where a file's lines come from: frames (this format) or the file's own lines (version 5).
+/// Where a file's lines come from: frames (this format) or the file's own lines (version 5, or
+/// this format's lines written out plain by `replay --json`).
 enum Source {
     Lines(BufReader<File>),
     Frames {
@@ -67,10 +68,10 @@ impl Source {
         })
     }
 
-    fn version(&self) -> u32 {
+    fn form(&self) -> Form {
         match self {
-            Source::Lines(_) => LINES_VERSION,
-            Source::Frames { .. } => FORMAT_VERSION,
+            Source::Lines(_) => Form::Lines,
+            Source::Frames { .. } => Form::Frames,
         }
     }
 
@@ -173,7 +174,7 @@ impl Reader {
     fn next_line(&mut self) -> Option<Result<(Loc, record::Line), JournalError>> {
         let (path, src) = self.cur.as_mut()?;
         let path = path.clone();
-        let form = src.version();
+        let form = src.form();
         self.buf.clear();
         match src.next_line(&mut self.buf) {
             Ok(false) => return None,
@@ -193,12 +194,22 @@ impl Reader {
         };
         let line = match record::decode(bytes) {
             Ok(l) => l,
+            Err(Problem::UnsupportedVersion { version, form: _ }) => {
+                let p = Problem::UnsupportedVersion {
+                    version,
+                    form: Some(form),
+                };
+                return Some(Err(self.err(&path, loc.line, None, p)));
+            }
             Err(p) => return Some(Err(self.err(&path, loc.line, None, p))),
         };
-        // A header of the line format inside frames, or the reverse, was not written so.
+        // A header of the line format inside frames was never written so.
         if let Record::Header(h) = &line.record {
-            if h.version != form {
-                let p = Problem::UnsupportedVersion(h.version);
+            if !form.versions().contains(&h.version) {
+                let p = Problem::UnsupportedVersion {
+                    version: h.version,
+                    form: Some(form),
+                };
                 return Some(Err(self.err(&path, loc.line, None, p)));
             }
         }
@@ -240,7 +251,8 @@ impl Reader {
         }
     }
 
-    /// `first_in_file`: the file's line 1; otherwise a header after records of the same file.
+    /// `first_in_file`: the file's line 1, or where `replay --json` joined the next file on;
+    /// otherwise a header after records of the same file.
     fn header(
         &mut self,
         loc: Loc,
@@ -400,7 +412,8 @@ impl Reader {
             };
             match line.record {
                 Record::Header(h) => {
-                    return Some(self.header(loc, h, line.prev, line.hash, first_line))
+                    let begins_file = first_line || self.concatenated_rotation(&h);
+                    return Some(self.header(loc, h, line.prev, line.hash, begins_file));
                 }
                 _ if first_line => {
                     let found = kind(&line.record);
@@ -423,6 +436,15 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// `replay --json` writes a journal's files one after the other, so in plain lines a
+    /// rotation header after records is where the next file began, and is checked as a
+    /// file's first header is. The daemon never writes one there, and in frames it stays an
+    /// error.
+    fn concatenated_rotation(&self, h: &Header) -> bool {
+        let lines = matches!(&self.cur, Some((_, src)) if src.form() == Form::Lines);
+        lines && h.start == Start::Rotate
     }
 
     fn step(&mut self, loc: Loc, envelope: Envelope) -> Result<Entry, JournalError> {

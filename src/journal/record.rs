@@ -25,11 +25,49 @@ use super::problem::Problem;
 
 /// Bumped on any change an older reader could misread. 5: a file may hold several runs
 /// (a header after records), and a header may start with `resume`. 6: the lines are stored
-/// in zstd frames ([`super::frame`]); files of version 5 are plain lines and still read.
+/// in zstd frames ([`super::frame`]); files of version 5 are plain lines and still read, and so
+/// are version 6 lines written out plain ([`Form::versions`]).
 pub const FORMAT_VERSION: u32 = 6;
 
 /// The line format's last version, read by this build and never written.
 pub const LINES_VERSION: u32 = 5;
+
+/// How a file stores its lines, which decides the header versions it may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// Each record is a line of the file.
+    Lines,
+    /// The lines are compressed in zstd frames ([`super::frame`]).
+    Frames,
+}
+
+impl Form {
+    pub const ALL: [Form; 2] = [Form::Frames, Form::Lines];
+
+    /// Some form holds `version`: this build reads it at all.
+    pub fn known(version: u32) -> bool {
+        Form::ALL.iter().any(|f| f.versions().contains(&version))
+    }
+
+    /// The header versions a file of this form may hold. Version 6 changed how lines are
+    /// stored, not the lines, so its records written out as plain lines (`replay --json`)
+    /// are a journal too: reading them as they are, rather than re-encoding the export as
+    /// version 5, keeps its bytes, hashes and line numbers those of the journal it came
+    /// from. Frames were never written around version 5 lines.
+    pub fn versions(self) -> &'static [u32] {
+        match self {
+            Form::Lines => &[LINES_VERSION, FORMAT_VERSION],
+            Form::Frames => &[FORMAT_VERSION],
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::Lines => "plain JSON lines",
+            Form::Frames => "zstd frames",
+        }
+    }
+}
 
 /// `,"hash":"` + 64 digits + `"}`: the fixed-size end of every line.
 const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;
@@ -270,8 +308,10 @@ pub fn decode(line: &[u8]) -> Result<Line, Problem> {
                     v.version
                 }
             };
-            if version != FORMAT_VERSION && version != LINES_VERSION {
-                return Err(Problem::UnsupportedVersion(version));
+            if !Form::known(version) {
+                // The reader, which knows the file's form, names it.
+                let form = None;
+                return Err(Problem::UnsupportedVersion { version, form });
             }
             let h: HeaderIn = serde_json::from_slice(line).map_err(bad_json)?;
             let header = Header {

@@ -497,12 +497,13 @@ fn previous_tail(path: &Path) -> Result<Option<Tail>> {
         let hash = hash_of_line(&line);
         if complete && !is_event {
             if let Some(hash) = hash {
-                // Files of the line format are read, never continued.
-                let continuable = version == FORMAT_VERSION && verifies(&line, hash);
+                // Files of plain lines are read, never continued: appending frames would
+                // mix the two forms in one file. That holds for version 6 lines too (a
+                // `replay --json` export put where the journal goes).
                 return Ok(Some(Tail {
                     hash,
                     file_no,
-                    continuable,
+                    continuable: false,
                     started: 0,
                 }));
             }
@@ -712,6 +713,49 @@ mod tests {
             })
             .collect();
         assert_eq!(got, vec![Some(37), None]);
+    }
+
+    /// A `replay --json` export is plain lines of this version; where the journal goes, it is
+    /// read and its chain continued in a new file, never appended to with frames.
+    #[test]
+    fn a_file_of_plain_lines_of_this_version_is_not_appended_to() {
+        use crate::journal::{Entry, Reader};
+        let dir = tempfile::tempdir().unwrap();
+        let settings = JournalSettings {
+            path: dir.path().join("events.journal"),
+            max_bytes: 1 << 20,
+            max_age_ms: i64::MAX,
+            files: 3,
+        };
+        let config = Config::default();
+        let state = State::new(config.clone());
+        let env = Envelope {
+            seq: 1,
+            at: 0,
+            event: reconcilers::Event::PodRelistBegin,
+        };
+        let mut j = Journal::open_at(&settings, &config, &state, 0).unwrap();
+        j.record(&env, &[]).unwrap();
+        drop(j);
+        let plain = frame::lines_of_file(&fs::read(&settings.path).unwrap()).unwrap();
+        fs::write(&settings.path, &plain).unwrap();
+
+        let j = Journal::open_at(&settings, &config, &state, 0).unwrap();
+        assert_eq!(j.file_no(), 1);
+        drop(j);
+        let kept = rotated_path(&settings.path, 1);
+        assert_eq!(fs::read(&kept).unwrap(), plain);
+        let new = fs::read(&settings.path).unwrap();
+        assert!(frame::is_framed(new[0]));
+        // The plain file and the framed one after it read as one chain.
+        let starts: Vec<Start> = Reader::open(&[kept, settings.path.clone()])
+            .unwrap()
+            .filter_map(|e| match e.unwrap() {
+                Entry::Header { header, .. } => Some(header.start),
+                Entry::Step { .. } => None,
+            })
+            .collect();
+        assert_eq!(starts, [Start::Open, Start::Open]);
     }
 
     /// A previous file numbered u64::MAX overflowed `file_no + 1` (a panic in debug builds);
