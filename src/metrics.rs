@@ -272,6 +272,7 @@ impl Metrics {
                 .pod_lifecycle
                 .with_label_values(&[op.as_str(), result.as_str(), reason.as_str()]),
             Counter::OrphanVm => core.orphan_vm.clone(),
+            Counter::SnapshotKept => core.snapshot_kept.clone(),
             Counter::VmInspectTransientFail => core.inspect_transient.clone(),
             Counter::PodEvictFailure => core.evict_failure.clone(),
             Counter::ReconcileAdoptByName => core.adopt_by_name.clone(),

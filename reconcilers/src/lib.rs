@@ -26,8 +26,9 @@ pub use output::{action, cocoon, fixup, labels, render};
 pub use handle::dhcp;
 pub use handle::lifecycle;
 use handle::{
-    create, delete, evict, guest, hibernate, intake, latency, macos, outcome, probe, provider,
-    publish, snapshot, stale_create, startup, sweep, timers, tracking, trust, unmanaged, vm_events,
+    create, delete, evict, guest, hibernate, intake, kept, latency, macos, outcome, probe,
+    provider, publish, snapshot, stale_create, startup, sweep, timers, tracking, trust, unmanaged,
+    vm_events,
 };
 
 pub use action::{Action, OpId, Timer};

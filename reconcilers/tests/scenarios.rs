@@ -106,7 +106,7 @@ fn scenarios() {
 /// expected output, so a reason that no code path reaches any more fails here.
 #[test]
 fn every_event_reason_is_emitted_by_a_scenario() {
-    const REASONS: [(&str, &str); 32] = [
+    const REASONS: [(&str, &str); 33] = [
         ("Normal", "ProviderCreateSuccess"),
         ("Normal", "ProviderUpdateSuccess"),
         ("Normal", "ProviderDeleteSuccess"),
@@ -135,6 +135,7 @@ fn every_event_reason_is_emitted_by_a_scenario() {
         ("Warning", "PostCloneSACVerifyFailed"),
         ("Warning", "ResumeStartFailed"),
         ("Warning", "ResumeClassifyFailed"),
+        ("Warning", "DeleteSnapshotKept"),
         ("Normal", "Hibernated"),
         ("Normal", "Woken"),
         ("Normal", "PostCloneSucceeded"),

@@ -66,6 +66,7 @@ impl Reg {
 pub(super) struct CoreCounters {
     pub pod_lifecycle: IntCounterVec,
     pub orphan_vm: IntCounter,
+    pub snapshot_kept: IntCounter,
     pub inspect_transient: IntCounter,
     pub evict_failure: IntCounter,
     pub adopt_by_name: IntCounter,
@@ -97,6 +98,10 @@ impl CoreCounters {
                 &["op", "result", "reason"],
             ),
             orphan_vm: r.counter("cocoon_vk_orphan_vm_total", "Orphan VMs at startup"),
+            snapshot_kept: r.counter(
+                "cocoon_vk_snapshot_kept_total",
+                "Deleted VMs whose state was kept on the node because their push was refused",
+            ),
             inspect_transient: r.counter(
                 "cocoon_vk_vm_inspect_transient_fail_total",
                 "Transient VM inspect failures",

@@ -199,7 +199,7 @@ fn snapshot_wanted(s: &mut State, key: &PodKey) -> bool {
 
 /// Runs the stage the delete is at: the snapshot (save, then push), or the removal (D5);
 /// an unmanaged VM is only forgotten (D1).
-fn next_step(s: &mut State, key: &PodKey) {
+pub(crate) fn next_step(s: &mut State, key: &PodKey) {
     let Some(Phase::Deleting(d)) = s.pod(key).map(|e| &e.phase) else {
         return crate::outcome::unexpected(
             s,
@@ -238,7 +238,7 @@ fn next_step(s: &mut State, key: &PodKey) {
     }
 }
 
-fn set_wait(s: &mut State, key: &PodKey, wait: DeleteWait, stage: Option<DeleteStage>) {
+pub(crate) fn set_wait(s: &mut State, key: &PodKey, wait: DeleteWait, stage: Option<DeleteStage>) {
     let now = s.now;
     if let Some(Phase::Deleting(d)) = s.pods.get_mut(key).map(|e| &mut e.phase) {
         d.wait = wait;
@@ -329,14 +329,14 @@ pub(crate) fn save_done(
             set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
             next_step(s, key);
         }
+        // T8: `<vm>` is another namespace's snapshot; the state is kept under its own name.
         Saving::Foreign(why) => {
             s.emit(Action::Count {
                 counter: Counter::SnapshotSave {
                     result: labels::Outcome::Failed,
                 },
             });
-            let msg = format!("delete: snapshot save {name}: {why}");
-            without_snapshot(s, key, msg);
+            crate::kept::begin(s, key, &id, format!("snapshot save {name}: {why}"));
         }
         Saving::Refused(_, err) => snapshot_failed(
             s,
@@ -400,8 +400,8 @@ pub(crate) fn push_done(
                 why,
             )
         }
-        // T7: the tag belongs to another namespace; no retry can push it, so the VM goes
-        // without its delete-time snapshot and the pod says so.
+        // T7: the tag belongs to another namespace; no retry can push it, so the VM's state
+        // is kept on this node under a name only the daemon uses before the VM goes (D9).
         Err(RegistryError {
             kind: RegistryErrorKind::Foreign,
             message,
@@ -411,10 +411,11 @@ pub(crate) fn push_done(
                     result: labels::Outcome::Failed,
                 },
             });
-            without_snapshot(
+            crate::kept::begin(
                 s,
                 key,
-                format!("delete: push {name}:latest refused: {message}"),
+                &d.vm.record.id,
+                format!("push {name}:latest refused: {message}"),
             );
         }
         Err(err) => {
@@ -431,23 +432,9 @@ pub(crate) fn push_done(
     }
 }
 
-/// T7, T8: the delete-time snapshot was refused for good (the name or the tag is another
-/// namespace's), so the VM is removed without it and the pod is told (Warning
-/// `DeleteSnapshotRefused`).
-fn without_snapshot(s: &mut State, key: &PodKey, why: String) {
-    let msg = format!("{why}; the VM is removed without its delete-time snapshot");
-    crate::create::warn_event(s, key, "DeleteSnapshotRefused", &msg);
-    s.emit(Action::Log {
-        level: Level::Warn,
-        message: format!("pod {key}: {msg}"),
-    });
-    set_wait(s, key, DeleteWait::Retry, Some(DeleteStage::Remove));
-    next_step(s, key);
-}
-
 /// D4: a failed delete-time save or push keeps the VM; the delete is retried from the save,
 /// and the pod says why it is held.
-fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
+pub(crate) fn snapshot_failed(s: &mut State, key: &PodKey, counter: Counter, why: String) {
     let Some(e) = s.pods.get_mut(key) else { return };
     let Phase::Deleting(d) = &mut e.phase else {
         return crate::outcome::unexpected(

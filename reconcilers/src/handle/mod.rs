@@ -9,6 +9,7 @@ pub(crate) mod evict;
 pub(crate) mod guest;
 pub(crate) mod hibernate;
 pub(crate) mod intake;
+pub(crate) mod kept;
 pub(crate) mod latency;
 pub mod lifecycle;
 pub(crate) mod macos;

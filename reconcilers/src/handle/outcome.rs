@@ -70,6 +70,9 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
         Phase::Deleting(d) if matches!(d.wait, DeleteWait::Save(_, o) if o == op) => {
             To::DeleteSave(d.clone())
         }
+        Phase::Deleting(d) if matches!(d.wait, DeleteWait::Keep(_, o) if o == op) => {
+            To::DeleteKeep(d.clone())
+        }
         Phase::Hibernating(h) if h.op == op => To::Hibernate(h.clone()),
         Phase::Waiting
         | Phase::Failed(_)
@@ -94,6 +97,7 @@ fn pod_cocoon_done(s: &mut State, key: &PodKey, op: OpId, result: Result<CocoonO
         To::DeleteTask => delete::task_done(s, key),
         To::DeleteRemove(d) => delete::vm_removed(s, key, d, result),
         To::DeleteSave(d) => delete::save_done(s, key, d, result),
+        To::DeleteKeep(d) => crate::kept::saved(s, key, d, result),
         To::Hibernate(h) => hibernate::step_done(s, key, h, result),
     }
 }
@@ -105,6 +109,7 @@ enum To {
     DeleteTask,
     DeleteRemove(Deleting),
     DeleteSave(Deleting),
+    DeleteKeep(Deleting),
     Hibernate(Hibernating),
 }
 

@@ -57,15 +57,22 @@ pub(crate) fn holder_words(key: &PodKey, holder: &PodKey) -> String {
     }
 }
 
-/// T5: `fork-` names the fork snapshots (`fork-<vm>`, C9), so a managed pod's VM may not take
-/// it: its saves would land on, and its removals reach, another VM's fork snapshot.
+/// T5: `fork-` names the fork snapshots (`fork-<vm>`, C9) and `kept-` the copies of deleted
+/// VMs (D9), so a managed pod's VM may not take either: its saves would land on, and its
+/// removals reach, another VM's snapshot.
 pub(crate) fn fork_prefix(name: &str) -> Option<String> {
-    name.starts_with(crate::names::FORK_PREFIX).then(|| {
-        format!(
-            "VM name {name:?} starts with {:?}, which is kept for fork snapshots; give this pod another vm.cocoonstack.io/name",
-            crate::names::FORK_PREFIX
-        )
-    })
+    let (prefix, what) = [
+        (crate::names::FORK_PREFIX, "fork snapshots"),
+        (
+            crate::names::KEPT_PREFIX,
+            "the snapshots the daemon keeps of deleted VMs",
+        ),
+    ]
+    .into_iter()
+    .find(|(p, _)| name.starts_with(p))?;
+    Some(format!(
+        "VM name {name:?} starts with {prefix:?}, which is kept for {what}; give this pod another vm.cocoonstack.io/name"
+    ))
 }
 
 /// T12: an `http(s)://` image makes the host fetch that URL from the node's network, so only

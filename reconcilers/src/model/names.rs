@@ -74,6 +74,22 @@ pub fn fork_snapshot(vm: &str) -> String {
     format!("{FORK_PREFIX}{vm}")
 }
 
+/// What the name of every snapshot the daemon keeps for a deleted VM starts with (D9: no
+/// managed VM takes it).
+pub const KEPT_PREFIX: &str = "kept-";
+
+/// D9: `kept-<vm>-<first 8 of the pod UID>`, shortened as image snapshot names are: the local
+/// copy of a deleted VM whose delete-time push was refused. The UID keeps one incarnation's
+/// copy from replacing another's.
+pub fn kept_snapshot(vm: &str, uid: &str) -> String {
+    let tag: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(8)
+        .collect();
+    shorten(&format!("{KEPT_PREFIX}{vm}-{tag}"))
+}
+
 /// The staging directory (a plain name under `VK_STAGING_DIR`) a peer's copy of `vm`'s
 /// snapshot is fetched into. One per VM name: a retry replaces the previous attempt's.
 pub fn peer_staging(vm: &str) -> String {

@@ -474,6 +474,8 @@ pub enum DeleteWait {
     Save(SaveStep, OpId),
     /// The push to `<vm>:latest`.
     Push(OpId),
+    /// D9: the push was refused for good; the VM saved under its kept name first.
+    Keep(SaveStep, OpId),
     RemoveVm(OpId),
     /// The last attempt failed; the delete-retry timer runs the stage again.
     Retry,

@@ -134,6 +134,8 @@ pub enum Counter {
     SnapshotSave {
         result: Outcome,
     },
+    /// D9: a deleted VM's state kept on the node because its push was refused.
+    SnapshotKept,
     SnapshotPush {
         result: Outcome,
     },

@@ -72,6 +72,7 @@ pub fn counter(c: &Counter) -> String {
             format!("pod_lifecycle{{op={op},result={result},reason={reason}}}")
         }
         Counter::OrphanVm => "orphan_vm".into(),
+        Counter::SnapshotKept => "snapshot_kept".into(),
         Counter::VmInspectTransientFail => "vm_inspect_transient_fail".into(),
         Counter::PodEvictFailure => "pod_evict_failure".into(),
         Counter::ReconcileAdoptByName => "reconcile_adopt_by_name".into(),

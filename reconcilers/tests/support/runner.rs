@@ -958,6 +958,7 @@ fn busy(phase: &Phase) -> String {
             DeleteWait::Save(SaveStep::InspectHolder, _) => "inspect_taken_save".into(),
             DeleteWait::Save(SaveStep::RemoveHolder, _) => "remove_taken_save".into(),
             DeleteWait::Push(_) => "push".into(),
+            DeleteWait::Keep(_, _) => "keep".into(),
             DeleteWait::Retry => "-".into(),
         },
         Phase::Evicting(e) if e.delete.is_none() => "remove_for_evict".into(),
