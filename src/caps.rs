@@ -14,6 +14,7 @@ pub enum Cap {
     GuestOutput,
     RegistryChunk,
     PeerRequests,
+    NamespaceSessions,
 }
 
 impl Cap {
@@ -24,6 +25,7 @@ impl Cap {
         Cap::GuestOutput,
         Cap::RegistryChunk,
         Cap::PeerRequests,
+        Cap::NamespaceSessions,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,6 +36,7 @@ impl Cap {
             Cap::GuestOutput => "guest_output",
             Cap::RegistryChunk => "registry_chunk",
             Cap::PeerRequests => "peer_requests",
+            Cap::NamespaceSessions => "namespace_sessions",
         }
     }
 }

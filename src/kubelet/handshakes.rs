@@ -4,8 +4,8 @@
 //! caller opening them faster than they expire would otherwise hold every slot, and the
 //! apiserver's own connections would wait behind them. So each handshake has a deadline,
 //! at most [`PER_ADDRESS`] wait from one address and at most [`PENDING`] in all, and a
-//! newcomer over either bound takes the place of the longest-waiting one (of its address,
-//! or of all): a handshake that is going to finish does so in a few round trips, so the
+//! newcomer over either bound takes the place of the longest-waiting one (of its own address,
+//! or, over the node's bound, of the address holding the most): a handshake that is going to finish does so in a few round trips, so the
 //! oldest is the one least likely to be a real client, and a newcomer is never made to wait
 //! behind idle connections. Every handshake cut short (evicted or past its deadline) counts
 //! `cocoon_vk_cap_refusals_total{cap="tls_handshake"}`.
@@ -126,8 +126,17 @@ impl Handshakes {
         if let Some(&oldest) = own.and_then(|ids| ids.first()) {
             evicted += usize::from(w.remove(oldest));
         }
+        // Over the node's bound, the place comes from the address holding the most (of those,
+        // the one waiting longest), so a flood from a few addresses evicts its own connections
+        // and not another caller's.
         while w.order.len() >= self.pending {
-            let Some(oldest) = w.order.keys().next().copied() else {
+            let Some(oldest) = w
+                .by_address
+                .values()
+                .filter_map(|ids| Some((ids.len(), *ids.first()?)))
+                .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+                .map(|(_, id)| id)
+            else {
                 break;
             };
             evicted += usize::from(w.remove(oldest));
@@ -251,6 +260,35 @@ mod tests {
         let first = idle.remove(0).await.unwrap();
         assert_eq!(first, Err(Cut::Evicted));
         for t in &idle {
+            t.abort();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn over_the_node_bound_the_address_holding_most_gives_up_its_place() {
+        let m = Metrics::new();
+        let h = Handshakes::with_limits(m.clone(), 6, 3, DEADLINE);
+        let spawn = |last: u8| {
+            let h = h.clone();
+            tokio::spawn(async move { h.run(ip(last), std::future::pending::<()>()).await })
+        };
+        // A slow caller waits longest; two others fill the node's places.
+        let slow = spawn(2);
+        settle().await;
+        let mut flood = Vec::new();
+        for last in [1, 1, 1, 3, 3] {
+            flood.push(spawn(last));
+            settle().await;
+        }
+        assert_eq!(h.waiting(), 6);
+        // A newcomer takes the place of the first address's oldest, not the slow caller's.
+        let newcomer = spawn(4);
+        settle().await;
+        assert_eq!(h.waiting(), 6);
+        assert_eq!(refusals(&m), 1);
+        assert!(!slow.is_finished(), "the slow caller was evicted");
+        assert!(flood[0].is_finished());
+        for t in flood.iter().skip(1).chain([&slow, &newcomer]) {
             t.abort();
         }
     }

@@ -11,7 +11,6 @@ use futures::Stream;
 use reconcilers::vm::{CocoonError, CocoonErrorKind};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdout, Command};
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::cocoon::process_groups::Tracked;
 use crate::cocoon::CocoonCli;
@@ -34,7 +33,7 @@ struct Running {
     buf: Vec<u8>,
     /// Dates, filters and stamps lines when the caller asked for `since` or `timestamps`.
     filter: Option<LineFilter>,
-    _permit: OwnedSemaphorePermit,
+    _permit: super::sessions::SessionPermit,
 }
 
 impl Running {
@@ -94,7 +93,7 @@ pub async fn stream(
     argv: &[String],
     limit_bytes: Option<u64>,
     filter: Option<LineFilter>,
-    permit: OwnedSemaphorePermit,
+    permit: super::sessions::SessionPermit,
 ) -> Result<impl Stream<Item = Result<Bytes, std::io::Error>> + 'static, CocoonError> {
     let mut command = Command::new(&cli.bin);
     command
@@ -198,9 +197,9 @@ mod tests {
         CocoonCli::new(bin.display().to_string())
     }
 
-    fn permit() -> OwnedSemaphorePermit {
-        std::sync::Arc::new(tokio::sync::Semaphore::new(1))
-            .try_acquire_owned()
+    fn permit() -> crate::kubelet::sessions::SessionPermit {
+        crate::kubelet::log_streams(Default::default())
+            .try_acquire("ns")
             .unwrap()
     }
 

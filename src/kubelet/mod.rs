@@ -10,6 +10,7 @@ mod log_time;
 mod logs;
 mod pod_object;
 mod routes;
+pub mod sessions;
 pub mod stream;
 pub mod tls;
 mod upgrade;
@@ -42,10 +43,12 @@ pub struct Ctx {
     pub node: String,
     /// Process start (RFC 3339), reported as the node's start time.
     pub started: String,
-    /// K3: log streams running at once; one more is answered 503.
-    pub log_streams: Arc<tokio::sync::Semaphore>,
-    /// K4: exec and port-forward sessions running at once; one more is answered 503.
-    pub streams: Arc<tokio::sync::Semaphore>,
+    /// K3, K13: log streams running at once, on the node and per namespace; one more is
+    /// answered 503.
+    pub log_streams: Arc<sessions::Sessions>,
+    /// K4, K13: exec and port-forward sessions running at once, on the node and per
+    /// namespace; one more is answered 503.
+    pub streams: Arc<sessions::Sessions>,
     /// K4: an exec session in which nothing moves either way this long ends.
     pub exec_idle: Duration,
     /// The daemon's metrics: served on `/metrics` (K8), and where the caps count (M7).
@@ -56,16 +59,27 @@ pub struct Ctx {
 /// for one to end rather than the host filling with followers.
 pub const MAX_LOG_STREAMS: usize = 128;
 
-pub fn log_streams() -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new(MAX_LOG_STREAMS))
+/// K13: one namespace's share of the log streams.
+pub const NAMESPACE_LOG_STREAMS: usize = 32;
+
+pub fn log_streams(count: crate::caps::CapCount) -> Arc<sessions::Sessions> {
+    sessions::Sessions::new("log streams", MAX_LOG_STREAMS, NAMESPACE_LOG_STREAMS, count)
 }
 
 /// Each exec holds a `cocoon vm exec` and each port-forward its connections to the guest;
 /// bounded like the log streams, for the same reason.
 pub const MAX_STREAMS: usize = 32;
 
-pub fn streams() -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS))
+/// K13: one namespace's share of the exec and port-forward sessions.
+pub const NAMESPACE_STREAMS: usize = 8;
+
+pub fn streams(count: crate::caps::CapCount) -> Arc<sessions::Sessions> {
+    sessions::Sessions::new(
+        "exec and port-forward sessions",
+        MAX_STREAMS,
+        NAMESPACE_STREAMS,
+        count,
+    )
 }
 
 type Tls = TlsStream<TcpStream>;
@@ -242,6 +256,12 @@ fn opening(
     })
 }
 
+/// K13: established connections one worker serves at once (two workers). Past it the
+/// listener stops accepting until one ends, so the daemon's sockets and tasks stay bounded
+/// however many connections callers keep open; far above what the apiserver, metrics-server
+/// and Prometheus hold.
+pub const CONNECTIONS_PER_WORKER: usize = 512;
+
 /// Binds first, so a port that cannot be had stops the start (K1) with the variable named.
 pub fn spawn(
     addr: SocketAddr,
@@ -263,6 +283,7 @@ pub fn spawn(
         .spawn(move || {
             let server = actix_server::Server::build()
                 .workers(2)
+                .max_concurrent_connections(CONNECTIONS_PER_WORKER)
                 .disable_signals()
                 .listen("kubelet-api", listener, move || {
                     connections(tls.clone(), handshakes.clone(), data.clone(), guard.clone())
@@ -295,8 +316,8 @@ mod tests {
             cocoon: CocoonCli::new("cocoon"),
             node: "node-a".into(),
             started: "2026-12-01T19:00:00Z".into(),
-            log_streams: log_streams(),
-            streams: streams(),
+            log_streams: log_streams(Default::default()),
+            streams: streams(Default::default()),
             exec_idle: Duration::from_secs(30),
             metrics: Metrics::new(),
         }

@@ -86,14 +86,9 @@ pub async fn container_logs(
     if let Some(refused) = ctx.cocoon.lacks(reconcilers::cocoon_caps::Verb::Logs) {
         return text(StatusCode::NOT_IMPLEMENTED, refused.message);
     }
-    let Ok(permit) = ctx.log_streams.clone().try_acquire_owned() else {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "{} log streams are running on this node; try again later",
-                super::MAX_LOG_STREAMS
-            ),
-        );
+    let permit = match ctx.log_streams.try_acquire(&ns) {
+        Ok(p) => p,
+        Err(why) => return text(StatusCode::SERVICE_UNAVAILABLE, why),
     };
     let mut argv = vec![
         "vm".to_string(),
@@ -616,8 +611,8 @@ container_cpu_cfs_throttled_periods_total{container="agent",namespace="demo",pod
             sampler: Arc::new(fixture(dir.path())),
             node: "node-a".into(),
             started: "2026-12-01T19:00:00Z".into(),
-            log_streams: super::super::log_streams(),
-            streams: super::super::streams(),
+            log_streams: super::super::log_streams(Default::default()),
+            streams: super::super::streams(Default::default()),
             exec_idle: std::time::Duration::from_secs(30),
             metrics: crate::metrics::Metrics::new(),
         };

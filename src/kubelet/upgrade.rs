@@ -92,8 +92,8 @@ mod tests {
             cocoon: crate::cocoon::CocoonCli::new("cocoon"),
             node: "node-a".into(),
             started: "2026-12-01T19:00:00Z".into(),
-            log_streams: super::super::log_streams(),
-            streams: super::super::streams(),
+            log_streams: super::super::log_streams(Default::default()),
+            streams: super::super::streams(Default::default()),
             exec_idle: std::time::Duration::from_secs(30),
             metrics: crate::metrics::Metrics::new(),
         }

@@ -254,16 +254,10 @@ fn vm_of(ctx: &Ctx, ns: &str, pod: &str) -> Result<VmView, Refusal> {
     }
 }
 
-fn permit(ctx: &Ctx) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
-    ctx.streams.clone().try_acquire_owned().map_err(|_| {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "{} exec and port-forward sessions are running on this node; try again later",
-                super::MAX_STREAMS
-            ),
-        )
-    })
+fn permit(ctx: &Ctx, ns: &str) -> Result<super::sessions::SessionPermit, Refusal> {
+    ctx.streams
+        .try_acquire(ns)
+        .map_err(|why| (StatusCode::SERVICE_UNAVAILABLE, why))
 }
 
 /// `/exec/{ns}/{pod}/{container}`.
@@ -280,7 +274,7 @@ fn exec(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
         Ok(t) => t,
         Err(e) => return Answer::refuse(StatusCode::BAD_REQUEST, e),
     };
-    let permit = match permit(ctx) {
+    let permit = match permit(ctx, ns) {
         Ok(p) => p,
         Err((code, msg)) => return Answer::Refuse(code, msg),
     };
@@ -373,7 +367,7 @@ fn port_forward(ctx: &Ctx, head: &RequestHead, ns: &str, pod: &str) -> Answer {
         }
         _ => None,
     };
-    let permit = match permit(ctx) {
+    let permit = match permit(ctx, ns) {
         Ok(p) => p,
         Err((code, msg)) => return Answer::Refuse(code, msg),
     };
