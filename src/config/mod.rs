@@ -330,18 +330,8 @@ impl Config {
         let kubelet_anonymous = e.or("VK_KUBELET_ANONYMOUS", false, parse::boolean);
         e.warn_if_anonymous(kubelet_anonymous);
         let kubelet_websocket = e.or("VK_KUBELET_WEBSOCKET", true, parse::boolean);
-        let exec_idle_timeout = e.or(
-            "VK_EXEC_IDLE_TIMEOUT",
-            std::time::Duration::from_secs(30),
-            |s| parse::duration_ms(s).map(|ms| std::time::Duration::from_millis(ms as u64)),
-        );
-        let metrics_addr = e.or(
-            "VK_METRICS_ADDR",
-            // Loopback: the metrics name every pod and namespace of the node, and this port
-            // asks for no credentials; scrapers in the cluster read the kubelet port (K8).
-            parse::listen_addr("127.0.0.1:9091").expect("default"),
-            parse::listen_addr,
-        );
+        let exec_idle_timeout = e.exec_idle_timeout();
+        let metrics_addr = e.metrics_addr();
         let peer_addr = e.or(
             "VK_PEER_ADDR",
             SocketAddr::new(node_ip, 12501),
@@ -365,15 +355,7 @@ impl Config {
         let restore_mode = e.restore_mode();
         let staging_dir = e.path("VK_STAGING_DIR", "/var/lib/cocoon/vk-staging");
         let clone_from_dir_root = e.parsed("VK_CLONE_FROM_DIR_ROOT", parse::absolute_dir);
-        let image_url_hosts = e
-            .parsed("VK_IMAGE_URL_HOSTS", parse::url_hosts)
-            .unwrap_or_else(|| {
-                oci_registry
-                    .as_deref()
-                    .and_then(parse::registry_host)
-                    .into_iter()
-                    .collect()
-            });
+        let image_url_hosts = e.image_url_hosts(oci_registry.as_deref());
         let cocoon_snapshot_dir = e.path(
             "VK_COCOON_SNAPSHOT_DIR",
             "/var/lib/cocoon/snapshot/localfile",

@@ -1,7 +1,8 @@
 //! The readers of `Config::from_lookup` that do more than parse one variable: a derived
 //! value, a warning, or a group of variables read together.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use reconcilers::config::{OrphanPolicy, RestoreMode};
 
@@ -89,6 +90,33 @@ impl Env<'_> {
                     .into(),
             );
         }
+    }
+
+    pub(super) fn exec_idle_timeout(&mut self) -> Duration {
+        self.or("VK_EXEC_IDLE_TIMEOUT", Duration::from_secs(30), |s| {
+            parse::duration_ms(s).map(|ms| Duration::from_millis(ms as u64))
+        })
+    }
+
+    pub(super) fn metrics_addr(&mut self) -> SocketAddr {
+        self.or(
+            "VK_METRICS_ADDR",
+            // Loopback: the metrics name every pod and namespace of the node, and this port
+            // asks for no credentials; scrapers in the cluster read the kubelet port (K8).
+            parse::listen_addr("127.0.0.1:9091").expect("default"),
+            parse::listen_addr,
+        )
+    }
+
+    /// `VK_IMAGE_URL_HOSTS`, else the host of `OCI_REGISTRY` (`registry`), else none.
+    pub(super) fn image_url_hosts(&mut self, registry: Option<&str>) -> Vec<String> {
+        self.parsed("VK_IMAGE_URL_HOSTS", parse::url_hosts)
+            .unwrap_or_else(|| {
+                registry
+                    .and_then(parse::registry_host)
+                    .into_iter()
+                    .collect()
+            })
     }
 
     pub(super) fn orphan_policy(&mut self) -> OrphanPolicy {

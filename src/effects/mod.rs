@@ -23,8 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use reconcilers::action::{EventType, Level};
-use reconcilers::{Action, Event};
+use reconcilers::action::{EventSource, EventType, Level, RegistryCall, SacNic};
+use reconcilers::cocoon::CocoonCmd;
+use reconcilers::pod::PodKey;
+use reconcilers::{Action, Event, OpId, Timer};
 use tokio::sync::Semaphore;
 
 use crate::metrics::{ActionSlot, ApiWrite, Metrics};
@@ -90,20 +92,7 @@ impl Executor {
     /// Runs one action. `RegisterNode` and `Fatal` are the loop's own business.
     pub fn execute(&mut self, action: Action) {
         match action {
-            Action::RunCocoon { op, cmd, .. } => {
-                let (cli, tx, slots) = (
-                    self.cocoon.clone(),
-                    self.tx.clone(),
-                    self.cocoon_slots.clone(),
-                );
-                let waited = self.waited(ActionSlot::Cocoon);
-                tokio::spawn(async move {
-                    let _permit = slots.acquire_owned().await;
-                    waited.stop_and_record();
-                    let result = cli.call(&cmd).await;
-                    let _ = tx.send(Event::CocoonDone { op, result }).await;
-                });
-            }
+            Action::RunCocoon { op, cmd, .. } => self.run_cocoon(op, cmd),
             Action::PatchPod {
                 op,
                 key,
@@ -121,16 +110,7 @@ impl Executor {
             } => self.kube(op, ApiWrite::Delete, move |c| async move {
                 kube_writes::delete_pod(&c, &key, &uid, grace_seconds).await
             }),
-            Action::ReleaseDhcpLease { op, mac } => {
-                let (socket, tx) = (self.dhcp_release_socket.clone(), self.tx.clone());
-                tokio::spawn(async move {
-                    let result = match socket {
-                        Some(socket) => dhcp_release::release(&socket, &mac).await,
-                        None => Err("no cocoon-net control socket is configured".into()),
-                    };
-                    let _ = tx.send(Event::DhcpLeaseReleased { op, result }).await;
-                });
-            }
+            Action::ReleaseDhcpLease { op, mac } => self.release_dhcp_lease(op, mac),
             Action::RecordEvent {
                 key,
                 uid,
@@ -138,28 +118,7 @@ impl Executor {
                 reason,
                 message,
                 source,
-            } => {
-                let (client, node) = (self.client.clone(), self.node_name.clone());
-                self.metrics.api_write(ApiWrite::Event);
-                let what = format!("{reason} on {key}");
-                let kind = match kind {
-                    EventType::Normal => "Normal",
-                    EventType::Warning => "Warning",
-                };
-                self.events.submit(what, async move {
-                    let event = kube_writes::PodEvent {
-                        key: &key,
-                        uid: &uid,
-                        kind,
-                        reason: &reason,
-                        message: &message,
-                        source,
-                    };
-                    kube_writes::record_event(&client, &node, &event)
-                        .await
-                        .map_err(|e| e.to_string())
-                });
-            }
+            } => self.record_event(key, uid, kind, reason, message, source),
             Action::RunProbe {
                 key,
                 seq,
@@ -168,13 +127,7 @@ impl Executor {
                 standing,
             } => self.probes.schedule(key, seq, target, after_ms, standing),
             Action::StopProbe { key } => self.probes.stop(&key),
-            Action::ArmTimer { timer, after_ms } => {
-                let tx = self.tx.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(after_ms)).await;
-                    let _ = tx.send(Event::TimerFired { timer }).await;
-                });
-            }
+            Action::ArmTimer { timer, after_ms } => self.arm_timer(timer, after_ms),
             Action::Count { counter } => self.metrics.count(&counter),
             Action::Observe { histogram, millis } => self.metrics.observe(&histogram, millis),
             Action::ObserveCount { histogram, count } => {
@@ -186,35 +139,105 @@ impl Executor {
                 nic_count,
                 nics,
                 ..
-            } => {
-                let (tx, root) = (self.tx.clone(), self.cocoon_root_dir.clone());
-                let cap = self.cocoon.caps.clone();
-                tokio::spawn(async move {
-                    let result = sac_call::run(&root, &vm_id, nic_count, &nics, &cap).await;
-                    let _ = tx.send(Event::SacDone { op, result }).await;
-                });
-            }
-            Action::Log { level, message } => match level {
-                Level::Info => tracing::info!("{message}"),
-                Level::Warn => tracing::warn!("{message}"),
-                Level::Error => tracing::error!("{message}"),
-            },
-            Action::CallRegistry { op, call, .. } => {
-                let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
-                let waited = self.waited(ActionSlot::Registry);
-                tokio::spawn(async move {
-                    waited.stop_and_record();
-                    let result = match transfers {
-                        Some(t) => t.call(&call).await,
-                        None => Err(registry::not_configured(&call)),
-                    };
-                    let _ = tx.send(Event::RegistryDone { op, result }).await;
-                });
-            }
+            } => self.run_sac(op, vm_id, nic_count, nics),
+            Action::Log { level, message } => log(level, &message),
+            Action::CallRegistry { op, call, .. } => self.call_registry(op, call),
             // The journal line is the record; nothing else is done with it.
             Action::Hold { .. } => {}
             Action::RegisterNode | Action::Abort { .. } => {}
         }
+    }
+
+    /// A cocoon CLI call, in one of the bounded cocoon slots.
+    fn run_cocoon(&self, op: OpId, cmd: CocoonCmd) {
+        let (cli, tx, slots) = (
+            self.cocoon.clone(),
+            self.tx.clone(),
+            self.cocoon_slots.clone(),
+        );
+        let waited = self.waited(ActionSlot::Cocoon);
+        tokio::spawn(async move {
+            let _permit = slots.acquire_owned().await;
+            waited.stop_and_record();
+            let result = cli.call(&cmd).await;
+            let _ = tx.send(Event::CocoonDone { op, result }).await;
+        });
+    }
+
+    /// A lease release through cocoon-net's control socket (D6).
+    fn release_dhcp_lease(&self, op: OpId, mac: String) {
+        let (socket, tx) = (self.dhcp_release_socket.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let result = match socket {
+                Some(socket) => dhcp_release::release(&socket, &mac).await,
+                None => Err("no cocoon-net control socket is configured".into()),
+            };
+            let _ = tx.send(Event::DhcpLeaseReleased { op, result }).await;
+        });
+    }
+
+    /// A Kubernetes Event, on the event lane: it takes no kube slot (F4).
+    fn record_event(
+        &mut self,
+        key: PodKey,
+        uid: String,
+        kind: EventType,
+        reason: String,
+        message: String,
+        source: EventSource,
+    ) {
+        let (client, node) = (self.client.clone(), self.node_name.clone());
+        self.metrics.api_write(ApiWrite::Event);
+        let what = format!("{reason} on {key}");
+        let kind = match kind {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        };
+        self.events.submit(what, async move {
+            let event = kube_writes::PodEvent {
+                key: &key,
+                uid: &uid,
+                kind,
+                reason: &reason,
+                message: &message,
+                source,
+            };
+            kube_writes::record_event(&client, &node, &event)
+                .await
+                .map_err(|e| e.to_string())
+        });
+    }
+
+    fn arm_timer(&self, timer: Timer, after_ms: u64) {
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            let _ = tx.send(Event::TimerFired { timer }).await;
+        });
+    }
+
+    /// A SAC dialog on the VM's serial console (C15).
+    fn run_sac(&self, op: OpId, vm_id: String, nic_count: u32, nics: Vec<SacNic>) {
+        let (tx, root) = (self.tx.clone(), self.cocoon_root_dir.clone());
+        let cap = self.cocoon.caps.clone();
+        tokio::spawn(async move {
+            let result = sac_call::run(&root, &vm_id, nic_count, &nics, &cap).await;
+            let _ = tx.send(Event::SacDone { op, result }).await;
+        });
+    }
+
+    /// A registry transfer through `transfers`; without a registry the call fails at once.
+    fn call_registry(&self, op: OpId, call: RegistryCall) {
+        let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
+        let waited = self.waited(ActionSlot::Registry);
+        tokio::spawn(async move {
+            waited.stop_and_record();
+            let result = match transfers {
+                Some(t) => t.call(&call).await,
+                None => Err(registry::not_configured(&call)),
+            };
+            let _ = tx.send(Event::RegistryDone { op, result }).await;
+        });
     }
 
     /// M6: started when an action is handed over, recorded when its call starts.
@@ -248,5 +271,14 @@ impl Executor {
             };
             let _ = tx.send(Event::KubeDone { op, result }).await;
         });
+    }
+}
+
+/// The core's log line, at its level.
+fn log(level: Level, message: &str) {
+    match level {
+        Level::Info => tracing::info!("{message}"),
+        Level::Warn => tracing::warn!("{message}"),
+        Level::Error => tracing::error!("{message}"),
     }
 }
