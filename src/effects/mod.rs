@@ -4,6 +4,7 @@
 
 pub mod dhcp_release;
 pub mod event_lane;
+pub mod fair_slots;
 pub mod icmp;
 #[cfg(test)]
 mod kube_lanes_tests;
@@ -45,7 +46,8 @@ pub struct Executor {
     pub transfers: Option<Arc<registry::Transfers>>,
     /// `COCOON_ROOT_DIR`: where a VM's serial console socket lives (C15).
     pub cocoon_root_dir: std::path::PathBuf,
-    cocoon_slots: Arc<Semaphore>,
+    /// T13: shared fairly between namespaces.
+    cocoon_slots: Arc<fair_slots::FairSlots>,
     /// Status writes and deletes: the writes that move pods. Events never take one (F4).
     kube_slots: Arc<Semaphore>,
     events: event_lane::EventLane,
@@ -70,7 +72,10 @@ impl Executor {
             dhcp_release_socket,
             transfers: None,
             cocoon_root_dir: std::path::PathBuf::from("/var/lib/cocoon"),
-            cocoon_slots: Arc::new(Semaphore::new(32)),
+            cocoon_slots: fair_slots::FairSlots::new(
+                fair_slots::SLOTS,
+                fair_slots::NAMESPACE_SLOTS,
+            ),
             kube_slots: Arc::new(Semaphore::new(reconcilers::config::WRITE_SLOTS as usize)),
             events: event_lane::EventLane::new(metrics.events_dropped.clone()),
             metrics,
@@ -92,7 +97,7 @@ impl Executor {
     /// Runs one action. `RegisterNode` and `Fatal` are the loop's own business.
     pub fn execute(&mut self, action: Action) {
         match action {
-            Action::RunCocoon { op, cmd, .. } => self.run_cocoon(op, cmd),
+            Action::RunCocoon { op, key, cmd } => self.run_cocoon(op, key.as_ref(), cmd),
             Action::PatchPod {
                 op,
                 key,
@@ -148,8 +153,10 @@ impl Executor {
         }
     }
 
-    /// A cocoon CLI call, in one of the bounded cocoon slots.
-    fn run_cocoon(&self, op: OpId, cmd: CocoonCmd) {
+    /// A cocoon CLI call, in one of the bounded cocoon slots, its pod's namespace's (the
+    /// node's own when it is no pod's).
+    fn run_cocoon(&self, op: OpId, key: Option<&reconcilers::pod::PodKey>, cmd: CocoonCmd) {
+        let namespace = key.map_or(String::new(), |k| k.namespace().to_string());
         let (cli, tx, slots) = (
             self.cocoon.clone(),
             self.tx.clone(),
@@ -157,7 +164,7 @@ impl Executor {
         );
         let waited = self.waited(ActionSlot::Cocoon);
         tokio::spawn(async move {
-            let _permit = slots.acquire_owned().await;
+            let _permit = slots.acquire(&namespace).await;
             waited.stop_and_record();
             let result = cli.call(&cmd).await;
             let _ = tx.send(Event::CocoonDone { op, result }).await;
