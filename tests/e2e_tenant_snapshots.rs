@@ -256,7 +256,7 @@ async fn another_namespaces_snapshots_are_never_cloned_restored_or_replaced() ->
 
     // T7: hibernating the squatter would replace the victim's `:hibernate`.
     annotate(&b, "squatter", "vm.cocoonstack.io/hibernate", Some("true")).await?;
-    let taken = "belongs to namespace team-a";
+    let taken = "belongs to another namespace";
     refused(&b, "squatter", "HibernatePushFailed", taken, &db).await?;
     delete_and_wait(&b, "squatter").await?;
 

@@ -317,6 +317,7 @@ pub async fn pull_owned_into_cocoon(
         return Err(RegistryError::Absent(format!("{name}:{tag}")));
     };
     super::owner::check_pull(&current.record, namespace, name, tag)?;
+    local_replaceable(cli, local_name, namespace).await?;
     let description = match &current.record {
         reconcilers::owner::Record::Owned(o) => o.description(),
         reconcilers::owner::Record::Public | reconcilers::owner::Record::Unreadable(_) => {
@@ -332,6 +333,31 @@ pub async fn pull_owned_into_cocoon(
         Some(description.as_str()),
     )
     .await
+}
+
+/// T8: a pull replaces the local snapshot of its name, so that snapshot must be one a pod of
+/// `namespace` may remove: absent, public, or its own namespace's. Another namespace's is
+/// refused (`Foreign`), and nothing is removed or imported.
+async fn local_replaceable(
+    cli: &CocoonCli,
+    local_name: &str,
+    namespace: &str,
+) -> Result<(), RegistryError> {
+    let cmd = reconcilers::cocoon::CocoonCmd::SnapshotInspect {
+        name: local_name.to_string(),
+    };
+    match cli.call(&cmd).await {
+        Ok(reconcilers::event::CocoonOk::Snapshot { snapshot }) => {
+            reconcilers::owner::Record::from_description(&snapshot.description)
+                .usable_by(namespace, &format!("local snapshot {local_name}"))
+                .map_err(|why| RegistryError::Foreign(format!("{why}; it is not replaced")))
+        }
+        Err(e) if e.kind == CocoonErrorKind::SnapshotNotFound => Ok(()),
+        Err(e) => Err(RegistryError::Cocoon(e)),
+        Ok(other) => Err(RegistryError::Local(format!(
+            "snapshot inspect {local_name} answered {other:?}"
+        ))),
+    }
 }
 
 /// Removes the local `local_name`, then streams `name:tag` into `snapshot import`;

@@ -109,15 +109,13 @@ impl Record {
     }
 
     /// T6: whether a pod of `namespace` may use (clone, pull, restore) the snapshot `what`;
-    /// `Err` says why not, in words for the pod's message.
+    /// `Err` says why not, in words for the pod's message, which name no other namespace: a
+    /// refusal must not tell a tenant what another namespace keeps.
     pub fn usable_by(&self, namespace: &str, what: &str) -> Result<(), String> {
         match self {
             Record::Public => Ok(()),
             Record::Owned(o) if o.namespace == namespace => Ok(()),
-            Record::Owned(o) => Err(format!(
-                "{what} belongs to namespace {}, not {namespace}",
-                o.namespace
-            )),
+            Record::Owned(_) => Err(format!("{what} belongs to another namespace")),
             Record::Unreadable(r) => Err(format!(
                 "{what} carries an unreadable owner record {r:?}, so no pod may use it"
             )),
@@ -171,7 +169,7 @@ mod tests {
         let owned = Record::from_annotation(Some("team-a/victim"));
         assert!(owned.usable_by("team-a", "x").is_ok());
         let err = owned.usable_by("team-b", "snapshot x").unwrap_err();
-        assert_eq!(err, "snapshot x belongs to namespace team-a, not team-b");
+        assert_eq!(err, "snapshot x belongs to another namespace");
         assert!(Record::Public.usable_by("team-b", "x").is_ok());
         assert!(Record::from_annotation(Some("bad"))
             .usable_by("team-a", "x")

@@ -105,14 +105,15 @@ impl FakeRegistry {
                 owner,
             } => {
                 let pusher = owner.split('/').next().unwrap_or_default();
-                if let Some(ns) = self
+                if self
                     .tags
                     .get(&format!("{name}:{tag}"))
                     .and_then(|t| foreign(t, pusher))
+                    .is_some()
                 {
                     return Err(RegistryError {
                         kind: RegistryErrorKind::Foreign,
-                        message: format!("{name}:{tag} belongs to namespace {ns}"),
+                        message: format!("{name}:{tag} belongs to another namespace"),
                     });
                 }
                 let Some(local) = cocoon.snapshots.get(snapshot) else {
@@ -145,10 +146,7 @@ impl FakeRegistry {
             } => match self.tags.get(&format!("{name}:{tag}")) {
                 Some(t) if foreign(t, namespace).is_some() => Err(RegistryError {
                     kind: RegistryErrorKind::Foreign,
-                    message: format!(
-                        "{name}:{tag} belongs to namespace {}",
-                        foreign(t, namespace).unwrap_or_default()
-                    ),
+                    message: format!("{name}:{tag} belongs to another namespace"),
                 }),
                 Some(t) => {
                     cocoon.snapshots.remove(local);
