@@ -520,3 +520,48 @@ pub async fn remove_snapshot(cli: &CocoonCli, name: &str) -> Result<(), Registry
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A `cocoon` that answers `snapshot inspect -- <name>` from a table: `theirs` is team-a's,
+    /// `mine` team-b's, `base` has no record, anything else is not found.
+    fn cocoon(dir: &std::path::Path) -> CocoonCli {
+        let bin = dir.join("cocoon");
+        let script = r#"#!/bin/sh
+case "$4" in
+  theirs) echo '{"id":"S1","name":"theirs","description":"vk-cocoon owner=team-a/victim"}' ;;
+  mine) echo '{"id":"S2","name":"mine","description":"vk-cocoon owner=team-b/p"}' ;;
+  base) echo '{"id":"S3","name":"base","description":""}' ;;
+  *) echo "Error: inspect: snapshot not found" >&2; exit 1 ;;
+esac
+"#;
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        CocoonCli::new(bin.display().to_string())
+    }
+
+    #[tokio::test]
+    async fn a_pull_replaces_only_a_local_snapshot_its_namespace_may_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let cli = cocoon(dir.path());
+        for name in ["mine", "base", "absent"] {
+            assert!(
+                local_replaceable(&cli, name, "team-b").await.is_ok(),
+                "{name}"
+            );
+        }
+        match local_replaceable(&cli, "theirs", "team-b").await {
+            Err(RegistryError::Foreign(m)) => {
+                assert!(
+                    m.contains("another namespace") && !m.contains("team-a"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
