@@ -55,6 +55,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_RESTORE_MODE", "mmap"),
     ("VK_CLONE_FROM_DIR_ROOT", "/data/import"),
     ("VK_IMAGE_URL_HOSTS", "images.example,mirror.example:8443"),
+    ("VK_NETWORKS", "team-a=isolated-a;*=shared"),
     ("VK_STAGING_DIR", "/data/staging"),
     ("VK_COCOON_SNAPSHOT_DIR", "/data/snap"),
     ("COCOON_ROOT_DIR", "/data/cocoon"),
@@ -145,6 +146,9 @@ fn every_variable_is_read() {
     assert_eq!(c.snapshot.memory_budget_mib, 4096);
     assert_eq!(c.snapshot.pull_budget_mib, 1024);
     assert_eq!(c.clone_from_dir_root, Some(PathBuf::from("/data/import")));
+    assert_eq!(c.image_url_hosts, ["images.example", "mirror.example:8443"]);
+    assert_eq!(c.networks["team-a"], ["isolated-a"]);
+    assert_eq!(c.networks["*"], ["shared"]);
     let j = c.journal.as_ref().expect("journal on");
     assert_eq!(j.path, PathBuf::from("/data/journal/ev.jsonl"));
     assert_eq!(
@@ -185,6 +189,8 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.node_pods, 256);
     // T12: no registry, so no image is fetched by URL; with one, its host only.
     assert!(c.image_url_hosts.is_empty());
+    // T14: the node's default network only.
+    assert!(c.networks.is_empty());
     let c2 = parse(&[("OCI_REGISTRY", "127.0.0.1:5000/vms")]).expect("valid");
     assert_eq!(c2.image_url_hosts, ["127.0.0.1:5000"]);
     assert_eq!(

@@ -112,7 +112,9 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
                 .env("COCOON_CGROUP_PARENT", &sim.cgroup_parent)
                 .env("VK_COCOON_NET_CONTROL_SOCKET", &sim.control_socket)
                 .env("VK_STAGING_DIR", sim.root.join("vk-staging"))
-                .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"));
+                .env("VK_COCOON_SNAPSHOT_DIR", sim.root.join("snapshots"))
+                // The simulator's named network, open to every namespace as an operator lists it.
+                .env("VK_NETWORKS", "*=cocoon-static");
         }
     }
     cmd.env("KUBECONFIG", tb.kubeconfig()?)

@@ -160,6 +160,8 @@ pub struct Config {
     pub clone_from_dir_root: Option<PathBuf>,
     /// T12: the hosts `http(s)://` run images may come from.
     pub image_url_hosts: Vec<String>,
+    /// T14: by namespace (`*`: every one), the named networks its pods may join.
+    pub networks: std::collections::BTreeMap<String, Vec<String>>,
     pub cocoon_snapshot_dir: PathBuf,
     pub cocoon_root_dir: PathBuf,
     pub cgroup_parent: String,
@@ -356,6 +358,7 @@ impl Config {
         let staging_dir = e.path("VK_STAGING_DIR", "/var/lib/cocoon/vk-staging");
         let clone_from_dir_root = e.parsed("VK_CLONE_FROM_DIR_ROOT", parse::absolute_dir);
         let image_url_hosts = e.image_url_hosts(oci_registry.as_deref());
+        let networks = e.networks();
         let cocoon_snapshot_dir = e.path(
             "VK_COCOON_SNAPSHOT_DIR",
             "/var/lib/cocoon/snapshot/localfile",
@@ -405,6 +408,7 @@ impl Config {
             staging_dir,
             clone_from_dir_root,
             image_url_hosts,
+            networks,
             cocoon_snapshot_dir,
             cocoon_root_dir,
             cgroup_parent,
@@ -441,6 +445,7 @@ impl Config {
             // The executor's kube write lane is built to this size.
             write_slots: reconcilers::config::WRITE_SLOTS,
             image_url_hosts: Some(self.image_url_hosts.clone()),
+            networks: Some(self.networks.clone()),
         }
     }
 }

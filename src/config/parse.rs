@@ -174,6 +174,33 @@ pub fn url_hosts(s: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// T14: `namespace=net[,net…]` entries separated by `;`, namespace `*` for every namespace.
+pub fn networks(s: &str) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
+    const HOW: &str = "must be entries namespace=network[,network…] separated by ;, \
+                       with * for every namespace (like team-a=isolated-a;*=shared)";
+    let mut out = std::collections::BTreeMap::new();
+    for entry in s.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((ns, nets)) = entry.split_once('=') else {
+            return Err(format!("{entry:?} {HOW}"));
+        };
+        let ns = ns.trim();
+        if ns != "*" && dns_subdomain(ns).is_err() {
+            return Err(format!("{ns:?} is not a namespace; the value {HOW}"));
+        }
+        let nets: Vec<String> = nets
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = nets.iter().find(|n| !reconcilers::names::valid_network(n)) {
+            return Err(format!("{bad:?} is not a network name; the value {HOW}"));
+        }
+        out.insert(ns.to_string(), nets);
+    }
+    Ok(out)
+}
+
 /// The host (and port) of `OCI_REGISTRY`, which images may always be fetched from.
 pub fn registry_host(registry: &str) -> Option<String> {
     let rest = registry
@@ -207,7 +234,18 @@ pub fn absolute_dir(s: &str) -> Result<std::path::PathBuf, String> {
 
 #[cfg(test)]
 mod clone_root_tests {
-    use super::{absolute_dir, registry_host, url_hosts};
+    use super::{absolute_dir, networks, registry_host, url_hosts};
+
+    #[test]
+    fn networks_are_listed_by_namespace() {
+        let n = networks("team-a=isolated-a, extra ; *=shared").unwrap();
+        assert_eq!(n["team-a"], ["isolated-a", "extra"]);
+        assert_eq!(n["*"], ["shared"]);
+        assert!(networks("").unwrap().is_empty());
+        for bad in ["team-a", "Team=x", "a=-x", "a=x y"] {
+            assert!(networks(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn image_url_hosts_are_hosts_and_the_registry_gives_its_own() {

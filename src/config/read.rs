@@ -119,6 +119,12 @@ impl Env<'_> {
             })
     }
 
+    /// T14: unset, every namespace joins only the node's default network.
+    pub(super) fn networks(&mut self) -> std::collections::BTreeMap<String, Vec<String>> {
+        self.parsed("VK_NETWORKS", parse::networks)
+            .unwrap_or_default()
+    }
+
     pub(super) fn orphan_policy(&mut self) -> OrphanPolicy {
         match self.get("VK_ORPHAN_POLICY") {
             None => OrphanPolicy::Destroy,

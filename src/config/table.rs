@@ -102,6 +102,15 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             true => "(none: no image is fetched by URL)".into(),
             false => c.image_url_hosts.join(","),
         },
+        "VK_NETWORKS" => match c.networks.is_empty() {
+            true => "(none: every pod joins the node's default network)".into(),
+            false => c
+                .networks
+                .iter()
+                .map(|(ns, nets)| format!("{ns}={}", nets.join(",")))
+                .collect::<Vec<_>>()
+                .join(";"),
+        },
         "VK_COCOON_SNAPSHOT_DIR" => path(&c.cocoon_snapshot_dir),
         "COCOON_ROOT_DIR" => path(&c.cocoon_root_dir),
         "COCOON_CGROUP_PARENT" => c.cgroup_parent.clone(),

@@ -161,6 +161,12 @@ pub const VARS: &[Var] = &[
          fetched from (unset: OCI_REGISTRY's host only)",
     ),
     var(
+        "VK_NETWORKS",
+        "",
+        "named networks pods may join, by namespace: namespace=net[,net…] entries separated by ; \
+         (* for every namespace; unset: the node's default network only)",
+    ),
+    var(
         "VK_STAGING_DIR",
         "/var/lib/cocoon/vk-staging",
         "scratch space for snapshot transfers",

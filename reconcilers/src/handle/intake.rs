@@ -204,6 +204,13 @@ pub fn intake(s: &mut State, key: &PodKey) {
     if let Some(msg) = crate::trust::image_url_refused(s, &spec.image) {
         return create::fail_permanently(s, key, msg);
     }
+    if let Some(msg) = spec
+        .network
+        .as_deref()
+        .and_then(|n| crate::trust::network_refused(s, key, n))
+    {
+        return create::fail_permanently(s, key, msg);
+    }
     if spec.hibernate {
         // T1: a hibernated pod holds its name, so it must not take another pod's.
         if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {

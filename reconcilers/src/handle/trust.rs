@@ -118,6 +118,35 @@ pub(crate) fn image_url_refused(s: &State, image: &str) -> Option<String> {
     }
 }
 
+/// T14: a named network is joined only when the node's configuration lists it for the pod's
+/// namespace (or for every namespace); `Some` says why not, naming only the pod's own list.
+pub(crate) fn network_refused(s: &State, key: &PodKey, network: &str) -> Option<String> {
+    let lists = s.config.networks.as_ref()?;
+    let mine = lists.get(key.namespace());
+    let all = lists.get("*");
+    let listed = mine.into_iter().chain(all).flatten().any(|n| n == network);
+    if listed {
+        return None;
+    }
+    let allowed: Vec<&str> = mine
+        .into_iter()
+        .chain(all)
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    Some(match allowed.is_empty() {
+        true => format!(
+            "network {network:?}: pods of namespace {} join only the node's default network here (VK_NETWORKS)",
+            key.namespace()
+        ),
+        false => format!(
+            "network {network:?} is not one pods of namespace {} may join here (VK_NETWORKS lists {} for it)",
+            key.namespace(),
+            allowed.join(",")
+        ),
+    })
+}
+
 /// T4: `clone-from-dir` reads a host directory into a guest, so only one under the node's
 /// configured root; the shell then checks that the path resolves to itself (no symlinks).
 pub(crate) fn from_dir_refused(s: &State, dir: &str) -> Option<String> {

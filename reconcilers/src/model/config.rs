@@ -80,6 +80,11 @@ pub struct Config {
     /// written before the list existed decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_url_hosts: Option<Vec<String>>,
+    /// T14 (`VK_NETWORKS`): by namespace (`*` for every one), the named networks its pods may
+    /// join; a pod that names none joins the node's default network. `None`: any network, as
+    /// journals written before the list existed decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networks: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 /// The kube write lane's size: enough to keep a loaded apiserver busy, few enough that a burst
@@ -109,6 +114,7 @@ impl Default for Config {
             cocoon: CocoonCaps::CURRENT,
             write_slots: WRITE_SLOTS,
             image_url_hosts: None,
+            networks: None,
         }
     }
 }

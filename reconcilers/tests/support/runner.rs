@@ -302,6 +302,18 @@ impl Runner {
                 "registry" => self.config.registry = Some(v.clone()).filter(|v| v != "off"),
                 "echo" => self.echo = v != "off",
                 "write_slots" => self.config.write_slots = v.parse().expect("write_slots"),
+                // `networks=ns:a+b,*:c`: namespace `ns` may join a and b, every namespace c.
+                "networks" => {
+                    let mut lists = std::collections::BTreeMap::new();
+                    for entry in v.split(',').filter(|e| !e.is_empty()) {
+                        let (ns, nets) = entry.split_once(':').expect("ns:net+net");
+                        lists.insert(
+                            ns.to_string(),
+                            nets.split('+').map(str::to_string).collect(),
+                        );
+                    }
+                    self.config.networks = Some(lists);
+                }
                 "image_url_hosts" => {
                     self.config.image_url_hosts = Some(
                         v.split(',')
