@@ -16,6 +16,21 @@ fn opt_q(q: &Option<Quantity>, auto: &str) -> String {
     }
 }
 
+/// T12, T14: what a pod may make the host reach.
+fn tenant_reach(c: &Config, var: &str) -> String {
+    match (var, c.image_url_hosts.is_empty(), c.networks.is_empty()) {
+        ("VK_IMAGE_URL_HOSTS", true, _) => "(none: no image is fetched by URL)".into(),
+        ("VK_IMAGE_URL_HOSTS", false, _) => c.image_url_hosts.join(","),
+        (_, _, true) => "(none: every pod joins the node's default network)".into(),
+        (_, _, false) => c
+            .networks
+            .iter()
+            .map(|(ns, nets)| format!("{ns}={}", nets.join(",")))
+            .collect::<Vec<_>>()
+            .join(";"),
+    }
+}
+
 /// The effective value of `var`; `None` for a name this build does not read.
 pub fn value_of(c: &Config, var: &str) -> Option<String> {
     let unset = || "(unset)".to_string();
@@ -98,19 +113,7 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             .as_deref()
             .map(path)
             .unwrap_or_else(|| "(unset: clone-from-dir is refused)".into()),
-        "VK_IMAGE_URL_HOSTS" => match c.image_url_hosts.is_empty() {
-            true => "(none: no image is fetched by URL)".into(),
-            false => c.image_url_hosts.join(","),
-        },
-        "VK_NETWORKS" => match c.networks.is_empty() {
-            true => "(none: every pod joins the node's default network)".into(),
-            false => c
-                .networks
-                .iter()
-                .map(|(ns, nets)| format!("{ns}={}", nets.join(",")))
-                .collect::<Vec<_>>()
-                .join(";"),
-        },
+        "VK_IMAGE_URL_HOSTS" | "VK_NETWORKS" => tenant_reach(c, var),
         "VK_COCOON_SNAPSHOT_DIR" => path(&c.cocoon_snapshot_dir),
         "COCOON_ROOT_DIR" => path(&c.cocoon_root_dir),
         "COCOON_CGROUP_PARENT" => c.cgroup_parent.clone(),

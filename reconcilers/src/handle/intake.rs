@@ -197,18 +197,8 @@ pub fn intake(s: &mut State, key: &PodKey) {
         crate::macos::begin(s, key);
         return;
     }
-    // T5: whatever path the pod takes, a VM of its name could be saved over a fork snapshot.
-    if let Some(msg) = crate::trust::fork_prefix(&spec.vm_name) {
-        return create::fail_permanently(s, key, msg);
-    }
-    if let Some(msg) = crate::trust::image_url_refused(s, &spec.image) {
-        return create::fail_permanently(s, key, msg);
-    }
-    if let Some(msg) = spec
-        .network
-        .as_deref()
-        .and_then(|n| crate::trust::network_refused(s, key, n))
-    {
+    // T5, T12, T14: whatever path the pod takes, what its spec would make the node do.
+    if let Some(msg) = crate::trust::spec_refused(s, key, &spec) {
         return create::fail_permanently(s, key, msg);
     }
     if spec.hibernate {

@@ -75,6 +75,18 @@ pub(crate) fn fork_prefix(name: &str) -> Option<String> {
     ))
 }
 
+/// T5, T12, T14: a VM name of the daemon's own, an image URL the node does not fetch from, or a
+/// network the pod's namespace may not join; refused for good whatever path the pod takes.
+pub(crate) fn spec_refused(s: &State, key: &PodKey, spec: &crate::spec::VmSpec) -> Option<String> {
+    fork_prefix(&spec.vm_name)
+        .or_else(|| image_url_refused(s, &spec.image))
+        .or_else(|| {
+            spec.network
+                .as_deref()
+                .and_then(|n| network_refused(s, key, n))
+        })
+}
+
 /// T12: an `http(s)://` image makes the host fetch that URL from the node's network, so only
 /// from a host the node's configuration lists; `Some` says why not.
 pub(crate) fn image_url_refused(s: &State, image: &str) -> Option<String> {
