@@ -18,7 +18,7 @@ use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, Daemo
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use vk_cocoon::registry::Registry;
 
@@ -104,22 +104,9 @@ async fn delete_and_wait(pods: &Api<Pod>, name: &str, d: &Daemon) -> Result<()> 
 /// The message of the daemon's Warning `reason` on pod `name` of `ns`.
 async fn warning(tb: &Testbed, ns: &str, name: &str, reason: &str, d: &Daemon) -> Result<String> {
     let events: Api<Event> = Api::namespaced(tb.client()?, ns);
-    until(&format!("{name}: Warning {reason}"), LIMIT, || async {
-        Ok(events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|e| !daemon::from_the_scheduler(e))
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.involved_object.name.as_deref() == Some(name)
-                    && e.reason.as_deref() == Some(reason)
-            })
-            .and_then(|e| e.message))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(60))
+    daemon::warning(&events, name, Some(reason), LIMIT)
+        .await
+        .with_context(|| d.proc.log_tail(60))
 }
 
 /// D9, T7, T8: team-b squats the name the victim's VM will have. team-b's pod runs a VM of that

@@ -18,7 +18,7 @@ use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, Daemo
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use vk_cocoon::registry::Registry;
 
@@ -105,22 +105,9 @@ async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {
 /// `reason` and the lifecycle message both carry it, and the pod was given no VM.
 async fn refused(b: &Api<Pod>, name: &str, reason: &str, why: &str, logs: &Daemon) -> Result<()> {
     let events: Api<Event> = Api::namespaced(b.clone().into_client(), "team-b");
-    let event = until(&format!("{name}: Warning {reason}"), LIMIT, || async {
-        Ok(events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|e| !daemon::from_the_scheduler(e))
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.involved_object.name.as_deref() == Some(name)
-                    && e.reason.as_deref() == Some(reason)
-            })
-            .and_then(|e| e.message))
-    })
-    .await
-    .with_context(|| logs.proc.log_tail(60))?;
+    let event = daemon::warning(&events, name, Some(reason), LIMIT)
+        .await
+        .with_context(|| logs.proc.log_tail(60))?;
     ensure!(event.contains(why), "{name}: the Warning says {event:?}");
     let p = until(&format!("{name}: lifecycle message"), LIMIT, || async {
         let p = b.get(name).await?;

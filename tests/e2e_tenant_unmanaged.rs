@@ -17,7 +17,7 @@ use e2e::daemon::{
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde_json::json;
 
 const NODE: &str = "node-a";
@@ -38,20 +38,7 @@ fn unmanaged(ns: &str, name: &str, vm_name: &str, id: &str, ip: &str) -> Result<
 
 /// The daemon's Warning for `pod` (not the scheduler's).
 async fn warning_of(events: &Api<Event>, pod: &str) -> Result<String> {
-    until(&format!("a Warning for {pod}"), LIMIT, || async {
-        Ok(events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.involved_object.name.as_deref() == Some(pod)
-                    && !daemon::from_the_scheduler(e)
-            })
-            .and_then(|e| e.message))
-    })
-    .await
+    daemon::warning(events, pod, None, LIMIT).await
 }
 
 /// What the cluster shows of its pods and events, for a failure's message.

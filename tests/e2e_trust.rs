@@ -10,7 +10,7 @@ use anyhow::{ensure, Context, Result};
 use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready};
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 const NODE: &str = "node-a";
@@ -30,22 +30,18 @@ fn snapshots(tb: &Testbed) -> Result<Vec<String>> {
         .unwrap_or_default())
 }
 
+/// The daemon's Warning for `pod`.
 async fn warning_of(events: &Api<Event>, pod: &str) -> Result<String> {
-    until(&format!("a Warning for {pod}"), LIMIT, || async {
-        Ok(events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            // The daemon's, not the scheduler's (FailedScheduling while the node registers).
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.involved_object.name.as_deref() == Some(pod)
-                    && !daemon::from_the_scheduler(e)
-            })
-            .and_then(|e| e.message))
-    })
-    .await
+    daemon::warning(events, pod, None, LIMIT).await
+}
+
+/// Annotations of a managed pod with `extra` added.
+fn managed(extra: serde_json::Value) -> serde_json::Value {
+    let mut m = json!({"cocoonset.cocoonstack.io/managed": "true", "cocoonset.cocoonstack.io/image": IMAGE});
+    m.as_object_mut()
+        .expect("an object")
+        .extend(extra.as_object().expect("an object").clone());
+    m
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,13 +53,6 @@ async fn a_pod_cannot_take_or_copy_another_namespaces_vm() -> Result<()> {
     let (d, journal) = daemon::start_default(&tb)?;
     let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
     let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
-    let managed = |extra: serde_json::Value| {
-        let mut m = json!({"cocoonset.cocoonstack.io/managed": "true", "cocoonset.cocoonstack.io/image": IMAGE});
-        m.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        m
-    };
     // The victim, and a snapshot of its VM of the kind a delete or a hibernate leaves.
     let victim = pod_manifest(
         "team-a",
@@ -160,13 +149,6 @@ async fn a_restart_hands_a_vm_back_to_its_holder_not_an_older_pod_of_another_nam
     let (d, journal) = daemon::start_default(&tb)?;
     let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
     let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
-    let managed = |extra: serde_json::Value| {
-        let mut m = json!({"cocoonset.cocoonstack.io/managed": "true", "cocoonset.cocoonstack.io/image": IMAGE});
-        m.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        m
-    };
     let early = pod_manifest(
         "team-b",
         "early",

@@ -561,3 +561,29 @@ pub fn seed_clone_snapshot(tb: &Testbed) -> Result<()> {
     ])?;
     Ok(())
 }
+
+/// The message of the first Warning the daemon (not the scheduler) recorded for pod `pod` in
+/// `events`' namespace, with `reason` when one is given; waits up to `limit`.
+pub async fn warning(
+    events: &Api<k8s_openapi::api::core::v1::Event>,
+    pod: &str,
+    reason: Option<&str>,
+    limit: Duration,
+) -> Result<String> {
+    let what = format!("a Warning {} for {pod}", reason.unwrap_or(""));
+    until(&what, limit, || async {
+        Ok(events
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.name.as_deref() == Some(pod)
+                    && reason.is_none_or(|r| e.reason.as_deref() == Some(r))
+                    && !from_the_scheduler(e)
+            })
+            .and_then(|e| e.message))
+    })
+    .await
+}
