@@ -34,6 +34,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_CLIENT_CA_FILE", "/tls/clients-ca.crt"),
     ("VK_KUBELET_ANONYMOUS", "false"),
     ("VK_KUBELET_WEBSOCKET", "false"),
+    ("VK_POST_CLONE_BUDGET", "90s"),
     ("VK_EXEC_IDLE_TIMEOUT", "2m"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
@@ -146,6 +147,7 @@ fn every_variable_is_read() {
     assert_eq!(c.snapshot.memory_budget_mib, 4096);
     assert_eq!(c.snapshot.pull_budget_mib, 1024);
     assert_eq!(c.clone_from_dir_root, Some(PathBuf::from("/data/import")));
+    assert_eq!(c.post_clone_budget_ms, 90_000);
     assert_eq!(c.image_url_hosts, ["images.example", "mirror.example:8443"]);
     assert_eq!(c.networks["team-a"], ["isolated-a"]);
     assert_eq!(c.networks["*"], ["shared"]);
@@ -186,6 +188,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.orphan_policy, OrphanPolicy::Destroy);
     assert_eq!(c.restore_mode, RestoreMode::Ondemand);
     assert_eq!(c.reserve_percent, 20);
+    assert_eq!(c.post_clone_budget_ms, 180_000);
     assert_eq!(c.node_pods, 256);
     // T12: no registry, so no image is fetched by URL; with one, its host only.
     assert!(c.image_url_hosts.is_empty());

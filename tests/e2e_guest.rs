@@ -3,8 +3,9 @@
 //! source's identity (no lease, no answer on its address) until the right `vm exec` ran.
 //! A firecracker clone, a cloud-hypervisor clone with a static NIC and a Windows clone with a
 //! static NIC (which also gets its address over SAC) become Ready only after their fix-up;
-//! a clone whose fix-up always fails in the guest gives up after the 180 s budget with the
-//! hint and the errors on the pod. The journal is replayed with --verify.
+//! a clone whose fix-up always fails in the guest gives up after its budget with the hint and
+//! the errors on the pod (the node's `VK_POST_CLONE_BUDGET`, 30 s here: the rule is the same
+//! at the default 3 minutes, and the scenario `post_clone_exhausted` keeps that figure). The journal is replayed with --verify.
 
 use e2e::daemon;
 
@@ -23,8 +24,10 @@ use serde_json::{json, Value};
 const NS: &str = "default";
 const NODE: &str = "node-a";
 const LIMIT: Duration = Duration::from_secs(60);
-/// C13's budget, and the slack for its last attempt and the status write after it.
-const BUDGET: Duration = Duration::from_secs(180 + 30);
+/// C13's budget as this node sets it (`VK_POST_CLONE_BUDGET`).
+const FIXUP_BUDGET_S: u64 = 30;
+/// That budget, and the slack for its last attempt and the status write after it.
+const BUDGET: Duration = Duration::from_secs(FIXUP_BUDGET_S + 30);
 /// What the guest says when the fix-up of the failing clone runs.
 const GUEST_ERROR: &str = "networkd: unit not found (e2e)";
 /// What every other clone's first two attempts say: the third one succeeds.
@@ -144,14 +147,17 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
 
     let journal = tb.run_dir().join("journal").join("events.journal");
     let opts = DaemonOptions {
-        env: vec![("COCOON_SIM_GUEST_FIXUP".into(), "1".into())],
+        env: vec![
+            ("COCOON_SIM_GUEST_FIXUP".into(), "1".into()),
+            ("VK_POST_CLONE_BUDGET".into(), format!("{FIXUP_BUDGET_S}s")),
+        ],
         ..DaemonOptions::default()
     };
     let metrics_port = e2e::ports::free_port()?;
     let d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
 
-    // The failing clone goes first: its 180 s budget runs while the others come up.
+    // The failing clone goes first: its budget runs while the others come up.
     let doomed = clone_pod("doomed", FC_SNAPSHOT, &[FIRECRACKER])?;
     create_pod(&pods, &doomed).await?;
     // Watched from its creation, so a Ready that lasted a moment would still be seen.
@@ -372,7 +378,9 @@ async fn clones_are_ready_only_after_their_guest_fixup() -> Result<()> {
     );
     let attempts = fixup_log(sim, &doomed_id)?;
     ensure!(
-        attempts.len() >= 30 && attempts.iter().all(|a| a["ok"] == false),
+        // One attempt every 3 s through the budget; half of them at least on a loaded machine.
+        attempts.len() as u64 >= FIXUP_BUDGET_S / 3 / 2
+            && attempts.iter().all(|a| a["ok"] == false),
         "doomed's attempts: {}",
         attempts.len()
     );

@@ -138,6 +138,8 @@ pub struct Config {
     pub kubelet_websocket: bool,
     /// K4: how long an exec session may see nothing move either way.
     pub exec_idle_timeout: std::time::Duration,
+    /// C13: how long a clone's guest fix-up is tried.
+    pub post_clone_budget_ms: i64,
     pub metrics_addr: SocketAddr,
     /// K7: `VK_NODE_IP` at port 12501 unless set.
     pub peer_addr: SocketAddr,
@@ -333,6 +335,7 @@ impl Config {
         e.warn_if_anonymous(kubelet_anonymous);
         let kubelet_websocket = e.or("VK_KUBELET_WEBSOCKET", true, parse::boolean);
         let exec_idle_timeout = e.exec_idle_timeout();
+        let post_clone_budget_ms = e.post_clone_budget_ms();
         let metrics_addr = e.metrics_addr();
         let peer_addr = e.or(
             "VK_PEER_ADDR",
@@ -392,6 +395,7 @@ impl Config {
             kubelet_anonymous,
             kubelet_websocket,
             exec_idle_timeout,
+            post_clone_budget_ms,
             metrics_addr,
             peer_addr,
             peer_tls,
@@ -446,6 +450,7 @@ impl Config {
             write_slots: reconcilers::config::WRITE_SLOTS,
             image_url_hosts: Some(self.image_url_hosts.clone()),
             networks: Some(self.networks.clone()),
+            fixup_budget_ms: self.post_clone_budget_ms,
         }
     }
 }

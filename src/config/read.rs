@@ -98,6 +98,18 @@ impl Env<'_> {
         })
     }
 
+    /// C13: from 3 s (one attempt) to an hour.
+    pub(super) fn post_clone_budget_ms(&mut self) -> i64 {
+        self.or(
+            "VK_POST_CLONE_BUDGET",
+            reconcilers::config::FIXUP_BUDGET_MS,
+            |s| match parse::duration_ms(s)? {
+                ms if (3_000..=3_600_000).contains(&ms) => Ok(ms),
+                _ => Err("must be from 3s to 1h".into()),
+            },
+        )
+    }
+
     pub(super) fn metrics_addr(&mut self) -> SocketAddr {
         self.or(
             "VK_METRICS_ADDR",

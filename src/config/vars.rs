@@ -74,6 +74,11 @@ pub const VARS: &[Var] = &[
         "true: the Node declares ExtendWebSocketsToKubelet, so exec and port-forward reach the kubelet API as WebSockets; false: the apiserver speaks SPDY to it",
     ),
     var(
+        "VK_POST_CLONE_BUDGET",
+        "3m",
+        "how long a clone's guest fix-up is tried (every 3 s) before it gives up (s, m or h; 3s to 1h)",
+    ),
+    var(
         "VK_EXEC_IDLE_TIMEOUT",
         "30s",
         "an exec session in which nothing moves either way (client pings count) this long ends (s, m, h or d)",

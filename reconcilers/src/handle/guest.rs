@@ -21,10 +21,9 @@ use crate::time::Millis;
 use crate::vm::{CocoonError, VmRecord};
 use crate::{create, lifecycle};
 
-/// C13: one attempt every 3 s …
+/// C13: one attempt every 3 s, within the node's budget from the first
+/// (`Config::fixup_budget_ms`, 180 s unless set).
 const FIXUP_INTERVAL_MS: u64 = 3_000;
-/// … within one budget of 180 s from the first.
-const FIXUP_BUDGET_MS: i64 = 180_000;
 /// U7: 30 s into the 45 s lease wait.
 const RENEW_NUDGE_MS: u64 = 30_000;
 
@@ -229,7 +228,7 @@ pub(crate) fn fixup_done(
     op: crate::action::OpId,
     result: Result<CocoonOk, CocoonError>,
 ) {
-    let now = s.now;
+    let (now, budget) = (s.now, s.config.fixup_budget_ms);
     s.touched.insert(key);
     let Some(f) = fixup_mut(s, key).filter(|f| f.call == Call::Out(op)) else {
         return s.emit(Action::Log {
@@ -243,7 +242,7 @@ pub(crate) fn fixup_done(
             let n = f.attempts;
             let line = format!("attempt {n}: {}", err.message);
             f.errors.push(line.clone());
-            let next_in_budget = now + FIXUP_INTERVAL_MS as Millis <= f.since + FIXUP_BUDGET_MS;
+            let next_in_budget = now + FIXUP_INTERVAL_MS as Millis <= f.since + budget;
             f.call = Call::Timer;
             event(
                 s,
@@ -332,10 +331,11 @@ fn give_up(s: &mut State, key: &PodKey, unattempted: Option<String>) {
     let last = f.errors.last().map_or("", |e| e.as_str());
     let msg = match unattempted {
         None => format!(
-            "post-clone {} fix-up of {name} gave up after {} attempts in 180s; last: {last} \
+            "post-clone {} fix-up of {name} gave up after {} attempts in {}s; last: {last} \
              (all errors in post-clone-errors, the command in post-clone-hint)",
             f.kind.as_str(),
-            f.attempts
+            f.attempts,
+            s.config.fixup_budget_ms / 1000
         ),
         Some(why) => format!(
             "post-clone {} fix-up of {name} cannot run: {why}; until it runs the guest keeps \

@@ -85,6 +85,24 @@ pub struct Config {
     /// journals written before the list existed decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub networks: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// C13 (`VK_POST_CLONE_BUDGET`): how long a clone's guest fix-up is tried, from its first
+    /// attempt.
+    #[serde(
+        default = "default_fixup_budget",
+        skip_serializing_if = "is_default_fixup_budget"
+    )]
+    pub fixup_budget_ms: i64,
+}
+
+/// C13: three minutes of attempts every 3 s.
+pub const FIXUP_BUDGET_MS: i64 = 180_000;
+
+fn default_fixup_budget() -> i64 {
+    FIXUP_BUDGET_MS
+}
+
+fn is_default_fixup_budget(ms: &i64) -> bool {
+    *ms == FIXUP_BUDGET_MS
 }
 
 /// The kube write lane's size: enough to keep a loaded apiserver busy, few enough that a burst
@@ -115,6 +133,7 @@ impl Default for Config {
             write_slots: WRITE_SLOTS,
             image_url_hosts: None,
             networks: None,
+            fixup_budget_ms: FIXUP_BUDGET_MS,
         }
     }
 }
