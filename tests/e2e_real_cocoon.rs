@@ -437,14 +437,9 @@ async fn a_daemon_killed_mid_create_converges_after_restart() -> Result<()> {
     };
     d.proc.signal(libc::SIGKILL);
     e2e::step!("daemon killed while cocoon vm run (pid {child}) was under way");
-    let journal = tb.run_dir().join("journal-2").join("events.journal");
-    let d = daemon::start(
-        &tb,
-        &DaemonOptions::default(),
-        &journal,
-        e2e::ports::free_port()?,
-        e2e::ports::free_port()?,
-    )?;
+    // The same journal, as on a host: the new process reads back that the VM being made is
+    // the pod's (T11).
+    let d = start_daemon(&tb, Vec::new())?;
     wait_ready(&pods, "midway", LIMIT)
         .await
         .with_context(|| d.proc.log_tail(80))?;
