@@ -39,7 +39,7 @@ e2e: deps
 	$(CARGO) test -j$(JOBS) -p vk-cocoon-e2e -- --test-threads=1
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_daemon --test e2e_rbac --test e2e_journal --test e2e_event_lane --test e2e_kubelet --test e2e_node --test e2e_top --test e2e_exec --test e2e_dashboard --test e2e_gc --test e2e_demo -- --test-threads=1
 	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_registry --test e2e_stateful --test e2e_resume --test e2e_operator --test e2e_peer --test e2e_fork --test e2e_trust --test e2e_guest --test e2e_macos -- --test-threads=1
-	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_identity --test e2e_tenant_snapshots --test e2e_tenant_peer --test e2e_tenant_caps --test e2e_tenant_unmanaged --test e2e_tenant_attacks --test e2e_real_cocoon -- --test-threads=1
+	$(CARGO) test -j$(JOBS) -p vk-cocoon --test e2e_identity --test e2e_tenant_snapshots --test e2e_tenant_peer --test e2e_tenant_caps --test e2e_tenant_unmanaged --test e2e_tenant_attacks --test e2e_tenant_bases --test e2e_tenant_floods --test e2e_tenant_restarts --test e2e_real_cocoon -- --test-threads=1
 
 # The main job: a live testbed, the daemon, three sample pods going Ready (Ctrl-C ends it;
 # DEMO_ONCE=1 exits once every pod is Ready).

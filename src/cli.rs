@@ -39,6 +39,38 @@ enum Command {
     CheckConfig,
     /// Print the version.
     Version,
+    /// Operator commands on snapshots (configured by the daemon's environment).
+    #[command(subcommand)]
+    Snapshots(SnapshotsCommand),
+}
+
+#[derive(Subcommand)]
+enum SnapshotsCommand {
+    /// Record which pod a snapshot made before owner records existed belongs to, so pods of
+    /// that namespace may use it again (a snapshot that already has a record is left as it
+    /// is). Public bases are listed in VK_PUBLIC_SNAPSHOTS instead.
+    Own(OwnArgs),
+}
+
+#[derive(Args)]
+struct OwnArgs {
+    /// The registry tag (`<repository>[:<tag>]`, tag `latest` if omitted) or, with --local,
+    /// this host's cocoon snapshot name.
+    #[arg(value_name = "SNAPSHOT")]
+    target: String,
+    /// The pod it belongs to, as NAMESPACE/POD (any pod of that namespace may then use it).
+    #[arg(long, value_name = "NS/POD", value_parser = parse_owner)]
+    owner: reconcilers::owner::Owner,
+    /// The snapshot is this host's local cocoon snapshot (moved through a file in
+    /// VK_STAGING_DIR: export, remove, import with the record), not a registry tag.
+    #[arg(long)]
+    local: bool,
+}
+
+fn parse_owner(s: &str) -> Result<reconcilers::owner::Owner, String> {
+    reconcilers::owner::Owner::parse(s).ok_or_else(|| {
+        format!("{s:?} is not NAMESPACE/POD (a namespace name, a slash, a pod name)")
+    })
 }
 
 #[derive(Args)]
@@ -108,6 +140,7 @@ pub fn main() -> ExitCode {
         Command::Run => run(),
         Command::Replay(args) => replay(args),
         Command::CheckConfig => check_config(),
+        Command::Snapshots(SnapshotsCommand::Own(args)) => own(args),
         Command::Version => {
             println!(
                 "vk-cocoon {} (build {}, journal format {FORMAT_VERSION})",
@@ -126,6 +159,38 @@ fn config_error(e: &ConfigErrors) -> ExitCode {
     }
     eprintln!("fix the variables above; `vk-cocoon check-config` shows every effective value");
     ExitCode::from(BAD_CONFIG)
+}
+
+fn own(args: OwnArgs) -> ExitCode {
+    use vk_cocoon::snapshot_owner::{own, Place};
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    let place = match args.local {
+        true => Place::Local,
+        false => Place::Registry,
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vk-cocoon snapshots own: {e}");
+            return ExitCode::from(FAILED);
+        }
+    };
+    match rt.block_on(own(&config, &args.target, &args.owner, place)) {
+        Ok(done) => {
+            println!("{done}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vk-cocoon snapshots own: {e:#}");
+            ExitCode::from(FAILED)
+        }
+    }
 }
 
 fn check_config() -> ExitCode {

@@ -15,6 +15,7 @@ pub mod pod_patch;
 pub mod registry;
 pub mod replay;
 pub mod runtime;
+pub mod snapshot_owner;
 pub mod sources;
 pub mod stats;
 pub mod stats_collector;

@@ -57,6 +57,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_CLONE_FROM_DIR_ROOT", "/data/import"),
     ("VK_IMAGE_URL_HOSTS", "images.example,mirror.example:8443"),
     ("VK_NETWORKS", "team-a=isolated-a;*=shared"),
+    ("VK_PUBLIC_SNAPSHOTS", "ubuntu-24.04,bases/win11"),
     ("VK_STAGING_DIR", "/data/staging"),
     ("VK_COCOON_SNAPSHOT_DIR", "/data/snap"),
     ("COCOON_ROOT_DIR", "/data/cocoon"),
@@ -151,6 +152,7 @@ fn every_variable_is_read() {
     assert_eq!(c.image_url_hosts, ["images.example", "mirror.example:8443"]);
     assert_eq!(c.networks["team-a"], ["isolated-a"]);
     assert_eq!(c.networks["*"], ["shared"]);
+    assert_eq!(c.public_snapshots, ["ubuntu-24.04", "bases/win11"]);
     let j = c.journal.as_ref().expect("journal on");
     assert_eq!(j.path, PathBuf::from("/data/journal/ev.jsonl"));
     assert_eq!(
@@ -166,6 +168,10 @@ fn every_variable_is_read() {
     assert_eq!(core.orphan_policy, OrphanPolicy::Keep);
     assert_eq!(core.cpu_class.as_deref(), Some("amd-epyc-9004"));
     assert_eq!(core.restore_mode, RestoreMode::Mmap);
+    assert_eq!(
+        core.public_snapshots.as_deref(),
+        Some(&["ubuntu-24.04".to_string(), "bases/win11".to_string()][..])
+    );
 }
 
 #[test]

@@ -197,8 +197,8 @@ async fn run_pod_is_ready_over_cni_and_what_the_release_lacks_is_named() -> Resu
 }
 
 /// A VM made by hand, its value set, saved as `snapshot` and removed: a clone source of the
-/// reference release (no owner record, so a public base, T5). Returns the address the guest
-/// had, which a restored guest keeps.
+/// reference release (no owner record; the testbed lists it as a public base, T15). Returns
+/// the address the guest had, which a restored guest keeps.
 fn seed_snapshot(tb: &Testbed, snapshot: &str, value: &str) -> Result<String> {
     let real = real(tb)?;
     let image = guest_image(tb)?;

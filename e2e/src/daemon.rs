@@ -117,6 +117,9 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
                 .env("VK_NETWORKS", "*=cocoon-static");
         }
     }
+    // T15: the clone bases the suites publish with cocoon's own tools (no owner record) are
+    // listed as public, as an operator lists the platform's bases.
+    cmd.env("VK_PUBLIC_SNAPSHOTS", "agent-base,acme-agent");
     cmd.env("KUBECONFIG", tb.kubeconfig()?)
         .env("VK_NODE_NAME", &o.node)
         .env("VK_NODE_IP", &o.node_ip)

@@ -164,6 +164,8 @@ pub struct Config {
     pub image_url_hosts: Vec<String>,
     /// T14: by namespace (`*`: every one), the named networks its pods may join.
     pub networks: std::collections::BTreeMap<String, Vec<String>>,
+    /// T15: the repositories whose snapshots without an owner record are public bases.
+    pub public_snapshots: Vec<String>,
     pub cocoon_snapshot_dir: PathBuf,
     pub cocoon_root_dir: PathBuf,
     pub cgroup_parent: String,
@@ -362,6 +364,7 @@ impl Config {
         let clone_from_dir_root = e.parsed("VK_CLONE_FROM_DIR_ROOT", parse::absolute_dir);
         let image_url_hosts = e.image_url_hosts(oci_registry.as_deref());
         let networks = e.networks();
+        let public_snapshots = e.public_bases();
         let cocoon_snapshot_dir = e.path(
             "VK_COCOON_SNAPSHOT_DIR",
             "/var/lib/cocoon/snapshot/localfile",
@@ -413,6 +416,7 @@ impl Config {
             clone_from_dir_root,
             image_url_hosts,
             networks,
+            public_snapshots,
             cocoon_snapshot_dir,
             cocoon_root_dir,
             cgroup_parent,
@@ -450,6 +454,7 @@ impl Config {
             write_slots: reconcilers::config::WRITE_SLOTS,
             image_url_hosts: Some(self.image_url_hosts.clone()),
             networks: Some(self.networks.clone()),
+            public_snapshots: Some(self.public_snapshots.clone()),
             fixup_budget_ms: self.post_clone_budget_ms,
         }
     }

@@ -174,6 +174,20 @@ pub fn url_hosts(s: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// T15: a comma-separated list of repository names (cocoon snapshot names without a tag).
+pub fn public_bases(s: &str) -> Result<Vec<String>, String> {
+    const HOW: &str = "must be repository names separated by commas (letters, digits, . _ / -, \
+                       starting with a letter or digit, no :tag), like ubuntu-24.04,bases/win11";
+    let mut out = Vec::new();
+    for n in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !crate::registry::valid_snapshot_name(n) || n.contains(':') {
+            return Err(format!("{n:?} {HOW}"));
+        }
+        out.push(n.to_string());
+    }
+    Ok(out)
+}
+
 /// T14: `namespace=net[,net…]` entries separated by `;`, namespace `*` for every namespace.
 pub fn networks(s: &str) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
     const HOW: &str = "must be entries namespace=network[,network…] separated by ;, \
@@ -234,7 +248,19 @@ pub fn absolute_dir(s: &str) -> Result<std::path::PathBuf, String> {
 
 #[cfg(test)]
 mod clone_root_tests {
-    use super::{absolute_dir, networks, registry_host, url_hosts};
+    use super::{absolute_dir, networks, public_bases, registry_host, url_hosts};
+
+    #[test]
+    fn public_bases_are_repository_names() {
+        assert_eq!(
+            public_bases(" ubuntu-24.04, bases/win11 ,").unwrap(),
+            ["ubuntu-24.04", "bases/win11"]
+        );
+        assert!(public_bases("").unwrap().is_empty());
+        for bad in ["ubuntu:24.04", "-x", "a b", "x@y", "é"] {
+            assert!(public_bases(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn networks_are_listed_by_namespace() {

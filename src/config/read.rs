@@ -137,6 +137,12 @@ impl Env<'_> {
             .unwrap_or_default()
     }
 
+    /// T15: unset, no record-less snapshot is public.
+    pub(super) fn public_bases(&mut self) -> Vec<String> {
+        self.parsed("VK_PUBLIC_SNAPSHOTS", parse::public_bases)
+            .unwrap_or_default()
+    }
+
     pub(super) fn orphan_policy(&mut self) -> OrphanPolicy {
         match self.get("VK_ORPHAN_POLICY") {
             None => OrphanPolicy::Destroy,

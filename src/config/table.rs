@@ -115,6 +115,10 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             .map(path)
             .unwrap_or_else(|| "(unset: clone-from-dir is refused)".into()),
         "VK_IMAGE_URL_HOSTS" | "VK_NETWORKS" => tenant_reach(c, var),
+        "VK_PUBLIC_SNAPSHOTS" if c.public_snapshots.is_empty() => {
+            "(none: snapshots without an owner record are nobody's)".into()
+        }
+        "VK_PUBLIC_SNAPSHOTS" => c.public_snapshots.join(","),
         "VK_COCOON_SNAPSHOT_DIR" => path(&c.cocoon_snapshot_dir),
         "COCOON_ROOT_DIR" => path(&c.cocoon_root_dir),
         "COCOON_CGROUP_PARENT" => c.cgroup_parent.clone(),

@@ -172,6 +172,13 @@ pub const VARS: &[Var] = &[
          (* for every namespace; unset: the node's default network only)",
     ),
     var(
+        "VK_PUBLIC_SNAPSHOTS",
+        "",
+        "repositories (comma-separated, no tag) whose snapshots without an owner record are \
+         public bases any pod may clone and no pod may replace (unset: none; record-less \
+         snapshots are nobody's)",
+    ),
+    var(
         "VK_STAGING_DIR",
         "/var/lib/cocoon/vk-staging",
         "scratch space for snapshot transfers",

@@ -13,6 +13,7 @@ use reconcilers::action::RegistryCall;
 use reconcilers::event::{
     ArtifactKind, RegistryError, RegistryErrorKind, RegistryOk, RemoteSnapshot,
 };
+use reconcilers::pod::PodKey;
 
 use crate::cocoon::CocoonCli;
 use crate::config::SnapshotTransfer;
@@ -27,10 +28,12 @@ pub struct Transfers {
 }
 
 /// What a peer restore needs: the API to find a node's address, this node's peer port (every
-/// node serves on the same one), `VK_STAGING_DIR`, the per-node limit of 2 at a time, and
-/// (K7.1) the node credentials, without which no peer is dialed.
+/// node serves on the same one), `VK_STAGING_DIR`, the per-node limit of 2 at a time, (K7.1)
+/// the node credentials, without which no peer is dialed, and (K7.4) the watched pods, whose
+/// UID names the pod being woken to the peer.
 pub struct Peers {
     pub client: kube::Client,
+    pub pods: std::sync::Arc<dashmap::DashMap<String, crate::sources::pods::StoredPod>>,
     pub port: u16,
     pub staging: PathBuf,
     pub limiter: crate::peer::Limiter,
@@ -53,7 +56,7 @@ impl Transfers {
         transfer: &SnapshotTransfer,
         cocoon: CocoonCli,
         node: String,
-        peers: Peers,
+        (peers, public_bases): (Peers, Vec<String>),
     ) -> Result<Transfers, registry::RegistryError> {
         std::fs::create_dir_all(staging).map_err(|e| {
             registry::RegistryError::Local(format!(
@@ -62,6 +65,7 @@ impl Transfers {
             ))
         })?;
         let registry = Registry::from_config(base)?
+            .with_public_bases(public_bases)
             .with_spool_dir(staging)
             .with_transfer(transfer)
             .with_caps(cocoon.caps.clone());
@@ -74,7 +78,12 @@ impl Transfers {
         })
     }
 
-    pub async fn call(&self, call: &RegistryCall) -> Result<RegistryOk, RegistryError> {
+    /// `key` is the pod the call is for, when it is for one.
+    pub async fn call(
+        &self,
+        call: &RegistryCall,
+        key: Option<&PodKey>,
+    ) -> Result<RegistryOk, RegistryError> {
         match call {
             RegistryCall::Inspect { name, tag } => {
                 let found = self.registry.inspect(name, tag).await.map_err(to_core)?;
@@ -114,14 +123,18 @@ impl Transfers {
                 tag,
                 local,
                 namespace,
+                namespace_uid,
             } => {
+                let tenant = reconcilers::owner::Tenant {
+                    namespace,
+                    uid: namespace_uid.as_deref(),
+                };
                 cocoon_pipe::pull_owned_into_cocoon(
                     &self.registry,
                     &self.cocoon,
-                    name,
-                    tag,
+                    (name, tag),
                     local,
-                    namespace,
+                    tenant,
                 )
                 .await
                 .map_err(to_core)?;
@@ -151,7 +164,7 @@ impl Transfers {
                 staging,
             } => {
                 let dir = self
-                    .peer_restore(name, tag, node, snapshot_id, staging)
+                    .peer_restore(key, name, tag, node, (snapshot_id, staging))
                     .await
                     .map_err(|message| RegistryError {
                         kind: RegistryErrorKind::Failed,
@@ -189,16 +202,18 @@ impl Transfers {
     }
 
     /// U6: the registry's `<name>:<tag>` must still be `snapshot_id` (its config is what the
-    /// staged `snapshot.json` is written from), then `node`'s copy is fetched.
+    /// staged `snapshot.json` is written from), then `node`'s copy is fetched for the pod
+    /// `key` wakes.
     async fn peer_restore(
         &self,
+        key: Option<&PodKey>,
         name: &str,
         tag: &str,
         node: &str,
-        snapshot_id: &str,
-        staging: &str,
+        (snapshot_id, staging): (&str, &str),
     ) -> Result<PathBuf, String> {
         self.staging_dir(staging)?;
+        let pod = self.waking_pod(key)?;
         let Some(access) = &self.peers.access else {
             return Err(
                 "the peer API is off on this node (VK_PEER_CA_FILE and VK_PEER_CERT unset)".into(),
@@ -229,6 +244,7 @@ impl Transfers {
             files: source.files,
             snapshot_name: name.to_string(),
             snapshot_id: snapshot_id.to_string(),
+            pod,
             staging_root: self.peers.staging.clone(),
             leaf: staging.to_string(),
             snapshot_json: source.snapshot_json,
@@ -240,6 +256,25 @@ impl Transfers {
             tracing::warn!(%node, vm = %name, "peer restore refused: {e}");
         }
         restored.map_err(|e| format!("peer {node}: {e}"))
+    }
+}
+
+impl Transfers {
+    /// K7.4: the pod a peer restore is for, by the UID the watch delivered, which is what the
+    /// peer checks with the apiserver; the core names the pod of every wake.
+    fn waking_pod(&self, key: Option<&PodKey>) -> Result<crate::peer::WakingPod, String> {
+        let key = key.ok_or("a peer restore names no pod, and peers serve only a pod's wake")?;
+        let uid = self
+            .peers
+            .pods
+            .get(&format!("{}/{}", key.namespace(), key.name()))
+            .and_then(|p| p.uid().map(str::to_string))
+            .ok_or_else(|| format!("pod {key} is not in the pod watch"))?;
+        Ok(crate::peer::WakingPod {
+            namespace: key.namespace().to_string(),
+            name: key.name().to_string(),
+            uid,
+        })
     }
 }
 

@@ -104,6 +104,7 @@ mod tests {
                 uid: format!("uid-{pod}"),
                 namespace: ns.into(),
                 pod: pod.into(),
+                namespace_uid: None,
             },
             id: id.map(str::to_string),
         }

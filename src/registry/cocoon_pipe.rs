@@ -297,16 +297,15 @@ pub async fn pull_into_cocoon(
     import(reg, cli, name, tag, local_name, None).await
 }
 
-/// [`pull_into_cocoon`] for a pod of `namespace` (T7): the tag's owner record is read first
+/// [`pull_into_cocoon`] for a pod of `tenant` (T7, T16): the tag's owner record is read first
 /// and must allow that namespace; the pull is then pinned to the digest checked, and the
 /// local snapshot's description carries the manifest's record (none for a public base).
 pub async fn pull_owned_into_cocoon(
     reg: &Registry,
     cli: &CocoonCli,
-    name: &str,
-    tag: &str,
+    (name, tag): (&str, &str),
     local_name: &str,
-    namespace: &str,
+    tenant: reconcilers::owner::Tenant<'_>,
 ) -> Result<PullOutcome, RegistryError> {
     if !valid_snapshot_name(local_name) {
         return Err(RegistryError::Refused(format!(
@@ -316,13 +315,14 @@ pub async fn pull_owned_into_cocoon(
     let Some(current) = reg.current_owner(name, tag).await? else {
         return Err(RegistryError::Absent(format!("{name}:{tag}")));
     };
-    super::owner::check_pull(&current.record, namespace, name, tag)?;
-    local_replaceable(cli, local_name, namespace).await?;
+    super::owner::check_pull(&current.record, tenant, name, tag)?;
+    local_replaceable(cli, reg.bases(), local_name, (tenant, &current.record)).await?;
     let description = match &current.record {
         reconcilers::owner::Record::Owned(o) => o.description(),
-        reconcilers::owner::Record::Public | reconcilers::owner::Record::Unreadable(_) => {
-            String::new()
-        }
+        reconcilers::owner::Record::Public
+        | reconcilers::owner::Record::Legacy
+        | reconcilers::owner::Record::Unrecorded
+        | reconcilers::owner::Record::Unreadable(_) => String::new(),
     };
     import(
         reg,
@@ -335,22 +335,28 @@ pub async fn pull_owned_into_cocoon(
     .await
 }
 
-/// T8: a pull replaces the local snapshot of its name, so that snapshot must be one a pod of
-/// `namespace` may remove: absent, public, or its own namespace's. Another namespace's is
-/// refused (`Foreign`), and nothing is removed or imported.
+/// T8, T15: a pull replaces the local snapshot of its name, so that snapshot must be one a pod
+/// of `namespace` may remove: absent, or its own namespace's; or, when what comes in is a
+/// public base, the node's older copy of that base. Anything else is refused (`Foreign`), and
+/// nothing is removed or imported.
 async fn local_replaceable(
     cli: &CocoonCli,
+    bases: reconcilers::owner::Bases<'_>,
     local_name: &str,
-    namespace: &str,
+    (tenant, incoming): (reconcilers::owner::Tenant<'_>, &reconcilers::owner::Record),
 ) -> Result<(), RegistryError> {
+    use reconcilers::owner::Record;
     let cmd = reconcilers::cocoon::CocoonCmd::SnapshotInspect {
         name: local_name.to_string(),
     };
     match cli.call(&cmd).await {
         Ok(reconcilers::event::CocoonOk::Snapshot { snapshot }) => {
-            reconcilers::owner::Record::from_description(&snapshot.description)
-                .usable_by(namespace, &format!("local snapshot {local_name}"))
-                .map_err(|why| RegistryError::Foreign(format!("{why}; it is not replaced")))
+            match Record::from_description(&snapshot.description, local_name, bases) {
+                Record::Public if *incoming == Record::Public => Ok(()),
+                here => here
+                    .replaceable_by(tenant, &format!("local snapshot {local_name}"))
+                    .map_err(|why| RegistryError::Foreign(format!("{why}; it is not replaced"))),
+            }
         }
         Err(e) if e.kind == CocoonErrorKind::SnapshotNotFound => Ok(()),
         Err(e) => Err(RegistryError::Cocoon(e)),
@@ -546,15 +552,32 @@ esac
 
     #[tokio::test]
     async fn a_pull_replaces_only_a_local_snapshot_its_namespace_may_remove() {
+        use reconcilers::owner::{Bases, Record, Tenant};
+        let team_b = Tenant {
+            namespace: "team-b",
+            uid: None,
+        };
         let dir = tempfile::tempdir().unwrap();
         let cli = cocoon(dir.path());
-        for name in ["mine", "base", "absent"] {
+        let listed = vec!["base".to_string()];
+        let (bases, none) = (Bases::Listed(&listed), Bases::Listed(&[]));
+        let owned = Record::from_annotation(Some("team-b/p"), "x", none);
+        for name in ["mine", "absent"] {
+            let ok = local_replaceable(&cli, bases, name, (team_b, &owned)).await;
+            assert!(ok.is_ok(), "{name}");
+        }
+        // The node's copy of a public base is refreshed by a pull of that base, never
+        // replaced by a pod's own snapshot; a record-less one nobody listed stays too.
+        let public = local_replaceable(&cli, bases, "base", (team_b, &Record::Public)).await;
+        assert!(public.is_ok());
+        for (bases, incoming) in [(bases, &owned), (none, &Record::Public), (none, &owned)] {
+            let refused = local_replaceable(&cli, bases, "base", (team_b, incoming)).await;
             assert!(
-                local_replaceable(&cli, name, "team-b").await.is_ok(),
-                "{name}"
+                matches!(refused, Err(RegistryError::Foreign(_))),
+                "{incoming:?}"
             );
         }
-        match local_replaceable(&cli, "theirs", "team-b").await {
+        match local_replaceable(&cli, bases, "theirs", (team_b, &owned)).await {
             Err(RegistryError::Foreign(m)) => {
                 assert!(
                     m.contains("another namespace") && !m.contains("team-a"),

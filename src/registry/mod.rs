@@ -110,6 +110,8 @@ pub struct Registry {
     window_log_max: u32,
     /// Counts frames refused for inflating past their entry's size.
     caps: crate::caps::CapCount,
+    /// T15 (`VK_PUBLIC_SNAPSHOTS`): the repositories whose record-less tags are public bases.
+    public_bases: std::sync::Arc<Vec<String>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -161,7 +163,20 @@ impl Registry {
             spool_dir: std::env::temp_dir(),
             window_log_max: window_log_for(2048),
             caps: crate::caps::CapCount::default(),
+            public_bases: std::sync::Arc::default(),
         })
+    }
+
+    /// T15: the repositories whose tags without an owner record are public bases; every
+    /// other record-less tag is nobody's to pull or push over.
+    pub fn with_public_bases(mut self, bases: Vec<String>) -> Self {
+        self.public_bases = std::sync::Arc::new(bases);
+        self
+    }
+
+    /// T15: which record-less snapshots are public, for the checks next to each transfer.
+    pub fn bases(&self) -> reconcilers::owner::Bases<'_> {
+        reconcilers::owner::Bases::Listed(&self.public_bases)
     }
 
     /// Where refusals of the decode's cap are counted.

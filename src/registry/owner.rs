@@ -8,9 +8,10 @@ use reconcilers::owner::Record;
 
 use super::{media, Manifest, Registry, RegistryError};
 
-/// The owner record `m` carries (none: a public base).
-pub fn record_of(m: &Manifest) -> Record {
-    Record::from_annotation(m.annotations.get(media::ANN_OWNER).map(String::as_str))
+/// The owner record `m`, a manifest of repository `name`, carries.
+pub fn record_of(m: &Manifest, name: &str, bases: reconcilers::owner::Bases) -> Record {
+    let value = m.annotations.get(media::ANN_OWNER).map(String::as_str);
+    Record::from_annotation(value, name, bases)
 }
 
 /// What a tag holds now, as far as ownership goes.
@@ -21,6 +22,29 @@ pub struct Current {
 }
 
 impl Registry {
+    /// The upgrade path of T15: records `owner` (`<namespace>/<pod>`) on `name:tag`, a tag
+    /// without a record, by re-PUTting its manifest with the owner annotation; nothing else
+    /// changes and no blob moves. A tag that already has a record is left as it is (a
+    /// record is never rewritten: it is what keeps tenants apart). Returns the new digest.
+    pub async fn record_owner(
+        &self,
+        name: &str,
+        tag: &str,
+        owner: &reconcilers::owner::Owner,
+    ) -> Result<String, RegistryError> {
+        let resolved = self.resolve(name, tag, false).await?;
+        let value = resolved.manifest.annotations.get(media::ANN_OWNER);
+        if let Some(v) = value {
+            return Err(RegistryError::Refused(format!(
+                "{name}:{tag} already carries the owner record {v:?}; a record is never rewritten"
+            )));
+        }
+        let r = self.reference(name, &super::reference::Target::Tag(tag.to_string()))?;
+        let record = owner.record();
+        self.add_annotation(name, &r, &resolved.digest, (media::ANN_OWNER, &record))
+            .await
+    }
+
     /// The owner record of `name:tag` now; `None` when the tag does not exist.
     pub async fn current_owner(
         &self,
@@ -29,7 +53,7 @@ impl Registry {
     ) -> Result<Option<Current>, RegistryError> {
         match self.resolve(name, tag, true).await {
             Ok(r) => Ok(Some(Current {
-                record: record_of(&r.manifest),
+                record: record_of(&r.manifest, name, self.bases()),
                 digest: r.digest,
             })),
             Err(RegistryError::Absent(_)) => Ok(None),
@@ -38,21 +62,21 @@ impl Registry {
     }
 }
 
-/// T7: a pull of `name:tag` for a pod of `namespace`.
+/// T7, T16: a pull of `name:tag` for a pod of `tenant`.
 pub fn check_pull(
     record: &Record,
-    namespace: &str,
+    tenant: reconcilers::owner::Tenant,
     name: &str,
     tag: &str,
 ) -> Result<(), RegistryError> {
     record
-        .usable_by(namespace, &format!("{name}:{tag}"))
+        .usable_by(tenant, &format!("{name}:{tag}"))
         .map_err(RegistryError::Foreign)
 }
 
-/// T7: a push by `owner` (`<namespace>/<pod>`) over what `name:tag` holds now: another
-/// namespace's snapshot (or an unreadable record) is never replaced; a public or absent tag,
-/// or one of the pusher's own namespace, may be.
+/// T7, T15: a push by `owner` (`<namespace>/<pod>`) over what `name:tag` holds now: only an
+/// absent tag or one of the pusher's own namespace is replaced; another namespace's, a public
+/// base, one without a record and an unreadable one never are.
 pub fn check_push(
     current: Option<&Record>,
     owner: &str,
@@ -67,7 +91,13 @@ pub fn check_push(
     match current {
         None => Ok(()),
         Some(record) => record
-            .usable_by(&pusher.namespace, &format!("{name}:{tag}"))
+            .replaceable_by(
+                reconcilers::owner::Tenant {
+                    namespace: &pusher.namespace,
+                    uid: pusher.namespace_uid.as_deref(),
+                },
+                &format!("{name}:{tag}"),
+            )
             .map_err(|why| RegistryError::Foreign(format!("{why}; it is not replaced"))),
     }
 }
@@ -75,20 +105,37 @@ pub fn check_push(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reconcilers::owner::{Bases, Tenant};
+
+    fn t(namespace: &str) -> Tenant<'_> {
+        Tenant {
+            namespace,
+            uid: None,
+        }
+    }
 
     #[test]
     fn pulls_and_pushes_stay_inside_the_owning_namespace() {
-        let owned = Record::from_annotation(Some("team-a/victim"));
-        assert!(check_pull(&owned, "team-a", "v", "latest").is_ok());
-        assert!(check_pull(&Record::Public, "team-b", "base", "latest").is_ok());
-        match check_pull(&owned, "team-b", "v", "hibernate") {
+        let owned = Record::from_annotation(Some("team-a/victim"), "v", Bases::Listed(&[]));
+        assert!(check_pull(&owned, t("team-a"), "v", "latest").is_ok());
+        assert!(check_pull(&Record::Public, t("team-b"), "base", "latest").is_ok());
+        match check_pull(&owned, t("team-b"), "v", "hibernate") {
             Err(RegistryError::Foreign(m)) => {
                 assert_eq!(m, "v:hibernate belongs to another namespace")
             }
             other => panic!("{other:?}"),
         }
         assert!(check_push(None, "team-b/x", "v", "latest").is_ok());
-        assert!(check_push(Some(&Record::Public), "team-b/x", "v", "latest").is_ok());
+        for never in [Record::Public, Record::Unrecorded] {
+            assert!(matches!(
+                check_push(Some(&never), "team-b/x", "v", "latest"),
+                Err(RegistryError::Foreign(_))
+            ));
+        }
+        assert!(matches!(
+            check_pull(&Record::Unrecorded, t("team-a"), "v", "latest"),
+            Err(RegistryError::Foreign(_))
+        ));
         assert!(check_push(Some(&owned), "team-a/other", "v", "latest").is_ok());
         assert!(matches!(
             check_push(Some(&owned), "team-b/x", "v", "hibernate"),

@@ -231,7 +231,12 @@ impl Registry {
         };
         if let Some(node) = from_node.filter(|n| !n.is_empty()) {
             match self
-                .add_from_node(name, &r, &outcome.pushed_digest, node)
+                .add_annotation(
+                    name,
+                    &r,
+                    &outcome.pushed_digest,
+                    (media::ANN_FROM_NODE, node),
+                )
                 .await
             {
                 Ok(d) => {
@@ -318,14 +323,14 @@ impl Registry {
         Ok((layers, files, format))
     }
 
-    /// Re-reads the manifest just pushed, adds `cocoonstack.snapshot.from-node` (everything
-    /// else kept as it is) and PUTs it under the same tag.
-    async fn add_from_node(
+    /// Re-reads the manifest `digest`, sets one annotation (everything else kept as it is)
+    /// and PUTs it under `r`: the from-node a push adds, or the owner an operator records.
+    pub(super) async fn add_annotation(
         &self,
         name: &str,
         r: &Reference,
         digest: &str,
-        node: &str,
+        (key, value): (&str, &str),
     ) -> Result<String, RegistryError> {
         let by_digest = self.reference(name, &Target::Digest(digest.to_string()))?;
         let (_, raw, _) = self.get_manifest(&by_digest).await?;
@@ -340,7 +345,7 @@ impl Registry {
         let ann = ann.as_object_mut().ok_or_else(|| {
             RegistryError::Refused("manifest annotations are not an object".into())
         })?;
-        ann.insert(media::ANN_FROM_NODE.into(), node.into());
+        ann.insert(key.into(), value.into());
         let body = serde_json::to_vec_pretty(&v).expect("a JSON value serialises");
         self.put_manifest(r, body).await
     }

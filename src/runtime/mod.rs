@@ -83,7 +83,7 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     // the core's configuration is journaled.
     settings.cocoon.verbs = crate::cocoon::tier::detect(&settings.cocoon).await;
     settings.core.cocoon = settings.cocoon.verbs;
-    let peer = serve_peers(&settings, &metrics)?;
+    let peer = serve_peers(&settings, &client, &metrics)?;
     metrics.watch_event_queue(&tx);
     if settings.journal.is_some() {
         metrics.enable_journal();
@@ -115,12 +115,25 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         settings.node.name.clone(),
         settings.dhcp_release_socket.clone(),
     )
-    .with_transfers(transfers(&settings, &client, &staging_dir, peer)?)
+    .with_transfers(transfers(
+        &settings,
+        &client,
+        &staging_dir,
+        (peer, views.objects.clone()),
+    )?)
     .with_root_dir(settings.root_dir.clone().into());
     // T11: the holder records are the core's first event, before any source can send one.
     let _ = tx.send(restore_holders(&settings)).await;
+    // T16: every namespace's UID before the pod relist, so the startup claim has them.
+    let mut seen = crate::sources::namespaces::Seen::default();
+    crate::sources::namespaces::first_list(&client, &tx, &mut seen).await;
     let objects = pods::Objects::new(views.objects.clone());
-    let tasks = start_sources(&settings, &client, &tx, objects);
+    let mut tasks = start_sources(&settings, &client, &tx, objects);
+    tasks.push(tokio::spawn(crate::sources::namespaces::run(
+        client.clone(),
+        tx.clone(),
+        seen,
+    )));
     let daemon = event_loop::Loop::new(settings, client, tx, metrics, exec, tasks, views);
     daemon.run(rx, &mut shutdown).await
 }
@@ -235,9 +248,11 @@ fn serve_kubelet(
 }
 
 /// K7.1, K7.2: the peer API, only with node credentials; what restores dial peers with, if any.
-/// A listener that cannot bind or credentials that cannot be loaded are fatal.
+/// A listener that cannot bind or credentials that cannot be loaded are fatal. K7.4: `client`
+/// is how it learns which node wakes a pod.
 fn serve_peers(
     settings: &Settings,
+    client: &Client,
     metrics: &Metrics,
 ) -> Result<Option<crate::effects::registry::PeerAccess>> {
     let Some(t) = &settings.peer_tls else {
@@ -260,6 +275,7 @@ fn serve_peers(
         settings.peer_addr,
         settings.snapshot_dir.clone(),
         settings.cocoon.clone(),
+        client.clone(),
         &tls,
         crate::peer::Counting {
             metrics: metrics.clone(),
@@ -271,18 +287,30 @@ fn serve_peers(
         identity = %tls.node,
         "peer API serving other nodes over mutual TLS"
     );
+    // K7.4: peers serve a wake only to the host whose certificate speaks for the pod's Node.
+    if !crate::peer::acts_as(&tls.node, &settings.node.name) {
+        tracing::warn!(
+            identity = %tls.node,
+            node = %settings.node.name,
+            "VK_NODE_NAME is neither the certificate's node nor <node>-cocoon: peers will \
+             refuse this node's wakes, which pull from the registry instead"
+        );
+    }
     Ok(Some(crate::effects::registry::PeerAccess {
         tls: dial,
         counters,
     }))
 }
 
+/// The pod watch's objects by pod key.
+type WatchedPods = std::sync::Arc<dashmap::DashMap<String, crate::sources::pods::StoredPod>>;
+
 /// Registry transfers (`OCI_REGISTRY`), with peer restores; `None` while it is unset.
 fn transfers(
     settings: &Settings,
     client: &Client,
     staging_dir: &std::path::Path,
-    access: Option<crate::effects::registry::PeerAccess>,
+    (access, pods): (Option<crate::effects::registry::PeerAccess>, WatchedPods),
 ) -> Result<Option<std::sync::Arc<crate::effects::registry::Transfers>>> {
     let Some(base) = &settings.registry else {
         return Ok(None);
@@ -293,13 +321,17 @@ fn transfers(
         &settings.snapshot,
         settings.cocoon.clone(),
         settings.node.name.clone(),
-        crate::effects::registry::Peers {
-            client: client.clone(),
-            port: settings.peer_addr.port(),
-            staging: staging_dir.to_path_buf(),
-            limiter: crate::peer::Limiter::per_node(),
-            access,
-        },
+        (
+            crate::effects::registry::Peers {
+                client: client.clone(),
+                pods,
+                port: settings.peer_addr.port(),
+                staging: staging_dir.to_path_buf(),
+                limiter: crate::peer::Limiter::per_node(),
+                access,
+            },
+            settings.core.public_snapshots.clone().unwrap_or_default(),
+        ),
     )
     .with_context(|| format!("OCI_REGISTRY={base:?}"))?;
     Ok(Some(std::sync::Arc::new(transfers)))

@@ -3,6 +3,7 @@
 mod bounded_lines;
 pub mod cocoon_stream;
 pub mod dhcp_leases;
+pub mod namespaces;
 pub mod pod_view;
 pub mod pods;
 

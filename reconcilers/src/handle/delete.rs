@@ -298,7 +298,7 @@ pub(crate) fn save_done(
         Saving::Next(save, op) => set_wait(s, key, DeleteWait::Save(save, op), None),
         Saving::Saved => {
             snapshot::saved(s, since);
-            let call = snapshot::push_of(key, &name, "latest", image);
+            let call = snapshot::push_of(s, key, &name, "latest", image);
             let op = s.call_registry(
                 RegistryOwner::Pod { key: key.clone() },
                 Some(key.clone()),

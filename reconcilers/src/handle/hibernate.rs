@@ -217,7 +217,7 @@ fn save_done(
         Saving::Saved => {
             count(s, HibernatePhase::Snapshot, Outcome::Ok);
             snapshot::saved(s, since);
-            let call = snapshot::push_of(key, &name, "hibernate", image);
+            let call = snapshot::push_of(s, key, &name, "hibernate", image);
             let owner = RegistryOwner::Pod { key: key.clone() };
             let op = s.call_registry(owner, Some(key.clone()), call);
             next(s, key, HibernateStep::Push, op);

@@ -455,7 +455,7 @@ pub(crate) fn leftover(s: &State, key: &PodKey) -> Option<Tracked> {
     // T11: nor a guest recorded for a pod of another namespace.
     let uid = e.pod.uid.as_str();
     let record = s.holders.get(name).map(|h| &h.holder);
-    if crate::holders::grant(record, key, uid) == crate::holders::Grant::Refused {
+    if crate::holders::grant(record, (key, uid), s.tenant(key)) == crate::holders::Grant::Refused {
         return None;
     }
     Some(tracked(named(name)))

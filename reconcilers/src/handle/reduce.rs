@@ -63,6 +63,9 @@ pub fn reduce_touching(state: &mut State, envelope: Envelope) -> (Vec<Action>, V
         Event::DhcpLeaseReleased { op, result } => dhcp::released(state, op, result),
         Event::SacDone { op, result } => guest::sac_done(state, op, result),
         Event::NodeRegistered => {}
+        Event::Namespace { name, uid } => {
+            state.namespaces.insert(name, uid);
+        }
         Event::HoldersRestored { holders, problem } => {
             startup::holders_restored(state, holders, problem)
         }

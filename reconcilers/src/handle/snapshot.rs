@@ -43,7 +43,7 @@ pub(crate) fn save(s: &mut State, key: &PodKey, snapshot: &str, vm: &str) -> OpI
     let cmd = CocoonCmd::SnapshotSave {
         name: snapshot.to_string(),
         vm: vm.to_string(),
-        description: Owner::of(key).description(),
+        description: Owner::of(key, s.tenant(key).uid).description(),
     };
     s.run_cocoon(
         CocoonOwner::Pod { key: key.clone() },
@@ -76,7 +76,7 @@ pub(crate) fn save_done(
             Saving::Next(SaveStep::InspectHolder, inspect(s, key, holder))
         }
         (SaveStep::InspectHolder, Ok(CocoonOk::Snapshot { snapshot: held })) => {
-            match removal_refused(key, &held) {
+            match removal_refused(s, key, &held) {
                 None => {
                     let target = if held.id.is_empty() {
                         held.name.clone()
@@ -116,14 +116,14 @@ pub(crate) fn taken_by(message: &str) -> Option<String> {
     (!id.is_empty()).then(|| id.to_string())
 }
 
-/// T8: why `key` may not remove the snapshot `snap`, if it may not. Every name a removal
-/// starts from is the pod's own (its VM name under T1, `fork-` of it, its import, the fork
-/// snapshot of a same-namespace source under T2), so a snapshot without a record under it is
-/// removable; an owned one only by a pod of its namespace.
-pub(crate) fn removal_refused(key: &PodKey, snap: &SnapshotInfo) -> Option<String> {
+/// T8, T15: why `key` may not remove the snapshot `snap`, if it may not: an owned one only by
+/// a pod of its namespace; a public base or one without a record by no pod. (Under a
+/// configuration from before public bases were listed, a record-less one was removable:
+/// every name a removal starts from is the pod's own.)
+pub(crate) fn removal_refused(s: &State, key: &PodKey, snap: &SnapshotInfo) -> Option<String> {
     let what = format!("snapshot {:?}", snap.name);
-    Record::from_description(&snap.description)
-        .usable_by(key.namespace(), &what)
+    Record::from_description(&snap.description, &snap.name, s.config.bases())
+        .replaceable_by(s.tenant(key), &what)
         .err()
 }
 
@@ -208,7 +208,7 @@ pub(crate) fn guarded_inspected(
     result: Result<CocoonOk, CocoonError>,
 ) {
     match result {
-        Ok(CocoonOk::Snapshot { snapshot }) => match removal_refused(key, &snapshot) {
+        Ok(CocoonOk::Snapshot { snapshot }) => match removal_refused(s, key, &snapshot) {
             None => {
                 rm(s, key, name.to_string(), false);
             }
@@ -282,12 +282,12 @@ pub(crate) fn pushed(s: &mut State, since: Millis) {
 
 /// The push of the local snapshot `<vm>` to `<vm>:<tag>`, the pod's image as its base image
 /// and the pod as its owner (T5, T7).
-pub(crate) fn push_of(key: &PodKey, vm: &str, tag: &str, image: String) -> RegistryCall {
+pub(crate) fn push_of(s: &State, key: &PodKey, vm: &str, tag: &str, image: String) -> RegistryCall {
     RegistryCall::Push {
         snapshot: vm.to_string(),
         name: vm.to_string(),
         tag: tag.to_string(),
         base_image: image,
-        owner: Owner::of(key).record(),
+        owner: Owner::of(key, s.tenant(key).uid).record(),
     }
 }

@@ -22,7 +22,7 @@ pub(crate) fn indexed(s: &mut State, key: &PodKey) {
     let uid = s.pod(key).map(|e| e.pod.uid.clone());
     if let (true, Some(uid)) = (managed, uid) {
         let held = crate::holders::Held {
-            holder: crate::holders::Holder::of(key, &uid),
+            holder: crate::holders::Holder::of(key, &uid, s.tenant(key)),
             id: Some(id.clone()),
         };
         s.hold(&name, Some(held));

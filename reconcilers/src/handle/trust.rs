@@ -75,10 +75,22 @@ pub(crate) fn fork_prefix(name: &str) -> Option<String> {
     ))
 }
 
-/// T5, T12, T14: a VM name of the daemon's own, an image URL the node does not fetch from, or a
-/// network the pod's namespace may not join; refused for good whatever path the pod takes.
+/// T15: a VM, its local snapshot and its registry repository share the name, so a VM named
+/// after a public base would save and push over the base every tenant clones from.
+fn public_base(s: &State, vm_name: &str) -> Option<String> {
+    s.config.bases().lists(vm_name).then(|| {
+        format!(
+            "VM name {vm_name:?} is a public base's, which no pod's VM may take; give this pod another vm.cocoonstack.io/name"
+        )
+    })
+}
+
+/// T5, T12, T14, T15: a VM name of the daemon's own or of a public base, an image URL the
+/// node does not fetch from, or a network the pod's namespace may not join; refused for good
+/// whatever path the pod takes.
 pub(crate) fn spec_refused(s: &State, key: &PodKey, spec: &crate::spec::VmSpec) -> Option<String> {
     fork_prefix(&spec.vm_name)
+        .or_else(|| public_base(s, &spec.vm_name))
         .or_else(|| image_url_refused(s, &spec.image))
         .or_else(|| {
             spec.network
@@ -213,7 +225,7 @@ pub(crate) fn may_take(
     };
     let record = s.holders.of_vm(&vm.name, &vm.id);
     let name = &vm.name;
-    match grant(record, key, uid) {
+    match grant(record, (key, uid), s.tenant(key)) {
         Grant::Holder => Ok(()),
         // A successor in the holder's namespace, once the holder itself is gone.
         Grant::Namespace => match record.and_then(|h| live_pod(s, &h.uid)) {

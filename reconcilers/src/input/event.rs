@@ -284,6 +284,13 @@ pub enum Event {
     },
     /// The node object is registered; pods may now be reported against it.
     NodeRegistered,
+    /// T16: a namespace as the apiserver has it (listed or changed): its name and UID. A
+    /// deleted namespace sends nothing: its UID stays known, so its records stay another's
+    /// when the name comes back.
+    Namespace {
+        name: String,
+        uid: String,
+    },
     /// T11: the VM holder records the process found in its journal, sent before any other
     /// event; `problem` says why they may be incomplete (no journal, a damaged one).
     HoldersRestored {

@@ -85,6 +85,11 @@ pub struct Config {
     /// journals written before the list existed decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub networks: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// T15 (`VK_PUBLIC_SNAPSHOTS`): the repositories whose snapshots without an owner record
+    /// are public bases. `None`: every record-less snapshot is public, as journals written
+    /// before the list existed decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_snapshots: Option<Vec<String>>,
     /// C13 (`VK_POST_CLONE_BUDGET`): how long a clone's guest fix-up is tried, from its first
     /// attempt.
     #[serde(
@@ -117,6 +122,13 @@ fn is_default_write_slots(n: &u32) -> bool {
     *n == WRITE_SLOTS
 }
 
+impl Config {
+    /// T15: which record-less snapshots this node counts as public bases.
+    pub fn bases(&self) -> crate::owner::Bases<'_> {
+        crate::owner::Bases::of(self.public_snapshots.as_ref())
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -133,6 +145,7 @@ impl Default for Config {
             write_slots: WRITE_SLOTS,
             image_url_hosts: None,
             networks: None,
+            public_snapshots: None,
             fixup_budget_ms: FIXUP_BUDGET_MS,
         }
     }

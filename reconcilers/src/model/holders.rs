@@ -22,6 +22,10 @@ pub struct Holder {
     pub uid: String,
     pub namespace: String,
     pub pod: String,
+    /// T16: the namespace's UID when the node knew it, so that a namespace deleted and made
+    /// again under the same name is not the holder's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_uid: Option<String>,
 }
 
 /// One record: the holder, and the VM's id once cocoon has named it (`None` while the create
@@ -49,12 +53,20 @@ pub enum Grant {
 }
 
 impl Holder {
-    pub fn of(key: &PodKey, uid: &str) -> Holder {
+    /// The pod `key` (UID `uid`) of `tenant`, the pod's namespace as the node knows it.
+    pub fn of(key: &PodKey, uid: &str, tenant: crate::owner::Tenant) -> Holder {
         Holder {
             uid: uid.to_string(),
             namespace: key.namespace().to_string(),
             pod: key.name().to_string(),
+            namespace_uid: tenant.uid.map(str::to_string),
         }
+    }
+
+    /// Whether the holder is a pod of `tenant`'s namespace (T16: not of an earlier namespace
+    /// of the same name).
+    pub fn of_tenant(&self, tenant: crate::owner::Tenant) -> bool {
+        tenant.is(&self.namespace, self.namespace_uid.as_deref())
     }
 }
 
@@ -108,11 +120,15 @@ impl FromIterator<(String, Held)> for Holders {
     }
 }
 
-/// T11: what `record` lets the pod `key` (UID `uid`) do with the VM.
-pub fn grant(record: Option<&Holder>, key: &PodKey, uid: &str) -> Grant {
+/// T11, T16: what `record` lets the pod `key` (UID `uid`) of `tenant` do with the VM.
+pub fn grant(
+    record: Option<&Holder>,
+    (key, uid): (&PodKey, &str),
+    tenant: crate::owner::Tenant,
+) -> Grant {
     match record {
         None => Grant::Unrecorded,
-        Some(h) if h.namespace != key.namespace() => Grant::Refused,
+        Some(h) if h.namespace != key.namespace() || !h.of_tenant(tenant) => Grant::Refused,
         Some(h) if h.uid == uid => Grant::Holder,
         Some(_) => Grant::Namespace,
     }
@@ -128,6 +144,7 @@ mod tests {
                 uid: uid.into(),
                 namespace: ns.into(),
                 pod: pod.into(),
+                namespace_uid: None,
             },
             id: id.map(str::to_string),
         }
@@ -152,11 +169,37 @@ mod tests {
         let same = PodKey::new("a", "p");
         let successor = PodKey::new("a", "q");
         let other = PodKey::new("b", "p");
-        assert_eq!(grant(Some(&h), &same, "u1"), Grant::Holder);
-        assert_eq!(grant(Some(&h), &same, "u2"), Grant::Namespace);
-        assert_eq!(grant(Some(&h), &successor, "u3"), Grant::Namespace);
-        assert_eq!(grant(Some(&h), &other, "u1"), Grant::Refused);
-        assert_eq!(grant(None, &other, "u1"), Grant::Unrecorded);
+        let t = |ns| crate::owner::Tenant {
+            namespace: ns,
+            uid: None,
+        };
+        assert_eq!(grant(Some(&h), (&same, "u1"), t("a")), Grant::Holder);
+        assert_eq!(grant(Some(&h), (&same, "u2"), t("a")), Grant::Namespace);
+        assert_eq!(
+            grant(Some(&h), (&successor, "u3"), t("a")),
+            Grant::Namespace
+        );
+        assert_eq!(grant(Some(&h), (&other, "u1"), t("b")), Grant::Refused);
+        assert_eq!(grant(None, (&other, "u1"), t("b")), Grant::Unrecorded);
+    }
+
+    #[test]
+    fn a_namespace_made_again_under_the_same_name_holds_nothing() {
+        let key = PodKey::new("a", "q");
+        let first = crate::owner::Tenant {
+            namespace: "a",
+            uid: Some("ns-1"),
+        };
+        let again = crate::owner::Tenant {
+            namespace: "a",
+            uid: Some("ns-2"),
+        };
+        let h = Holder::of(&PodKey::new("a", "p"), "u1", first);
+        assert_eq!(grant(Some(&h), (&key, "u2"), first), Grant::Namespace);
+        assert_eq!(grant(Some(&h), (&key, "u2"), again), Grant::Refused);
+        // A record from before namespace UIDs were known: the name decides.
+        let old = held("a", "p", "u1", None).holder;
+        assert_eq!(grant(Some(&old), (&key, "u2"), again), Grant::Namespace);
     }
 
     #[test]

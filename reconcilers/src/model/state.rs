@@ -48,6 +48,10 @@ pub struct State {
     /// asked for, adopted or woken, read back by a restarted process before it decides.
     #[serde(default, skip_serializing_if = "crate::holders::Holders::is_empty")]
     pub holders: crate::holders::Holders,
+    /// T16: the UID of each namespace the node has seen, by name, so that records of a
+    /// namespace deleted and made again under the same name are not the new one's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, String>,
     /// Every VM cocoon reports on this node, which an unmanaged pod's claim must match (T10).
     #[serde(default, skip_serializing_if = "crate::node_vms::NodeVms::is_empty")]
     pub node_vms: crate::node_vms::NodeVms,
@@ -247,12 +251,22 @@ pub enum StreamState {
 }
 
 impl State {
+    /// T16: the pod `key`'s namespace as records name it: its name, and its UID once seen.
+    pub fn tenant<'a>(&'a self, key: &'a PodKey) -> crate::owner::Tenant<'a> {
+        let namespace = key.namespace();
+        crate::owner::Tenant {
+            namespace,
+            uid: self.namespaces.get(namespace).map(String::as_str),
+        }
+    }
+
     pub fn new(config: Config) -> Self {
         Self {
             config,
             now: 0,
             next_op: 1,
             pods: PodTable::default(),
+            namespaces: BTreeMap::new(),
             cocoon_ops: BTreeMap::new(),
             kube_ops: BTreeMap::new(),
             registry_ops: BTreeMap::new(),
@@ -330,13 +344,13 @@ impl State {
         // not made this pod's by its asking.
         if let (Some(key), Some(name)) = (&key, cmd.makes_vm()) {
             let keep = match self.holders.get(name) {
-                Some(h) => h.holder.namespace != key.namespace(),
+                Some(h) => !h.holder.of_tenant(self.tenant(key)),
                 None => self.node_vms.has_name(name),
             };
             let uid = self.pods.get(key).map(|e| e.pod.uid.clone());
             if let (false, Some(uid)) = (keep, uid) {
                 let held = crate::holders::Held {
-                    holder: crate::holders::Holder::of(key, &uid),
+                    holder: crate::holders::Holder::of(key, &uid, self.tenant(key)),
                     id: None,
                 };
                 self.hold(name, Some(held));

@@ -253,6 +253,10 @@ pub enum RegistryCall {
         tag: String,
         local: String,
         namespace: String,
+        /// T16: the namespace's UID when the node knows it, so a record of an earlier
+        /// namespace of the same name is refused too.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace_uid: Option<String>,
     },
     /// C7.2: streams the cloud image `<name>:<tag>` into `cocoon image import <image>`.
     PullCloudImage {

@@ -27,7 +27,11 @@ pub fn registry_call(c: &RegistryCall) -> String {
             tag,
             local,
             namespace,
-        } => format!("pull {name}:{tag} -> {local} for={namespace}"),
+            namespace_uid,
+        } => match namespace_uid {
+            None => format!("pull {name}:{tag} -> {local} for={namespace}"),
+            Some(uid) => format!("pull {name}:{tag} -> {local} for={namespace}@{uid}"),
+        },
         RegistryCall::DeleteTag { name, tag } => format!("delete-tag {name}:{tag}"),
         RegistryCall::PullCloudImage { name, tag, image } => {
             format!("pull-cloud-image {name}:{tag} -> {image}")
@@ -390,6 +394,7 @@ pub fn event(e: &Event) -> String {
             Err(e) => format!("sac-done #{op} err {:?} {}", e.stage, q(&e.message)),
         },
         Event::NodeRegistered => "node-registered".into(),
+        Event::Namespace { name, uid } => format!("namespace {name} uid={uid}"),
         Event::HoldersRestored { holders, problem } => {
             let names: Vec<&str> = holders.iter().map(|(n, _)| n.as_str()).collect();
             match problem {

@@ -577,7 +577,8 @@ impl World {
             }
             Action::CallRegistry { op, call, .. } => {
                 let node = self.state.config.node_name.clone();
-                let result = self.registry.exec(&call, &mut self.cocoon, &node);
+                let bases = self.state.config.bases();
+                let result = self.registry.exec(&call, &mut self.cocoon, &node, bases);
                 self.feed(Event::RegistryDone { op, result });
             }
             Action::RunSac { op, .. } => {

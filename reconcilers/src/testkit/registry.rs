@@ -1,6 +1,7 @@
 //! A fake OCI registry: tags holding snapshots, pushed from and pulled into the fake cocoon's
 //! local snapshot store. Failures are queued per call kind.
 
+use crate::owner::{Bases, Record, Tenant};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::action::RegistryCall;
@@ -35,14 +36,20 @@ pub struct Stored {
     pub pushed_at: Option<crate::time::Millis>,
 }
 
-/// T7: the namespace a stored owner record names, when it names one; an unreadable record
-/// counts as another namespace's.
-fn foreign(stored: &Stored, namespace: &str) -> Option<String> {
-    match crate::owner::Record::from_annotation(stored.owner.as_deref()) {
-        crate::owner::Record::Public => None,
-        crate::owner::Record::Owned(o) if o.namespace == namespace => None,
-        crate::owner::Record::Owned(o) => Some(o.namespace),
-        crate::owner::Record::Unreadable(r) => Some(format!("(unreadable record {r:?})")),
+/// T7, T15, T16: why a pod of `tenant` may not pull (`use_only`) or push over the tag of
+/// repository `name`, as the shell's registry client decides.
+fn refused(
+    stored: &Stored,
+    (name, tag): (&str, &str),
+    tenant: Tenant,
+    bases: Bases,
+    use_only: bool,
+) -> Option<String> {
+    let record = Record::from_annotation(stored.owner.as_deref(), name, bases);
+    let what = format!("{name}:{tag}");
+    match use_only {
+        true => record.usable_by(tenant, &what).err(),
+        false => record.replaceable_by(tenant, &what).err(),
     }
 }
 
@@ -74,6 +81,7 @@ impl FakeRegistry {
         call: &RegistryCall,
         cocoon: &mut FakeCocoon,
         node: &str,
+        bases: Bases,
     ) -> Result<RegistryOk, RegistryError> {
         if let Some(err) = self
             .failures
@@ -104,16 +112,21 @@ impl FakeRegistry {
                 base_image,
                 owner,
             } => {
-                let pusher = owner.split('/').next().unwrap_or_default();
-                if self
+                let pusher = crate::owner::Owner::parse(owner).unwrap_or_else(|| {
+                    panic!("the core pushed with an owner record that does not parse: {owner:?}")
+                });
+                let tenant = Tenant {
+                    namespace: &pusher.namespace,
+                    uid: pusher.namespace_uid.as_deref(),
+                };
+                if let Some(why) = self
                     .tags
                     .get(&format!("{name}:{tag}"))
-                    .and_then(|t| foreign(t, pusher))
-                    .is_some()
+                    .and_then(|t| refused(t, (name, tag), tenant, bases, false))
                 {
                     return Err(RegistryError {
                         kind: RegistryErrorKind::Foreign,
-                        message: format!("{name}:{tag} belongs to another namespace"),
+                        message: why,
                     });
                 }
                 let Some(local) = cocoon.snapshots.get(snapshot) else {
@@ -143,24 +156,37 @@ impl FakeRegistry {
                 tag,
                 local,
                 namespace,
-            } => match self.tags.get(&format!("{name}:{tag}")) {
-                Some(t) if foreign(t, namespace).is_some() => Err(RegistryError {
-                    kind: RegistryErrorKind::Foreign,
-                    message: format!("{name}:{tag} belongs to another namespace"),
-                }),
-                Some(t) => {
-                    cocoon.snapshots.remove(local);
-                    cocoon.add_snapshot(local, &t.hypervisor, &t.image);
-                    if let Some(o) = &t.owner {
-                        cocoon.describe(local, &format!("{}{o}", crate::owner::DESCRIPTION_PREFIX));
+                namespace_uid,
+            } => {
+                let tenant = Tenant {
+                    namespace,
+                    uid: namespace_uid.as_deref(),
+                };
+                match self.tags.get(&format!("{name}:{tag}")) {
+                    Some(t) if refused(t, (name, tag), tenant, bases, true).is_some() => {
+                        Err(RegistryError {
+                            kind: RegistryErrorKind::Foreign,
+                            message: refused(t, (name, tag), tenant, bases, true)
+                                .unwrap_or_default(),
+                        })
                     }
-                    Ok(RegistryOk::Pulled)
+                    Some(t) => {
+                        cocoon.snapshots.remove(local);
+                        cocoon.add_snapshot(local, &t.hypervisor, &t.image);
+                        if let Some(o) = &t.owner {
+                            cocoon.describe(
+                                local,
+                                &format!("{}{o}", crate::owner::DESCRIPTION_PREFIX),
+                            );
+                        }
+                        Ok(RegistryOk::Pulled)
+                    }
+                    None => Err(RegistryError {
+                        kind: RegistryErrorKind::Absent,
+                        message: format!("{name}:{tag}: manifest unknown"),
+                    }),
                 }
-                None => Err(RegistryError {
-                    kind: RegistryErrorKind::Absent,
-                    message: format!("{name}:{tag}: manifest unknown"),
-                }),
-            },
+            }
             RegistryCall::PullCloudImage { name, tag, image } => {
                 match self.tags.get(&format!("{name}:{tag}")) {
                     Some(t) if t.kind == ArtifactKind::CloudImage => {

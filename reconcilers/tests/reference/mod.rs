@@ -219,6 +219,7 @@ impl Reference {
             | Event::DhcpLeaseReleased { .. }
             | Event::SacDone { .. }
             | Event::NodeRegistered
+            | Event::Namespace { .. }
             | Event::HoldersRestored { .. } => {}
         }
     }

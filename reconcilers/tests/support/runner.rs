@@ -314,6 +314,15 @@ impl Runner {
                     }
                     self.config.networks = Some(lists);
                 }
+                // `public=a,b`: the repositories VK_PUBLIC_SNAPSHOTS lists (`public=` none).
+                "public" => {
+                    self.config.public_snapshots = Some(
+                        v.split(',')
+                            .filter(|n| !n.is_empty())
+                            .map(str::to_string)
+                            .collect(),
+                    )
+                }
                 "image_url_hosts" => {
                     self.config.image_url_hosts = Some(
                         v.split(',')
@@ -525,16 +534,24 @@ impl Runner {
                 self.pod(rest);
                 Out::Lines(vec![])
             }
-            // `hold VM NS/POD [id=ID]`: a holder record the journal gives back at the next
-            // start (T11); the pod's UID is the defined pod's.
+            // `hold VM NS/POD [id=ID] [ns-uid=UID]`: a holder record the journal gives back at
+            // the next start (T11); the pod's UID is the defined pod's.
             "hold" => {
                 let k = key(&rest[1]);
                 let uid = self
                     .defs
                     .get(&k)
                     .map_or(format!("u-{}", k.name()), |p| p.uid.clone());
+                let ns_uid = a
+                    .iter()
+                    .find(|(x, _)| x == "ns-uid")
+                    .map(|(_, v)| v.as_str());
+                let tenant = reconcilers::owner::Tenant {
+                    namespace: k.namespace(),
+                    uid: ns_uid,
+                };
                 let held = reconcilers::holders::Held {
-                    holder: reconcilers::holders::Holder::of(&k, &uid),
+                    holder: reconcilers::holders::Holder::of(&k, &uid, tenant),
                     id: a.iter().find(|(x, _)| x == "id").map(|(_, v)| v.clone()),
                 };
                 self.world().journaled_holders.set(&rest[0], Some(held));
@@ -595,6 +612,12 @@ impl Runner {
                 Out::Actions(self.world().feed(Event::VmListFailed { error }))
             }
             "relist-begin" => Out::Actions(self.world().feed(Event::PodRelistBegin)),
+            // `namespace NAME uid=UID`: the namespace watch reports NAME (T16).
+            "namespace" => {
+                let uid = a.iter().find(|(x, _)| x == "uid").expect("uid=").1.clone();
+                let name = rest[0].clone();
+                Out::Actions(self.world().feed(Event::Namespace { name, uid }))
+            }
             "relist-item" => {
                 let k = key(&rest[0]);
                 let pod = self.defs.get(&k).expect("relist-item: no such pod").clone();

@@ -17,7 +17,7 @@ use crate::state::State;
 
 /// C6: `fork-<vm>` is there: removed when this pod may remove it (T8), then the source steps.
 pub(super) fn fork_inspected(s: &mut State, key: &PodKey, spec: &VmSpec, snapshot: SnapshotInfo) {
-    match crate::snapshot::removal_refused(key, &snapshot) {
+    match crate::snapshot::removal_refused(s, key, &snapshot) {
         None => {
             let op = crate::snapshot::rm(s, key, snapshot.name, true);
             set_step_op(s, key, CreateStep::RemoveFork { removing: true }, op)
@@ -43,8 +43,8 @@ pub(super) fn snapshot_found(
 ) {
     // T6: a clone copies the snapshot's memory and disks into this pod.
     let what = format!("snapshot {name:?}");
-    if let Err(why) = Record::from_description(&snap.description).usable_by(key.namespace(), &what)
-    {
+    let record = Record::from_description(&snap.description, &name, s.config.bases());
+    if let Err(why) = record.usable_by(s.tenant(key), &what) {
         return fail(s, key, format!("clone from {name}: refused: {why}"));
     }
     let backend_set = s

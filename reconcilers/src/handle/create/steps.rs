@@ -464,6 +464,7 @@ pub(super) fn pull(s: &mut State, key: &PodKey, spec: &VmSpec, name: String) {
         tag: tag.clone(),
         local: name.clone(),
         namespace: key.namespace().to_string(),
+        namespace_uid: s.tenant(key).uid.map(str::to_string),
     };
     let op = s.call_registry(
         RegistryOwner::Pod { key: key.clone() },

@@ -39,8 +39,8 @@ pub(super) fn evidence(
         }
         Ok(RegistryOk::Inspected { snapshot: Some(r) }) => {
             // T6: another namespace's hibernated state is never restored into this pod.
-            let record = Record::from_annotation(r.owner.as_deref());
-            if let Err(why) = record.usable_by(key.namespace(), &format!("VM name {name:?}")) {
+            let record = Record::from_annotation(r.owner.as_deref(), &name, s.config.bases());
+            if let Err(why) = record.usable_by(s.tenant(key), &format!("VM name {name:?}")) {
                 let msg = format!("{name}:hibernate exists and {why}; give this pod another vm.cocoonstack.io/name");
                 return fail_as(s, key, Some("HibernateEvidenceFailed"), msg, Retry::Timer);
             }
@@ -182,7 +182,7 @@ pub(super) fn wake_source(
     // there were none here.
     let result = match (&step_now, result) {
         (CreateStep::InspectLocal { name }, Ok(CocoonOk::Snapshot { snapshot })) => {
-            match local_refused(key, &snapshot) {
+            match local_refused(s, key, &snapshot) {
                 None => Ok(CocoonOk::Snapshot { snapshot }),
                 Some(why) => {
                     s.emit(Action::Log {
@@ -197,9 +197,9 @@ pub(super) fn wake_source(
     };
     match (step_now, result) {
         (CreateStep::PullHibernate { import, .. }, Ok(CocoonOk::Snapshot { snapshot }))
-            if local_refused(key, &snapshot).is_some() =>
+            if local_refused(s, key, &snapshot).is_some() =>
         {
-            let why = local_refused(key, &snapshot).unwrap_or_default();
+            let why = local_refused(s, key, &snapshot).unwrap_or_default();
             crate::snapshot::drop_scratch(s, key, Scratch::Snapshot(import));
             wake_failed(s, key, "WakePullFailed", format!("wake: {why}"))
         }
@@ -288,10 +288,10 @@ pub(super) fn wake_source(
 }
 
 /// T6: why a local snapshot may not be used by `key`'s wake, if it may not.
-fn local_refused(key: &PodKey, snap: &crate::event::SnapshotInfo) -> Option<String> {
+fn local_refused(s: &State, key: &PodKey, snap: &crate::event::SnapshotInfo) -> Option<String> {
     let what = format!("snapshot {:?}", snap.name);
-    Record::from_description(&snap.description)
-        .usable_by(key.namespace(), &what)
+    Record::from_description(&snap.description, &snap.name, s.config.bases())
+        .usable_by(s.tenant(key), &what)
         .err()
 }
 
@@ -341,7 +341,8 @@ pub(super) fn wake_registry(
         ) => {
             let owner = snapshot.as_ref().and_then(|r| r.owner.as_deref());
             let what = format!("{name}:hibernate");
-            if let Err(why) = Record::from_annotation(owner).usable_by(key.namespace(), &what) {
+            let record = Record::from_annotation(owner, &name, s.config.bases());
+            if let Err(why) = record.usable_by(s.tenant(key), &what) {
                 let reason = match purpose {
                     Purpose::Restore => "HibernateEvidenceFailed",
                     Purpose::Wake | Purpose::Fresh => "WakePullFailed",
@@ -523,6 +524,7 @@ pub(super) fn pull_hibernate(s: &mut State, key: &PodKey, name: String) {
         tag: "hibernate".into(),
         local: import.clone(),
         namespace: key.namespace().to_string(),
+        namespace_uid: s.tenant(key).uid.map(str::to_string),
     };
     let op = s.call_registry(
         RegistryOwner::Pod { key: key.clone() },
