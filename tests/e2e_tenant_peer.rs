@@ -1,9 +1,10 @@
-//! The peer boundary (K7.1–K7.3) against real daemons: the peer port serves only the cluster's
-//! nodes and starts no cocoon process for anyone else; a peer that serves bytes other than the
-//! registry's is refused and the pod wakes from the registry with its state intact; a flood of
-//! idle connections and plan requests leaves the daemon's memory and descriptors bounded and
-//! its Ready pod Ready. A node without credentials serves nothing and says which variables
-//! turn the peer API on.
+//! The peer boundary (K7.1–K7.4) against real daemons: the peer port serves only the cluster's
+//! nodes and starts no cocoon process for anyone else; of those, only the node waking the pod
+//! reads a hibernated snapshot, while that wake copies it from the peer; a peer that serves
+//! bytes other than the registry's is refused and the pod wakes from the registry with its
+//! state intact; a flood of idle connections and plan requests leaves the daemon's memory and
+//! descriptors bounded and its Ready pod Ready. A node without credentials serves nothing and
+//! says which variables turn the peer API on.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -249,12 +250,14 @@ async fn the_peer_port_serves_only_the_cluster_s_nodes() -> Result<()> {
     ensure!(refusals(metrics, "untrusted_certificate").await? >= 1.0);
     ensure!(refusals(metrics, "not_a_node").await? >= 3.0);
 
-    // The control: another node of the cluster is served, and its request does run cocoon.
+    // A node of the cluster passes the node check, and (K7.4) a request of its that names no
+    // pod it wakes is refused all the same, before cocoon runs.
     let node_b = pki.issue_node("node-b")?;
-    ensure!(get(addr, caller(Some(&node_b))?, PLAN).await? == 404);
+    ensure!(get(addr, caller(Some(&node_b))?, PLAN).await? == 403);
+    ensure!(refusals(metrics, "no_grant").await? == 1.0);
     ensure!(
-        inspect_calls(&calls) == 1,
-        "the node's request ran no lookup"
+        inspect_calls(&calls) == 0,
+        "a request naming no pod ran a lookup"
     );
     drop(d);
 
@@ -311,9 +314,22 @@ fn alter_local_copy(snapshots: &Path, id: &str) -> Result<PathBuf> {
     Ok(victim)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_registry() -> Result<()>
-{
+/// Two nodes sharing a registry, each serving the peer API at one port on its own loopback
+/// address; the victim ran on node-a, was hibernated there (its `marker` file written first)
+/// and deleted, node-a keeping its local copy.
+struct Hibernated {
+    a: daemon::Daemon,
+    b: daemon::Daemon,
+    tb: Testbed,
+    metrics_a: u16,
+    metrics_b: u16,
+    journal_b: PathBuf,
+    /// node-a's peer API.
+    peer_a: SocketAddr,
+    pods: Api<Pod>,
+}
+
+async fn victim_hibernated_on_node_a() -> Result<Hibernated> {
     let mut tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
     tb.add_host("sim-b")?;
     let registry = tb.registry.as_ref().context("registry")?.addr.clone();
@@ -346,7 +362,7 @@ async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_regi
         e2e::ports::free_port()?,
     )?;
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
-    let (sim_a, sim_b) = (tb.host(None)?, tb.host(Some("sim-b"))?);
+    let sim_a = tb.host(None)?;
 
     let keep = json!({"vm.cocoonstack.io/keep-snapshot-on-delete": "true"});
     create_pod(&pods, &managed("node-a", "victim", keep)?).await?;
@@ -382,14 +398,157 @@ async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_regi
         Ok(pods.get_opt("victim").await?.is_none().then_some(()))
     })
     .await?;
+    Ok(Hibernated {
+        a,
+        b,
+        tb,
+        metrics_a,
+        metrics_b,
+        journal_b,
+        peer_a: peer_addr("127.0.0.2", port),
+        pods,
+    })
+}
+
+/// A pod bound to `node` at its creation: no daemon runs a Node of that name here, so the
+/// scheduler would never bind it, and the grant goes by the binding.
+fn bound_to(ns: &str, name: &str, node: &str) -> Result<Pod> {
+    let mut p = pod_manifest(ns, name, node, json!({}))?;
+    p.spec.as_mut().context("spec")?.node_name = Some(node.into());
+    Ok(p)
+}
+
+/// The ids of node-a's local snapshots.
+fn local_snapshots(snapshots: &Path) -> Result<Vec<String>> {
+    Ok(std::fs::read_dir(snapshots)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect())
+}
+
+/// `cat marker` in the guest of the pod `p` on `sim`.
+fn marker_of(sim: &e2e::sim::CocoonSim, p: &Pod) -> Result<String> {
+    let id = annotation(p, "vm.cocoonstack.io/id").context("id")?;
+    let out = sim
+        .command()
+        .env("COCOON_SIM_EXEC", "host")
+        .args(["vm", "exec", &id, "--", "cat", "marker"])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The peer-restore outcomes a node counted, by result.
+async fn peer_restores(metrics_port: u16, result: &str) -> Result<f64> {
+    let series = metric_series(metrics_port, "cocoon_vk_snapshot_peer_restore_total").await?;
+    Ok(series
+        .iter()
+        .find(|(l, _)| l == &format!("result=\"{result}\""))
+        .map(|(_, v)| *v)
+        .unwrap_or(0.0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_node_waking_the_pod_reads_its_snapshot() -> Result<()> {
+    let h = victim_hibernated_on_node_a().await?;
+    let pki = h.tb.pki.clone().context("pki")?;
+    let snapshots = h.tb.host(None)?.root.join("snapshots");
+    let local = local_snapshots(&snapshots)?;
+    ensure!(local.len() == 1, "node-a's local snapshots: {local:?}");
+
+    // The wake is node-b's: the pod is bound to it, and the apiserver says so.
+    let marker = json!({"vm.cocoonstack.io/restore-from-hibernate": "true"});
+    let waking = create_pod(&h.pods, &managed("node-b", "victim", marker)?).await?;
+    let uid = waking.metadata.uid.clone().context("uid")?;
+    // A pod of another namespace, bound to node-c: a wake of node-c's own.
+    let system: Api<Pod> = Api::namespaced(h.tb.client()?, "kube-system");
+    let own = create_pod(&system, &bound_to("kube-system", "c-own", "node-c")?).await?;
+    let own_uid = own.metadata.uid.clone().context("uid")?;
+
+    // node-c holds a valid node certificate of the cluster: none of it reads the snapshot.
+    let node_c = caller(Some(&pki.issue_node("node-c")?))?;
+    let victim = format!("namespace={NS}&pod=victim&uid={uid}");
+    let attempts = [
+        // The victim's own wake, claimed by a node it is not bound to.
+        (format!("{PLAN}&{victim}"), "not_the_waking_node"),
+        // Its own pod, of another namespace than the snapshot's.
+        (
+            format!("{PLAN}&namespace=kube-system&pod=c-own&uid={own_uid}"),
+            "foreign_snapshot",
+        ),
+        // Straight to the files, with the victim's claim: no plan granted them to node-c.
+        (
+            format!(
+                "/v1/snapshot-slice?id={}&file=config.json&offset=0&length=1&{victim}",
+                local[0]
+            ),
+            "no_grant",
+        ),
+    ];
+    for (target, reason) in &attempts {
+        let got = get(h.peer_a, node_c.clone(), target).await?;
+        ensure!(got == 403, "node-c got {got} for {target}");
+        ensure!(
+            refusals(h.metrics_a, reason).await? >= 1.0,
+            "node-a did not count {reason}\n{}",
+            h.a.proc.log_tail(40)
+        );
+    }
+
+    // The real wake is served by node-a and brings the victim's state back.
+    let woken = wait_ready(&h.pods, "victim", LIMIT)
+        .await
+        .with_context(|| h.b.proc.log_tail(80))?;
+    let text = marker_of(h.tb.host(Some("sim-b"))?, &woken)?;
+    ensure!(
+        text == "victim-state",
+        "the victim's state after waking: {text:?}"
+    );
+    ensure!(
+        peer_restores(h.metrics_b, "ok").await? == 1.0,
+        "node-b did not restore from its peer\n{}",
+        h.b.proc.log_tail(60)
+    );
+    ensure!(
+        daemon::metric(
+            h.metrics_b,
+            "cocoon_vk_snapshot_pull_duration_seconds_count"
+        )
+        .await?
+            == 0.0,
+        "node-b pulled from the registry although its peer had the snapshot"
+    );
+    system.delete("c-own", &DeleteParams::default()).await?;
+    let Hibernated {
+        tb,
+        a,
+        b,
+        journal_b,
+        ..
+    } = h;
+    drop((a, b));
+    daemon::replay_verify(&journal_b)?;
+    drop(tb);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_registry() -> Result<()>
+{
+    let Hibernated {
+        tb,
+        a,
+        b,
+        metrics_b,
+        journal_b,
+        pods,
+        ..
+    } = victim_hibernated_on_node_a().await?;
+    let (sim_a, sim_b) = (tb.host(None)?, tb.host(Some("sim-b"))?);
 
     // node-a's local copy changes after the push: what it serves now hashes to other digests
     // than the registry records (its own slice checksums still agree with it).
     let snapshots = sim_a.root.join("snapshots");
-    let local: Vec<String> = std::fs::read_dir(&snapshots)?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let local = local_snapshots(&snapshots)?;
     ensure!(local.len() == 1, "node-a's local snapshots: {local:?}");
     let altered = alter_local_copy(&snapshots, &local[0])?;
 
@@ -398,15 +557,9 @@ async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_regi
     let woken = wait_ready(&pods, "victim", LIMIT)
         .await
         .with_context(|| b.proc.log_tail(80))?;
-    let id = annotation(&woken, "vm.cocoonstack.io/id").context("id on node-b")?;
-    let out = sim_b
-        .command()
-        .env("COCOON_SIM_EXEC", "host")
-        .args(["vm", "exec", &id, "--", "cat", "marker"])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = marker_of(sim_b, &woken)?;
     ensure!(
-        text.trim() == "victim-state",
+        text == "victim-state",
         "the victim's state after waking: {text:?} (altered {})",
         altered.display()
     );
@@ -415,12 +568,9 @@ async fn a_peer_serving_altered_bytes_is_refused_and_the_pod_wakes_from_the_regi
         "node-b did not count the altered copy\n{}",
         b.proc.log_tail(60)
     );
-    let series = metric_series(metrics_b, "cocoon_vk_snapshot_peer_restore_total").await?;
     ensure!(
-        series
-            .iter()
-            .any(|(l, v)| l == "result=\"failed\"" && *v == 1.0),
-        "peer restore series: {series:?}"
+        peer_restores(metrics_b, "failed").await? == 1.0,
+        "node-b counted no failed peer restore"
     );
     ensure!(
         daemon::metric(metrics_b, "cocoon_vk_snapshot_pull_duration_seconds_count").await? == 1.0,
@@ -492,6 +642,11 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
     let d = daemon::start(&tb, &opts, &journal, metrics, e2e::ports::free_port()?)?;
     let pods: Api<Pod> = Api::namespaced(tb.client()?, NS);
     create_pod(&pods, &managed("node-a", "steady", json!({}))?).await?;
+    // K7.4: the flood's plans are for a pod node-b wakes, so each passes the grant's pod
+    // check and reaches the plan slots and cocoon, the costs the caps bound.
+    let waking = create_pod(&pods, &bound_to(NS, "waking", "node-b")?).await?;
+    let uid = waking.metadata.uid.clone().context("uid")?;
+    let plan = format!("{PLAN}&namespace={NS}&pod=waking&uid={uid}");
     wait_ready(&pods, "steady", LIMIT)
         .await
         .with_context(|| d.proc.log_tail(60))?;
@@ -508,8 +663,8 @@ async fn a_flood_of_idle_connections_and_plans_leaves_the_daemon_bounded() -> Re
     let node_b = caller(Some(&pki.issue_node("node-b")?))?;
     let mut plans = tokio::task::JoinSet::new();
     for _ in 0..PLANS {
-        let config = node_b.clone();
-        plans.spawn(async move { get(addr, config, PLAN).await });
+        let (config, plan) = (node_b.clone(), plan.clone());
+        plans.spawn(async move { get(addr, config, &plan).await });
     }
     let (mut rss_max, mut fds_max) = (rss0, fds0);
     let mut answered = std::collections::BTreeMap::<String, usize>::new();

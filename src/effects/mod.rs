@@ -146,7 +146,7 @@ impl Executor {
                 ..
             } => self.run_sac(op, vm_id, nic_count, nics),
             Action::Log { level, message } => log(level, &message),
-            Action::CallRegistry { op, call, .. } => self.call_registry(op, call),
+            Action::CallRegistry { op, key, call } => self.call_registry(op, key, call),
             // The journal line is the record; nothing else is done with it.
             Action::Hold { .. } => {}
             Action::RegisterNode | Action::Abort { .. } => {}
@@ -234,13 +234,13 @@ impl Executor {
     }
 
     /// A registry transfer through `transfers`; without a registry the call fails at once.
-    fn call_registry(&self, op: OpId, call: RegistryCall) {
+    fn call_registry(&self, op: OpId, key: Option<PodKey>, call: RegistryCall) {
         let (tx, transfers) = (self.tx.clone(), self.transfers.clone());
         let waited = self.waited(ActionSlot::Registry);
         tokio::spawn(async move {
             waited.stop_and_record();
             let result = match transfers {
-                Some(t) => t.call(&call).await,
+                Some(t) => t.call(&call, key.as_ref()).await,
                 None => Err(registry::not_configured(&call)),
             };
             let _ = tx.send(Event::RegistryDone { op, result }).await;

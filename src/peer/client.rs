@@ -1,8 +1,9 @@
 //! The waking side of §7: copy a snapshot's files from the peer that hibernated it into a
 //! fresh staging directory, every slice length- and CRC-checked (the CRC-32C follows each
 //! slice's bytes in its body), holes kept as holes. Over mutual TLS with a node of the
-//! cluster (K7.1), and every file checked against the registry's digests before the directory
-//! is handed out (K7.3).
+//! cluster (K7.1), every request naming the pod being woken (K7.4: the peer serves nothing
+//! else), and every file checked against the registry's digests before the directory is
+//! handed out (K7.3).
 
 use std::fmt;
 use std::fs::File;
@@ -21,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::grant::WakingPod;
 use super::plan::{Plan, PlanFile, Slice};
 use super::schedule::Schedule;
 use super::staging::StagingDir;
@@ -84,6 +86,9 @@ pub struct RestoreRequest {
     pub snapshot_name: String,
     /// The registry config's `snapshotId`; the peer must offer exactly this snapshot.
     pub snapshot_id: String,
+    /// K7.4: the pod this node wakes; the peer checks with the apiserver that it is bound
+    /// here and serves the snapshot only if it is the pod's namespace's.
+    pub pod: WakingPod,
     /// `VK_STAGING_DIR`; on the filesystem of cocoon's data dir, since clone hard-links.
     pub staging_root: PathBuf,
     /// The staging directory's name under `staging_root`; an existing one is replaced.
@@ -228,7 +233,18 @@ pub async fn restore(req: RestoreRequest) -> Result<PathBuf, PeerError> {
             req.leaf
         )));
     }
-    let peer = Arc::new(Peer::parse(&req.peer, req.transport, req.timeouts)?);
+    if !req.pod.valid() {
+        return Err(PeerError::Invalid(format!(
+            "the waking pod {} is not a pod's namespace, name and uid",
+            req.pod
+        )));
+    }
+    let peer = Arc::new(Peer::parse(
+        &req.peer,
+        req.transport,
+        req.timeouts,
+        req.pod,
+    )?);
     let plan = fetch_plan(&peer, &req.snapshot_name).await?;
     check_plan(&plan, &req.snapshot_id)?;
     let wanted = verify::select(&plan, &req.files).map_err(PeerError::Altered)?;
@@ -374,9 +390,12 @@ fn check_plan(plan: &Plan, expected_id: &str) -> Result<(), PeerError> {
 }
 
 async fn fetch_plan(peer: &Peer, name: &str) -> Result<Plan, PeerError> {
-    let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("name", name)
-        .finish();
+    let query = {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("name", name);
+        peer.pod.append_to(&mut q);
+        q.finish()
+    };
     let what = format!("plan of {name}");
     let mut ex = peer.get(&format!("{PLAN_PATH}?{query}"), &what).await?;
     let mut json = Vec::new();
@@ -407,12 +426,15 @@ impl SliceJob {
     async fn run(self) -> Result<(), PeerError> {
         let Slice { offset, length } = self.slice;
         let what = format!("slice {}@{offset}+{length}", self.name);
-        let query = form_urlencoded::Serializer::new(String::new())
-            .append_pair("id", &self.id)
-            .append_pair("file", &self.name)
-            .append_pair("offset", &offset.to_string())
-            .append_pair("length", &length.to_string())
-            .finish();
+        let query = {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("id", &self.id)
+                .append_pair("file", &self.name)
+                .append_pair("offset", &offset.to_string())
+                .append_pair("length", &length.to_string());
+            self.peer.pod.append_to(&mut q);
+            q.finish()
+        };
         let mut ex = self
             .peer
             .get(&format!("{SLICE_PATH}?{query}"), &what)
@@ -510,13 +532,14 @@ impl SparseWriter {
     }
 }
 
-/// A peer's address and the deadlines that apply to it.
+/// A peer's address, the deadlines that apply to it, and the pod every request is for.
 struct Peer {
     host: String,
     port: u16,
     authority: String,
     transport: Transport,
     timeouts: Timeouts,
+    pod: WakingPod,
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
@@ -534,7 +557,12 @@ where
 }
 
 impl Peer {
-    fn parse(base: &str, transport: Transport, timeouts: Timeouts) -> Result<Peer, PeerError> {
+    fn parse(
+        base: &str,
+        transport: Transport,
+        timeouts: Timeouts,
+        pod: WakingPod,
+    ) -> Result<Peer, PeerError> {
         let invalid = |why: &str| PeerError::Invalid(format!("peer URL {base:?}: {why}"));
         let uri: Uri = base.parse().map_err(|_| invalid("does not parse"))?;
         let scheme = match &transport {
@@ -561,6 +589,7 @@ impl Peer {
             authority: authority.as_str().to_string(),
             transport,
             timeouts,
+            pod,
         })
     }
 
@@ -666,6 +695,14 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod() -> WakingPod {
+        WakingPod {
+            namespace: "team-a".into(),
+            name: "victim".into(),
+            uid: "u-1".into(),
+        }
+    }
 
     fn plan(files: Vec<PlanFile>) -> Plan {
         Plan {
@@ -796,6 +833,7 @@ mod tests {
             "http://10.0.0.7:12501",
             Transport::Plain,
             Timeouts::default(),
+            pod(),
         )
         .unwrap();
         assert_eq!(
@@ -806,6 +844,7 @@ mod tests {
             "http://[fd00::7]:12501/",
             Transport::Plain,
             Timeouts::default(),
+            pod(),
         )
         .unwrap();
         assert_eq!(p.host, "fd00::7");
@@ -817,7 +856,7 @@ mod tests {
             "",
         ] {
             assert!(
-                Peer::parse(bad, Transport::Plain, Timeouts::default()).is_err(),
+                Peer::parse(bad, Transport::Plain, Timeouts::default(), pod()).is_err(),
                 "{bad}"
             );
         }

@@ -1,5 +1,6 @@
-//! `cocoon_vk_peer_refusals_total{reason}`: what the peer boundary (K7.1, K7.3) turned away, on both
-//! sides: callers the server refused, and peers whose bytes the restore refused.
+//! `cocoon_vk_peer_refusals_total{reason}`: what the peer boundary (K7.1, K7.3, K7.4) turned away,
+//! on both sides: callers and requests the server refused, and peers whose bytes the restore
+//! refused.
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -15,6 +16,14 @@ pub enum Refusal {
     NotANode,
     /// A restore whose peer served bytes the registry's digests do not match.
     AlteredBytes,
+    /// K7.4: a request that names no waking pod, or a slice no plan granted (or whose grant
+    /// went idle or was revoked).
+    NoGrant,
+    /// K7.4: the pod named is absent, has another UID, or is bound to a Node the caller does
+    /// not act as.
+    NotTheWakingNode,
+    /// K7.4: the snapshot's owner record is not of the pod's namespace, or it has none.
+    ForeignSnapshot,
 }
 
 impl Refusal {
@@ -23,6 +32,9 @@ impl Refusal {
         Refusal::UntrustedCertificate,
         Refusal::NotANode,
         Refusal::AlteredBytes,
+        Refusal::NoGrant,
+        Refusal::NotTheWakingNode,
+        Refusal::ForeignSnapshot,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -31,6 +43,9 @@ impl Refusal {
             Refusal::UntrustedCertificate => "untrusted_certificate",
             Refusal::NotANode => "not_a_node",
             Refusal::AlteredBytes => "altered_bytes",
+            Refusal::NoGrant => "no_grant",
+            Refusal::NotTheWakingNode => "not_the_waking_node",
+            Refusal::ForeignSnapshot => "foreign_snapshot",
         }
     }
 }
@@ -52,7 +67,7 @@ impl PeerCounters {
         let refusals = IntCounterVec::new(
             Opts::new(
                 "cocoon_vk_peer_refusals_total",
-                "Peer API callers refused (no certificate, one the cluster CA did not sign, not a node) and peer restores refused for altered bytes, by reason",
+                "Peer API callers refused (no certificate, one the cluster CA did not sign, not a node), snapshot requests refused for want of a grant to the waking node, and peer restores refused for altered bytes, by reason",
             ),
             &["reason"],
         )

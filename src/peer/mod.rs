@@ -1,8 +1,8 @@
 //! Peer snapshot restore (hibernation spec §7): every node serves the raw files of its local
-//! cocoon snapshots to the other nodes (mutual TLS with node certificates, K7.1), and a waking
-//! node copies them straight into a staging
-//! directory for `cocoon vm clone --from-dir`, which beats a registry pull whenever the node
-//! that hibernated the VM is still up. The registry stays the identity anchor: the copy must
+//! cocoon snapshots to the other nodes (mutual TLS with node certificates, K7.1), each only to
+//! the node waking a pod it belongs to (K7.4), and a waking node copies them straight into a
+//! staging directory for `cocoon vm clone --from-dir`, which beats a registry pull whenever the
+//! node that hibernated the VM is still up. The registry stays the identity anchor: the copy must
 //! carry the snapshot id the registry's config names, and `snapshot.json` is written from that
 //! config, never from anything the peer says, and every file must hash to the digest the
 //! registry records for it.
@@ -10,6 +10,7 @@
 mod client;
 mod counters;
 mod credential;
+mod grant;
 mod plan;
 mod schedule;
 mod server;
@@ -25,8 +26,9 @@ mod tls_tests;
 
 pub use client::{restore, Limiter, PeerError, RestorePermit, RestoreRequest, Timeouts, Transport};
 pub use counters::{PeerCounters, Refusal};
+pub use grant::{acts_as, BoundPod, PodLookup, WakingPod};
 pub use plan::{plan_dir, Plan, PlanFile, Slice};
-pub use server::{spawn, Counting, Server, SnapshotIds, MAX_PLANS};
+pub use server::{spawn, Counting, LocalSnapshot, LocalSnapshots, Server, Sources, MAX_PLANS};
 pub use source::{hibernate_source, HibernateSource, HIBERNATE_TAG};
 pub use staging::sweep_staging;
 pub use tls::{node_of, NodeTls};

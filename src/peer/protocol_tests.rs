@@ -1,5 +1,6 @@
 //! The real server and client on 127.0.0.1, a temporary snapshot store, and a proxy between
-//! them that damages slice responses the ways a network or a dying peer can.
+//! them that damages slice responses the ways a network or a dying peer can. Every caller is
+//! taken for node `node-b`, which wakes `team-a/victim` (K7.4 itself is `tls_tests.rs`'s).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -19,25 +20,65 @@ use crate::cocoon::CocoonCli;
 const ID: &str = "M4XW2HQ7K3ZT5N6R7P8S9JV2UA";
 const MIB: u64 = 1 << 20;
 const MEMORY_SIZE: u64 = 200 * MIB;
+const UID: &str = "0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
+const CLAIM: &str = "namespace=team-a&pod=victim&uid=0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
+const PLAN: &str =
+    "/v1/snapshot-plan?name=vm-a&namespace=team-a&pod=victim&uid=0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
 
 struct Ids(HashMap<String, String>);
 
-impl SnapshotIds for Ids {
-    fn id_of<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
-        Box::pin(async move { Ok(self.0.get(name).cloned()) })
+impl LocalSnapshots for Ids {
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LocalSnapshot>, String>> {
+        Box::pin(async move {
+            Ok(self.0.get(name).map(|id| LocalSnapshot {
+                id: id.clone(),
+                description: "vk-cocoon owner=team-a/victim".into(),
+            }))
+        })
     }
 }
 
 struct BrokenIds;
 
-impl SnapshotIds for BrokenIds {
-    fn id_of<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+impl LocalSnapshots for BrokenIds {
+    fn inspect<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<LocalSnapshot>, String>> {
         Box::pin(async { Err("cocoon is not answering".to_string()) })
     }
 }
 
-fn ids() -> Arc<dyn SnapshotIds> {
+fn ids() -> Arc<dyn LocalSnapshots> {
     Arc::new(Ids(HashMap::from([("vm-a".to_string(), ID.to_string())])))
+}
+
+/// The apiserver of these tests: `team-a/victim` is bound to node-b's virtual node.
+struct VictimOnNodeB;
+
+impl PodLookup for VictimOnNodeB {
+    fn pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BoundPod>, String>> {
+        Box::pin(async move {
+            Ok(
+                ((namespace, name) == ("team-a", "victim")).then(|| BoundPod {
+                    uid: UID.into(),
+                    node: Some("node-b-cocoon".into()),
+                }),
+            )
+        })
+    }
+}
+
+fn waking_pod() -> WakingPod {
+    WakingPod {
+        namespace: "team-a".into(),
+        name: "victim".into(),
+        uid: UID.into(),
+    }
 }
 
 /// Deterministic noise: data that no hole, zero run or merge can fake.
@@ -96,8 +137,13 @@ impl Fixture {
         }
     }
 
-    async fn serve(mut self, ids: Arc<dyn SnapshotIds>, limit: Option<usize>) -> Fixture {
-        let mut server = Server::bind_plain(self.addr, self.store.clone(), ids).unwrap();
+    async fn serve(mut self, ids: Arc<dyn LocalSnapshots>, limit: Option<usize>) -> Fixture {
+        let sources = Sources {
+            snapshots: ids,
+            pods: Arc::new(VictimOnNodeB),
+        };
+        let mut server =
+            Server::bind_plain(self.addr, self.store.clone(), sources, "node-b").unwrap();
         if let Some(n) = limit {
             server = server.with_stream_limit(n);
         }
@@ -115,6 +161,7 @@ impl Fixture {
             peer: format!("http://{peer}"),
             snapshot_name: "vm-a".into(),
             snapshot_id: ID.into(),
+            pod: waking_pod(),
             staging_root: self.staging.clone(),
             leaf: "vm-a".into(),
             snapshot_json: b"{\"version\": 1}\n".to_vec(),
@@ -458,12 +505,19 @@ fn slice_target(id: &str, file: &str, offset: &str, length: &str) -> String {
         .append_pair("offset", offset)
         .append_pair("length", length)
         .finish();
-    format!("/v1/snapshot-slice?{q}")
+    format!("/v1/snapshot-slice?{q}&{CLAIM}")
+}
+
+/// The plan, for the grant its slices are served under.
+async fn granted(fx: &Fixture) {
+    let (status, text) = raw(fx.addr, "GET", PLAN).await;
+    assert_eq!(status, 200, "{text}");
 }
 
 #[tokio::test]
 async fn a_slice_ends_in_its_crc32c() {
     let fx = Fixture::started().await;
+    granted(&fx).await;
     let (status, out) = raw_bytes(fx.addr, "GET", &slice_target(ID, "vector.bin", "0", "9")).await;
     assert_eq!(status, 200);
     let (head, body) = split_response(&out);
@@ -486,6 +540,7 @@ async fn a_slice_ends_in_its_crc32c() {
 #[tokio::test]
 async fn a_short_read_cuts_the_body_short_of_its_length() {
     let fx = Fixture::started().await;
+    granted(&fx).await;
     // overlay.qcow2 has 1 MiB + 3 bytes: the stream starts, then runs out.
     let t = slice_target(ID, "overlay.qcow2", "0", &(2 * MIB).to_string());
     let (status, out) = raw_bytes(fx.addr, "GET", &t).await;
@@ -499,6 +554,7 @@ async fn a_short_read_cuts_the_body_short_of_its_length() {
 #[tokio::test]
 async fn bad_slice_parameters_are_400() {
     let fx = Fixture::started().await;
+    granted(&fx).await;
     let targets = [
         slice_target(ID, "..", "0", "1"),
         slice_target(ID, ".", "0", "1"),
@@ -523,21 +579,21 @@ async fn bad_slice_parameters_are_400() {
 }
 
 #[tokio::test]
-async fn a_missing_file_or_snapshot_dir_is_404() {
+async fn a_missing_file_is_404_and_a_snapshot_no_plan_granted_403() {
     let fx = Fixture::started().await;
-    for t in [
-        slice_target(ID, "nope", "0", "1"),
-        slice_target("AAAAAAAAAAAAAAAAAAAAAAAAAA", "vector.bin", "0", "1"),
-    ] {
-        let (status, text) = raw(fx.addr, "GET", &t).await;
-        assert_eq!(status, 404, "{t}: {text}");
-    }
+    granted(&fx).await;
+    let t = slice_target(ID, "nope", "0", "1");
+    let (status, text) = raw(fx.addr, "GET", &t).await;
+    assert_eq!(status, 404, "{t}: {text}");
+    let t = slice_target("AAAAAAAAAAAAAAAAAAAAAAAAAA", "vector.bin", "0", "1");
+    let (status, text) = raw(fx.addr, "GET", &t).await;
+    assert_eq!(status, 403, "{t}: {text}");
 }
 
 #[tokio::test]
 async fn plan_answers() {
     let fx = Fixture::started().await;
-    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    let (status, text) = raw(fx.addr, "GET", PLAN).await;
     assert_eq!(status, 200, "{text}");
     assert!(text
         .to_ascii_lowercase()
@@ -557,17 +613,18 @@ async fn plan_answers() {
     );
 
     for (target, want) in [
-        ("/v1/snapshot-plan", 400),
-        ("/v1/snapshot-plan?name=", 400),
-        ("/v1/snapshot-plan?name=-rf", 400),
-        ("/v1/snapshot-plan?name=vm-b", 404),
-        ("/v1/other", 404),
-        ("/", 404),
+        ("/v1/snapshot-plan".to_string(), 400),
+        (format!("/v1/snapshot-plan?name=&{CLAIM}"), 400),
+        (format!("/v1/snapshot-plan?name=-rf&{CLAIM}"), 400),
+        (format!("/v1/snapshot-plan?name=vm-b&{CLAIM}"), 404),
+        ("/v1/snapshot-plan?name=vm-a".to_string(), 403),
+        ("/v1/other".to_string(), 404),
+        ("/".to_string(), 404),
     ] {
-        let (status, text) = raw(fx.addr, "GET", target).await;
+        let (status, text) = raw(fx.addr, "GET", &target).await;
         assert_eq!(status, want, "{target}: {text}");
     }
-    let (status, text) = raw(fx.addr, "POST", "/v1/snapshot-plan?name=vm-a").await;
+    let (status, text) = raw(fx.addr, "POST", PLAN).await;
     assert_eq!(status, 405, "{text}");
     assert!(text.to_ascii_lowercase().contains("allow: get"), "{text}");
 }
@@ -577,11 +634,11 @@ async fn a_known_snapshot_without_a_store_dir_is_404_and_a_failing_lookup_500() 
     let fx = Fixture::new();
     std::fs::remove_dir_all(fx.store.join(ID)).unwrap();
     let fx = fx.serve(ids(), None).await;
-    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    let (status, text) = raw(fx.addr, "GET", PLAN).await;
     assert_eq!(status, 404, "{text}");
 
     let fx = Fixture::new().serve(Arc::new(BrokenIds), None).await;
-    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    let (status, text) = raw(fx.addr, "GET", PLAN).await;
     assert_eq!(status, 500, "{text}");
     assert!(text.contains("cocoon is not answering"), "{text}");
 }
@@ -589,6 +646,7 @@ async fn a_known_snapshot_without_a_store_dir_is_404_and_a_failing_lookup_500() 
 #[tokio::test]
 async fn streams_over_the_limit_are_503() {
     let fx = Fixture::new().serve(ids(), Some(1)).await;
+    granted(&fx).await;
     // 64 MiB cannot sit in socket buffers: unread, this stream keeps its slot.
     let mut held = TcpStream::connect(fx.addr).await.unwrap();
     let target = slice_target(ID, "memory-ranges", "0", &(64 * MIB).to_string());
@@ -602,7 +660,7 @@ async fn streams_over_the_limit_are_503() {
     let (status, text) = raw(fx.addr, "GET", &slice_target(ID, "vector.bin", "0", "9")).await;
     assert_eq!(status, 503, "{text}");
     // Plans are not streams.
-    let (status, _) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    let (status, _) = raw(fx.addr, "GET", PLAN).await;
     assert_eq!(status, 200);
     drop(held);
 }
@@ -615,7 +673,7 @@ async fn names_resolve_through_cocoon_snapshot_inspect() {
         &script,
         format!(
             "#!/bin/sh\n\
-             [ \"$1 $2 $3 $4\" = \"snapshot inspect -- vm-a\" ] && {{ printf '{{\"id\":\"{ID}\",\"name\":\"vm-a\"}}\\n'; exit 0; }}\n\
+             [ \"$1 $2 $3 $4\" = \"snapshot inspect -- vm-a\" ] && {{ printf '{{\"id\":\"{ID}\",\"name\":\"vm-a\",\"description\":\"vk-cocoon owner=team-a/victim\"}}\\n'; exit 0; }}\n\
              echo 'Error: inspect: snapshot not found' >&2\nexit 1\n"
         ),
     )
@@ -623,10 +681,15 @@ async fn names_resolve_through_cocoon_snapshot_inspect() {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let cocoon = CocoonCli::new(script.to_str().unwrap());
     let fx = fx.serve(Arc::new(cocoon), None).await;
-    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-a").await;
+    let (status, text) = raw(fx.addr, "GET", PLAN).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains(ID));
-    let (status, text) = raw(fx.addr, "GET", "/v1/snapshot-plan?name=vm-b").await;
+    let (status, text) = raw(
+        fx.addr,
+        "GET",
+        &format!("/v1/snapshot-plan?name=vm-b&{CLAIM}"),
+    )
+    .await;
     assert_eq!(status, 404, "{text}");
 }
 
@@ -634,13 +697,13 @@ async fn names_resolve_through_cocoon_snapshot_inspect() {
 async fn a_taken_address_is_an_error_naming_vk_peer_addr() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
-    let err = Server::bind_plain(
-        addr,
-        PathBuf::from("/nonexistent"),
-        Arc::new(CocoonCli::new("cocoon")),
-    )
-    .err()
-    .expect("the address is taken");
+    let sources = Sources {
+        snapshots: Arc::new(CocoonCli::new("cocoon")),
+        pods: Arc::new(VictimOnNodeB),
+    };
+    let err = Server::bind_plain(addr, PathBuf::from("/nonexistent"), sources, "node-b")
+        .err()
+        .expect("the address is taken");
     let msg = format!("{err:#}");
     assert!(
         msg.contains("VK_PEER_ADDR") && msg.contains(&addr.to_string()),

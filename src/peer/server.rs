@@ -1,7 +1,8 @@
 //! The serving side of §7 on `VK_PEER_ADDR`, an actix-web server on a thread of its own
 //! like the kubelet API and `/metrics`. K7.1, K7.2: mutual TLS with node certificates only; every
 //! request passes the node check before anything runs, and what a caller can make this node
-//! spend is capped (connections, handshakes, plan lookups, slice streams).
+//! spend is capped (connections, handshakes, plan lookups, slice streams). K7.4: a node is
+//! served a snapshot only while it wakes a pod the snapshot belongs to (`grant.rs`).
 //!
 //! A slice answer is sized: its body is the range's bytes followed by their CRC-32C
 //! ([`CRC_LEN`] bytes, big-endian), so a body cut anywhere is short of its `Content-Length`
@@ -11,7 +12,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::body::SizedStream;
 use actix_web::body::{EitherBody, MessageBody};
@@ -19,7 +20,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{ALLOW, CONTENT_TYPE};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpMessage, HttpRequest, HttpResponse, HttpServer};
 use anyhow::Context;
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -30,6 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::counters::{PeerCounters, Refusal};
+use super::grant::{self, Denied, Grants, PodLookup, Standing, WakingPod};
 use super::plan::{plan_dir, MAX_SLICE};
 use super::tls::{node_of_certificate, NodeTls};
 use super::{plain_name, CRC_LEN, PLAN_PATH, SLICE_PATH};
@@ -45,7 +47,8 @@ pub const MAX_STREAMS: usize = 128;
 const READ_CHUNK: usize = 1 << 20;
 /// A connection that has not sent its request head by then is dropped.
 const HEADER_READ: Duration = Duration::from_secs(10);
-/// Plan lookups at once: each starts a `cocoon snapshot inspect` and scans a directory.
+/// Plan lookups at once: each asks the apiserver for a pod, starts a `cocoon snapshot
+/// inspect` and scans a directory.
 pub const MAX_PLANS: usize = 8;
 /// Open connections per worker (two workers); past it, new ones wait in the kernel's backlog
 /// instead of holding descriptors and memory here.
@@ -57,19 +60,34 @@ const HANDSHAKE: Duration = Duration::from_secs(5);
 /// An idle kept-alive connection is closed after this long.
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
-/// Name → id of a local cocoon snapshot. `Ok(None)` when cocoon does not know the name.
-pub trait SnapshotIds: Send + Sync + 'static {
-    fn id_of<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>>;
+/// What the server needs of a local cocoon snapshot: where its files are, and whose it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalSnapshot {
+    pub id: String,
+    /// Where the owner record lives (`vk-cocoon owner=<namespace>/<pod>`).
+    pub description: String,
 }
 
-impl SnapshotIds for CocoonCli {
-    fn id_of<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+/// A local cocoon snapshot by name. `Ok(None)` when cocoon does not know the name.
+pub trait LocalSnapshots: Send + Sync + 'static {
+    fn inspect<'a>(&'a self, name: &'a str)
+        -> BoxFuture<'a, Result<Option<LocalSnapshot>, String>>;
+}
+
+impl LocalSnapshots for CocoonCli {
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LocalSnapshot>, String>> {
         Box::pin(async move {
             let cmd = CocoonCmd::SnapshotInspect {
                 name: name.to_string(),
             };
             match self.call(&cmd).await {
-                Ok(CocoonOk::Snapshot { snapshot }) => Ok(Some(snapshot.id)),
+                Ok(CocoonOk::Snapshot { snapshot }) => Ok(Some(LocalSnapshot {
+                    id: snapshot.id,
+                    description: snapshot.description,
+                })),
                 Ok(other) => Err(format!("cocoon snapshot inspect answered {other:?}")),
                 Err(e) if e.kind == CocoonErrorKind::SnapshotNotFound => Ok(None),
                 Err(e) => Err(e.message),
@@ -86,16 +104,28 @@ pub struct Counting {
 }
 
 /// Binds `addr` (`VK_PEER_ADDR`) and serves snapshots stored under `snapshot_root`
-/// (`VK_COCOON_SNAPSHOT_DIR`), names resolved by `cocoon snapshot inspect`, to other nodes
-/// only. A bind failure is returned, naming the address.
+/// (`VK_COCOON_SNAPSHOT_DIR`), names resolved by `cocoon snapshot inspect`, to the nodes
+/// waking their pods, as `client` (the apiserver) says. A bind failure is returned, naming
+/// the address.
 pub fn spawn(
     addr: SocketAddr,
     snapshot_root: PathBuf,
     cocoon: CocoonCli,
+    client: kube::Client,
     tls: &NodeTls,
     counting: Counting,
 ) -> anyhow::Result<()> {
-    Server::bind(addr, snapshot_root, Arc::new(cocoon), tls, counting)?.spawn()
+    let sources = Sources {
+        snapshots: Arc::new(cocoon),
+        pods: Arc::new(client),
+    };
+    Server::bind(addr, snapshot_root, sources, tls, counting)?.spawn()
+}
+
+/// Where the server learns what it checks: the local snapshots, and (K7.4) the pods.
+pub struct Sources {
+    pub snapshots: Arc<dyn LocalSnapshots>,
+    pub pods: Arc<dyn PodLookup>,
 }
 
 /// A bound, not yet serving, peer endpoint.
@@ -105,17 +135,24 @@ pub struct Server {
     state: State,
 }
 
-/// Who may call: node certificates, or (protocol tests only) anyone over plain HTTP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who may call: node certificates, or (protocol tests only) anyone over plain HTTP, taken
+/// for the node named.
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Callers {
     Nodes,
     #[cfg(test)]
-    Anyone,
+    As(String),
 }
+
+/// The node the caller's certificate names, once the node check passed.
+#[derive(Clone)]
+struct Caller(String);
 
 struct State {
     root: PathBuf,
-    ids: Arc<dyn SnapshotIds>,
+    snapshots: Arc<dyn LocalSnapshots>,
+    pods: Arc<dyn PodLookup>,
+    grants: Grants,
     streams: Arc<Semaphore>,
     plans: Arc<Semaphore>,
     callers: Callers,
@@ -130,37 +167,38 @@ impl Server {
     pub fn bind(
         addr: SocketAddr,
         snapshot_root: PathBuf,
-        ids: Arc<dyn SnapshotIds>,
+        sources: Sources,
         tls: &NodeTls,
         counting: Counting,
     ) -> anyhow::Result<Server> {
         let config = tls.server_config_counting(counting.peer.clone())?;
-        let mut server = Server::bind_with(addr, snapshot_root, ids, counting)?;
+        let mut server = Server::bind_with(addr, snapshot_root, sources, counting)?;
         server.tls = Some(config);
         Ok(server)
     }
 
-    /// Plain HTTP, every caller served: for the protocol tests, which tamper with the bytes
-    /// on the wire.
+    /// Plain HTTP, every caller taken for node `caller`: for the protocol tests, which tamper
+    /// with the bytes on the wire.
     #[cfg(test)]
     pub(super) fn bind_plain(
         addr: SocketAddr,
         snapshot_root: PathBuf,
-        ids: Arc<dyn SnapshotIds>,
+        sources: Sources,
+        caller: &str,
     ) -> anyhow::Result<Server> {
         let counting = Counting {
             metrics: Metrics::new(),
             peer: PeerCounters::new(),
         };
-        let mut server = Server::bind_with(addr, snapshot_root, ids, counting)?;
-        server.state.callers = Callers::Anyone;
+        let mut server = Server::bind_with(addr, snapshot_root, sources, counting)?;
+        server.state.callers = Callers::As(caller.to_string());
         Ok(server)
     }
 
     fn bind_with(
         addr: SocketAddr,
         snapshot_root: PathBuf,
-        ids: Arc<dyn SnapshotIds>,
+        sources: Sources,
         counting: Counting,
     ) -> anyhow::Result<Server> {
         let listener = std::net::TcpListener::bind(addr)
@@ -170,7 +208,9 @@ impl Server {
             tls: None,
             state: State {
                 root: snapshot_root,
-                ids,
+                snapshots: sources.snapshots,
+                pods: sources.pods,
+                grants: Grants::default(),
                 streams: Arc::new(Semaphore::new(MAX_STREAMS)),
                 plans: Arc::new(Semaphore::new(MAX_PLANS)),
                 callers: Callers::Nodes,
@@ -182,6 +222,12 @@ impl Server {
     /// Replaces the `MAX_PLANS` limit.
     pub fn with_plan_limit(mut self, plans: usize) -> Self {
         self.state.plans = Arc::new(Semaphore::new(plans));
+        self
+    }
+
+    /// Replaces the grants' [`grant::RECHECK`] interval.
+    pub fn with_grant_recheck(mut self, recheck: Duration) -> Self {
+        self.state.grants = Grants::with_recheck(recheck);
         self
     }
 
@@ -260,23 +306,24 @@ async fn only_nodes(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
     let state = req.app_data::<web::Data<State>>().cloned();
-    let refusal = match state.as_ref().map(|s| s.callers) {
-        None => Some((Refusal::NotANode, "the peer API has no state".to_string())),
+    let caller = match state.as_ref().map(|s| &s.callers) {
+        None => Err((Refusal::NotANode, "the peer API has no state".to_string())),
         #[cfg(test)]
-        Some(Callers::Anyone) => None,
+        Some(Callers::As(node)) => Ok(node.clone()),
         Some(Callers::Nodes) => match req.conn_data::<ClientCert>() {
-            None => Some((
+            None => Err((
                 Refusal::NoCertificate,
                 "a node certificate signed by the cluster CA is required".to_string(),
             )),
-            Some(ClientCert(der)) => node_of_certificate(der)
-                .err()
-                .map(|e| (Refusal::NotANode, e)),
+            Some(ClientCert(der)) => node_of_certificate(der).map_err(|e| (Refusal::NotANode, e)),
         },
     };
-    match refusal {
-        None => Ok(next.call(req).await?.map_into_left_body()),
-        Some((why, msg)) => {
+    match caller {
+        Ok(node) => {
+            req.extensions_mut().insert(Caller(node));
+            Ok(next.call(req).await?.map_into_left_body())
+        }
+        Err((why, msg)) => {
             if let Some(s) = &state {
                 s.counting.peer.refused(why);
             }
@@ -299,7 +346,7 @@ fn endpoint(path: &str) -> actix_web::Resource {
     }))
 }
 
-type Answer = Result<HttpResponse, (StatusCode, String)>;
+type Answer<T = HttpResponse> = Result<T, (StatusCode, String)>;
 
 fn answer(a: Answer) -> HttpResponse {
     a.unwrap_or_else(|(status, msg)| text(status, &msg))
@@ -309,19 +356,39 @@ fn bad(msg: impl Into<String>) -> (StatusCode, String) {
     (StatusCode::BAD_REQUEST, msg.into())
 }
 
+/// The caller the node check put on the request; a route never runs without one.
+fn caller_of(req: &HttpRequest) -> String {
+    req.extensions()
+        .get::<Caller>()
+        .map(|c| c.0.clone())
+        .unwrap_or_default()
+}
+
 async fn plan(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
-    answer(plan_of(&state, &Query::parse(req.query_string())).await)
+    let caller = caller_of(&req);
+    answer(plan_of(&state, &caller, &Query::parse(req.query_string())).await)
 }
 
 async fn slice(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
-    answer(slice_of(&state, &Query::parse(req.query_string())).await)
+    let caller = caller_of(&req);
+    answer(slice_of(&state, &caller, &Query::parse(req.query_string())).await)
 }
 
-async fn plan_of(state: &State, q: &Query) -> Answer {
+/// K7.4: the pod the request is made for; a request naming none is refused.
+fn waking_pod(state: &State, caller: &str, q: &Query) -> Result<WakingPod, (StatusCode, String)> {
+    WakingPod::from_query(|k| q.get(k)).ok_or_else(|| {
+        let why = "name the pod this node wakes (namespace, pod, uid): snapshots are served \
+                   only to the node waking their pod";
+        Denied(Refusal::NoGrant, why.into()).answer(&state.counting.peer, caller)
+    })
+}
+
+async fn plan_of(state: &State, caller: &str, q: &Query) -> Answer {
     let name = q.get("name").ok_or_else(|| bad("name is required"))?;
     if !valid_snapshot_name(name) {
         return Err(bad(format!("{name:?} is not a snapshot name")));
     }
+    let pod = waking_pod(state, caller, q)?;
     let _slot = state.plans.clone().try_acquire_owned().map_err(|_| {
         state.counting.metrics.cap_refused(Cap::PeerRequests);
         (
@@ -329,16 +396,7 @@ async fn plan_of(state: &State, q: &Query) -> Answer {
             format!("more than {MAX_PLANS} plan requests at once; retry later"),
         )
     })?;
-    let id = match state.ids.id_of(name).await {
-        Ok(Some(id)) => id,
-        Ok(None) => return Err((StatusCode::NOT_FOUND, format!("no local snapshot {name:?}"))),
-        Err(e) => {
-            return Err((
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("resolve snapshot {name:?}: {e}"),
-            ))
-        }
-    };
+    let LocalSnapshot { id, .. } = granted_snapshot(state, caller, &pod, name).await?;
     // The id becomes a path component; cocoon's ids are plain, anything else is a fault here.
     if !plain_name(&id) {
         return Err((
@@ -358,13 +416,74 @@ async fn plan_of(state: &State, q: &Query) -> Answer {
         };
         (status, format!("plan snapshot {name:?}: {e}"))
     })?;
+    if !state
+        .grants
+        .grant(caller, &pod, &plan.snapshot_id, Instant::now())
+    {
+        state.counting.metrics.cap_refused(Cap::PeerRequests);
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{} snapshot grants held; retry later", grant::MAX_GRANTS),
+        ));
+    }
     let json = serde_json::to_vec(&plan).expect("a plan always serialises");
     Ok(HttpResponse::Ok()
         .insert_header((CONTENT_TYPE, "application/json"))
         .body(json))
 }
 
-async fn slice_of(state: &State, q: &Query) -> Answer {
+/// K7.4, for a plan: the pod is the caller's to wake (the apiserver's word) and the
+/// snapshot is of its namespace (the owner record). The pod is asked first, so a caller
+/// without a grant learns nothing of what this node keeps.
+async fn granted_snapshot(
+    state: &State,
+    caller: &str,
+    pod: &WakingPod,
+    name: &str,
+) -> Result<LocalSnapshot, (StatusCode, String)> {
+    let refused = |d: Denied| d.answer(&state.counting.peer, caller);
+    grant::pod_is_callers(state.pods.as_ref(), caller, pod)
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))?
+        .map_err(refused)?;
+    let found = match state.snapshots.inspect(name).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return Err((StatusCode::NOT_FOUND, format!("no local snapshot {name:?}"))),
+        Err(e) => {
+            return Err((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("resolve snapshot {name:?}: {e}"),
+            ))
+        }
+    };
+    grant::snapshot_is_pods(&found.description, name, pod).map_err(refused)?;
+    Ok(found)
+}
+
+/// K7.4, for a slice: the grant its plan left, confirmed with the apiserver again when due.
+async fn slice_granted(state: &State, caller: &str, pod: &WakingPod, id: &str) -> Answer<()> {
+    let refused = |d: Denied| d.answer(&state.counting.peer, caller);
+    match state.grants.standing(caller, pod, id, Instant::now()) {
+        Standing::Granted => Ok(()),
+        Standing::None => Err(refused(Denied(
+            Refusal::NoGrant,
+            format!("no grant of snapshot {id} to {caller} for pod {pod}: ask for its plan first"),
+        ))),
+        Standing::Recheck => match grant::pod_is_callers(state.pods.as_ref(), caller, pod).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(d)) => {
+                state.grants.revoke(caller, pod, id);
+                Err(refused(d))
+            }
+            Err(e) => {
+                state.grants.revoke(caller, pod, id);
+                Err((StatusCode::INTERNAL_SERVER_ERROR, e))
+            }
+        },
+    }
+}
+
+async fn slice_of(state: &State, caller: &str, q: &Query) -> Answer {
     let id = q.get("id").ok_or_else(|| bad("id is required"))?;
     let file = q.get("file").ok_or_else(|| bad("file is required"))?;
     let offset = q.number("offset")?;
@@ -377,6 +496,8 @@ async fn slice_of(state: &State, q: &Query) -> Answer {
             "length must be within 1..={MAX_SLICE} and offset+length must not overflow"
         )));
     }
+    let pod = waking_pod(state, caller, q)?;
+    slice_granted(state, caller, &pod, id).await?;
     let permit = state.streams.clone().try_acquire_owned().map_err(|_| {
         state.counting.metrics.cap_refused(Cap::PeerRequests);
         (

@@ -1,10 +1,13 @@
-//! K7.1 and K7.2 end to end on 127.0.0.1: the TLS server and client with certificates from a CA made
-//! here, callers that are not nodes, a peer that is not the node asked for, and the caps.
+//! K7.1, K7.2 and K7.4 end to end on 127.0.0.1: the TLS server and client with certificates from a
+//! CA made here, callers that are not nodes, a peer that is not the node asked for, the caps,
+//! and the grant: only the node waking a pod of the snapshot's namespace is served.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rcgen::{
@@ -22,14 +25,64 @@ use crate::config::PeerTls;
 use crate::metrics::{Cap, Metrics};
 
 const ID: &str = "M4XW2HQ7K3ZT5N6R7P8S9JV2UA";
+const UID: &str = "0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
+/// node-b wakes `team-a/victim`, whose snapshot is `vm-a`.
+const CLAIM: &str = "namespace=team-a&pod=victim&uid=0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
 
-/// Counts lookups: each stands for a `cocoon` process the server would start.
+/// Counts lookups: each stands for a `cocoon` process the server would start. `vm-a` is
+/// team-a's, `vm-b` team-b's, `base` a public base without a record.
 struct Lookups(AtomicUsize);
 
-impl SnapshotIds for Lookups {
-    fn id_of<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+impl LocalSnapshots for Lookups {
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LocalSnapshot>, String>> {
         self.0.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move { Ok((name == "vm-a").then(|| ID.to_string())) })
+        let description = match name {
+            "vm-a" => "vk-cocoon owner=team-a/victim",
+            "vm-b" => "vk-cocoon owner=team-b/other",
+            "base" => "ubuntu 24.04",
+            _ => return Box::pin(async { Ok(None) }),
+        };
+        Box::pin(async move {
+            Ok(Some(LocalSnapshot {
+                id: ID.into(),
+                description: description.into(),
+            }))
+        })
+    }
+}
+
+/// The apiserver's pods, which a test may move between nodes; counts the GETs.
+#[derive(Default)]
+struct Apiserver {
+    pods: Mutex<HashMap<(String, String), BoundPod>>,
+    gets: AtomicUsize,
+}
+
+impl Apiserver {
+    fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) {
+        self.pods.lock().unwrap().insert(
+            (namespace.into(), name.into()),
+            BoundPod {
+                uid: uid.into(),
+                node: Some(node.into()),
+            },
+        );
+    }
+}
+
+impl PodLookup for Apiserver {
+    fn pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BoundPod>, String>> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        let key = (namespace.to_string(), name.to_string());
+        let found = self.pods.lock().unwrap().get(&key).cloned();
+        Box::pin(async move { Ok(found) })
     }
 }
 
@@ -102,12 +155,19 @@ struct Fixture {
     ca: Ca,
     addr: SocketAddr,
     lookups: Arc<Lookups>,
+    apiserver: Arc<Apiserver>,
     counting: Counting,
     staging: PathBuf,
     store: PathBuf,
 }
 
 async fn serving(plan_limit: Option<usize>) -> Fixture {
+    serving_with(plan_limit, None).await
+}
+
+/// node-a serves; `team-a/victim` is bound to node-b's virtual node, `team-a/elsewhere` to
+/// node-c.
+async fn serving_with(plan_limit: Option<usize>, recheck: Option<Duration>) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let ca = Ca::new(tmp.path(), "cluster-ca");
     let store = tmp.path().join("snapshots");
@@ -119,17 +179,26 @@ async fn serving(plan_limit: Option<usize>) -> Fixture {
         metrics: Metrics::new(),
         peer: PeerCounters::new(),
     };
-    let ids: Arc<dyn SnapshotIds> = lookups.clone();
+    let apiserver = Arc::new(Apiserver::default());
+    apiserver.bind("team-a", "victim", UID, "node-b-cocoon");
+    apiserver.bind("team-a", "elsewhere", "u-elsewhere", "node-c");
+    let sources = Sources {
+        snapshots: lookups.clone(),
+        pods: apiserver.clone(),
+    };
     let mut server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
         store.clone(),
-        ids,
+        sources,
         &tls,
         counting.clone(),
     )
     .unwrap();
     if let Some(n) = plan_limit {
         server = server.with_plan_limit(n);
+    }
+    if let Some(d) = recheck {
+        server = server.with_grant_recheck(d);
     }
     let addr = server.local_addr().unwrap();
     server.spawn().unwrap();
@@ -140,6 +209,7 @@ async fn serving(plan_limit: Option<usize>) -> Fixture {
         ca,
         addr,
         lookups,
+        apiserver,
         counting,
     }
 }
@@ -164,15 +234,113 @@ async fn get(addr: SocketAddr, config: rustls::ClientConfig, target: &str) -> Re
         .ok_or_else(|| format!("no status in {head:?}"))
 }
 
-const PLAN: &str = "/v1/snapshot-plan?name=vm-a";
+const PLAN: &str =
+    "/v1/snapshot-plan?name=vm-a&namespace=team-a&pod=victim&uid=0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
+const SLICE: &str = "/v1/snapshot-slice?id=M4XW2HQ7K3ZT5N6R7P8S9JV2UA&file=config.json&offset=0&length=10&namespace=team-a&pod=victim&uid=0b9f3c52-5d1e-4a57-9a43-5f1e2f6f7a10";
+
+/// A node's dialing config, by the node its certificate names.
+fn as_node(fx: &Fixture, node: &str) -> rustls::ClientConfig {
+    client_config_as(&fx.ca.cert, Some(identity(&fx.ca.node(node))))
+}
 
 #[tokio::test]
-async fn a_node_of_the_cluster_is_served() {
+async fn the_node_waking_the_pod_is_served() {
     let fx = serving(None).await;
-    let me = fx.ca.node("node-b");
-    let config = client_config_as(&fx.ca.cert, Some(identity(&me)));
-    assert_eq!(get(fx.addr, config, PLAN).await, Ok(200));
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), PLAN).await, Ok(200));
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), SLICE).await, Ok(200));
     assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 1);
+    // The plan asked the apiserver; its slice rode on the grant.
+    assert_eq!(fx.apiserver.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn another_node_s_valid_certificate_is_refused() {
+    let fx = serving(None).await;
+    let peer = &fx.counting.peer;
+    // node-c is a node of the cluster, but the pod is bound to node-b-cocoon.
+    assert_eq!(get(fx.addr, as_node(&fx, "node-c"), PLAN).await, Ok(403));
+    assert_eq!(peer.count(Refusal::NotTheWakingNode), 1);
+    assert_eq!(
+        fx.lookups.0.load(Ordering::SeqCst),
+        0,
+        "a refused node made cocoon look the snapshot up"
+    );
+    // node-b's grant is node-b's: node-c cannot ride on it.
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), PLAN).await, Ok(200));
+    assert_eq!(get(fx.addr, as_node(&fx, "node-c"), SLICE).await, Ok(403));
+    assert_eq!(peer.count(Refusal::NoGrant), 1);
+    // A team-a pod bound to node-c gets node-c a grant of its own (T6: a namespace's
+    // snapshots serve any of its pods), which still opens nothing of node-b's wake.
+    let elsewhere = "/v1/snapshot-plan?name=vm-a&namespace=team-a&pod=elsewhere&uid=u-elsewhere";
+    assert_eq!(
+        get(fx.addr, as_node(&fx, "node-c"), elsewhere).await,
+        Ok(200)
+    );
+    assert_eq!(get(fx.addr, as_node(&fx, "node-c"), SLICE).await, Ok(403));
+    assert_eq!(peer.count(Refusal::NoGrant), 2);
+}
+
+#[tokio::test]
+async fn a_pod_uid_that_does_not_match_is_refused() {
+    let fx = serving(None).await;
+    // The pod of that name now is another one than the wake was for.
+    let stale = "/v1/snapshot-plan?name=vm-a&namespace=team-a&pod=victim&uid=an-earlier-pod";
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), stale).await, Ok(403));
+    let gone = "/v1/snapshot-plan?name=vm-a&namespace=team-a&pod=gone&uid=u";
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), gone).await, Ok(403));
+    assert_eq!(fx.counting.peer.count(Refusal::NotTheWakingNode), 2);
+    assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_snapshot_of_another_namespace_or_without_a_record_is_refused() {
+    let fx = serving(None).await;
+    for name in ["vm-b", "base"] {
+        let plan = format!("/v1/snapshot-plan?name={name}&{CLAIM}");
+        assert_eq!(
+            get(fx.addr, as_node(&fx, "node-b"), &plan).await,
+            Ok(403),
+            "{name}"
+        );
+    }
+    assert_eq!(fx.counting.peer.count(Refusal::ForeignSnapshot), 2);
+    // Nothing was granted: the snapshot's slices stay closed.
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), SLICE).await, Ok(403));
+}
+
+#[tokio::test]
+async fn a_request_naming_no_pod_is_refused_before_any_lookup() {
+    let fx = serving(None).await;
+    let slice = SLICE.split("&namespace=").next().unwrap();
+    for target in [
+        "/v1/snapshot-plan?name=vm-a",
+        "/v1/snapshot-plan?name=vm-a&namespace=team-a&pod=victim",
+        slice,
+    ] {
+        assert_eq!(
+            get(fx.addr, as_node(&fx, "node-b"), target).await,
+            Ok(403),
+            "{target}"
+        );
+    }
+    assert_eq!(fx.counting.peer.count(Refusal::NoGrant), 3);
+    assert_eq!(fx.lookups.0.load(Ordering::SeqCst), 0);
+    assert_eq!(fx.apiserver.gets.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_grant_ends_once_the_apiserver_binds_the_pod_elsewhere() {
+    let fx = serving_with(None, Some(Duration::ZERO)).await;
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), PLAN).await, Ok(200));
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), SLICE).await, Ok(200));
+    fx.apiserver
+        .bind("team-a", "victim", "a-new-pod", "node-c-cocoon");
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), SLICE).await, Ok(403));
+    assert_eq!(fx.counting.peer.count(Refusal::NotTheWakingNode), 1);
+    // Revoked, not merely refused once.
+    fx.apiserver.bind("team-a", "victim", UID, "node-b-cocoon");
+    assert_eq!(get(fx.addr, as_node(&fx, "node-b"), SLICE).await, Ok(403));
+    assert_eq!(fx.counting.peer.count(Refusal::NoGrant), 1);
 }
 
 #[tokio::test]
@@ -236,6 +404,11 @@ async fn the_restore_dials_over_tls_and_accepts_only_a_node_of_the_cluster() {
         transport: Transport::Tls(Arc::new(config)),
         snapshot_name: "vm-a".into(),
         snapshot_id: ID.into(),
+        pod: WakingPod {
+            namespace: "team-a".into(),
+            name: "victim".into(),
+            uid: UID.into(),
+        },
         staging_root: fx.staging.clone(),
         leaf: "vm-a".into(),
         snapshot_json: b"{\"version\": 1}\n".to_vec(),

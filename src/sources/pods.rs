@@ -51,6 +51,11 @@ impl StoredPod {
         }
     }
 
+    /// The pod's UID as the watch delivered it: what a peer restore names the pod by (K7.4).
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+
     pub fn decode(&self) -> Option<Pod> {
         serde_json::from_slice(&self.json).ok()
     }
