@@ -42,6 +42,14 @@ enum Command {
     /// Operator commands on snapshots (configured by the daemon's environment).
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
+    /// Print the VNC password of one macOS guest, for its tenant: each guest has its own,
+    /// derived from COCOON_MACOS_VNC_PASSWORD, the pod's namespace and the guest's name.
+    VncPassword {
+        /// The namespace of the guest's pod.
+        namespace: String,
+        /// The guest's name (the pod's vm.cocoonstack.io/name).
+        guest: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -141,6 +149,7 @@ pub fn main() -> ExitCode {
         Command::Replay(args) => replay(args),
         Command::CheckConfig => check_config(),
         Command::Snapshots(SnapshotsCommand::Own(args)) => own(args),
+        Command::VncPassword { namespace, guest } => vnc_password(&namespace, &guest),
         Command::Version => {
             println!(
                 "vk-cocoon {} (build {}, journal format {FORMAT_VERSION})",
@@ -188,6 +197,24 @@ fn own(args: OwnArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("vk-cocoon snapshots own: {e:#}");
+            ExitCode::from(FAILED)
+        }
+    }
+}
+
+fn vnc_password(namespace: &str, guest: &str) -> ExitCode {
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    match &config.macos_vnc_password {
+        Some(node) => {
+            let p = vk_cocoon::cocoon::macos::guest_password(node.expose(), namespace, guest);
+            println!("{p}");
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("vk-cocoon vnc-password: COCOON_MACOS_VNC_PASSWORD is unset, so macOS guests have no VNC display");
             ExitCode::from(FAILED)
         }
     }

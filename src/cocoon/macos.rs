@@ -7,6 +7,24 @@ use reconcilers::cocoon::CocoonCmd;
 use reconcilers::vm::{CocoonError, CocoonErrorKind, VmRecord};
 use serde::Deserialize;
 
+/// C14: a guest's own VNC password: eight characters derived from the node's password
+/// (`COCOON_MACOS_VNC_PASSWORD`), the pod's namespace and the guest's name. Every guest's VNC
+/// port is reachable from the node's network, so one password for all would let any tenant
+/// told its own into every other tenant's display; a derived one tells nothing of another
+/// guest's, and the operator, who holds the node's password, computes it for a tenant with
+/// `vk-cocoon vnc-password <namespace> <guest>`.
+pub fn guest_password(node: &str, namespace: &str, guest: &str) -> String {
+    use base64::Engine as _;
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    for part in ["vk-cocoon vnc", node, namespace, guest] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = h.finalize();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..6])
+}
+
 /// The argv of a cocoon-macos command: `--vnc-password P` follows `--vnc D` when a password
 /// is configured (the core asks for a display only then).
 pub fn argv(cmd: &CocoonCmd, password: Option<&str>) -> Vec<String> {
@@ -107,6 +125,30 @@ pub fn vms(text: &str) -> Result<Vec<VmRecord>, CocoonError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_guest_has_its_own_password_of_eight_characters() {
+        let a = guest_password("node-secret", "team-a", "mac-1");
+        assert_eq!(a.len(), 8);
+        assert_eq!(a, guest_password("node-secret", "team-a", "mac-1"));
+        for other in [
+            guest_password("node-secret", "team-b", "mac-1"),
+            guest_password("node-secret", "team-a", "mac-2"),
+            guest_password("another-node", "team-a", "mac-1"),
+            // The parts are length-prefixed: moving a character across them changes it.
+            guest_password("node-secret", "team-am", "ac-1"),
+        ] {
+            assert_ne!(a, other);
+        }
+        let cmd = CocoonCmd::MacosStart {
+            name: "mac-1".into(),
+            vnc: Some(3),
+        };
+        let argv = argv(&cmd, Some(&a));
+        let at = argv.iter().position(|x| x == "--vnc-password").unwrap();
+        assert_eq!(argv[at + 1], a);
+        assert!(!argv.iter().any(|x| x == "node-secret"));
+    }
 
     #[test]
     fn the_password_follows_the_display_and_stays_before_the_dash() {

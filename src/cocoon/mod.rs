@@ -60,6 +60,12 @@ impl CocoonCli {
     }
 
     pub async fn call(&self, cmd: &CocoonCmd) -> Result<CocoonOk, CocoonError> {
+        self.call_in(cmd, "").await
+    }
+
+    /// [`CocoonCli::call`] for a pod of `namespace` (empty: the node's own call): a macOS
+    /// guest's display gets the guest's own password (C14).
+    pub async fn call_in(&self, cmd: &CocoonCmd, namespace: &str) -> Result<CocoonOk, CocoonError> {
         if let Some(refused) = cmd.needs().and_then(|v| self.lacks(v)) {
             return Err(refused);
         }
@@ -71,12 +77,21 @@ impl CocoonCli {
             resolves_to_itself(dir).await?;
         }
         if cmd.binary() == Binary::CocoonMacos {
-            let password = self.macos_vnc_password.as_deref();
-            let argv = macos::argv(cmd, password);
+            // A projection, not a decision: only these two ask for a display.
+            let guest = match cmd {
+                CocoonCmd::MacosRun { name, .. } | CocoonCmd::MacosStart { name, .. } => Some(name),
+                _ => None,
+            };
+            let password = self
+                .macos_vnc_password
+                .as_deref()
+                .zip(guest)
+                .map(|(node, guest)| macos::guest_password(node, namespace, guest));
+            let argv = macos::argv(cmd, password.as_deref());
             return self
                 .macos_call(cmd, &argv)
                 .await
-                .map_err(|e| macos::redact(e, password));
+                .map_err(|e| macos::redact(e, password.as_deref()));
         }
         let argv = cmd.argv();
         let text = self.run(&argv).await?;

@@ -166,7 +166,7 @@ impl Executor {
         tokio::spawn(async move {
             let _permit = slots.acquire(&namespace).await;
             waited.stop_and_record();
-            let result = cli.call(&cmd).await;
+            let result = cli.call_in(&cmd, &namespace).await;
             let _ = tx.send(Event::CocoonDone { op, result }).await;
         });
     }

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
-use kube::runtime::{metadata_watcher, watcher, WatchStreamExt};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use reconcilers::Event;
 
@@ -60,8 +61,8 @@ pub async fn first_list(client: &Client, tx: &EventTx, seen: &mut Seen) {
 }
 
 pub async fn run(client: Client, tx: EventTx, mut seen: Seen) {
-    let api: Api<Namespace> = Api::all(client);
-    let mut stream = metadata_watcher(api, watcher::Config::default())
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+    let mut stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
     while let Some(item) = stream.next().await {
