@@ -330,6 +330,21 @@ fn keeps_the_invariants(inv: &Inventory, ops: &[Op]) -> Result<(), TestCaseError
         model.violations
     );
     prop_assert!(w.violations.is_empty(), "{:?}", w.violations);
+    // Faults, reorders and restarts are all outcomes the core expects: none is unexpected.
+    let unexpected: Vec<&String> = w
+        .log
+        .iter()
+        .flat_map(|(_, acts)| acts)
+        .filter_map(|a| match a {
+            reconcilers::Action::Log { message, .. }
+                if message.starts_with("unexpected outcome") =>
+            {
+                Some(message)
+            }
+            _ => None,
+        })
+        .collect();
+    prop_assert!(unexpected.is_empty(), "{:?}", unexpected);
     prop_assert!(converged(&w).is_ok(), "{:?}", converged(&w));
     prop_assert!(model.settled(&w).is_ok(), "{:?}", model.settled(&w));
     prop_assert!(replay_identical(&w).is_ok(), "{:?}", replay_identical(&w));

@@ -68,6 +68,24 @@ pub struct Runner {
     echo: bool,
     /// The filter set by the last `show` directive.
     show: Show,
+    /// `expect unexpected`: the scenario provokes an outcome its pod was not waiting for.
+    unexpected_expected: bool,
+    /// The unexpected outcomes of worlds a `restart` replaced.
+    unexpected_before: Vec<String>,
+}
+
+/// The unexpected outcomes in `w`'s log, as its error lines say them.
+fn unexpected_in(w: &World) -> Vec<String> {
+    w.log
+        .iter()
+        .flat_map(|(_, acts)| acts)
+        .filter_map(|a| match a {
+            Action::Log { message, .. } if message.starts_with("unexpected outcome:") => {
+                Some(message.clone())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn key(s: &str) -> PodKey {
@@ -249,6 +267,8 @@ impl Runner {
             stream: true,
             echo: true,
             show: Show::All,
+            unexpected_expected: false,
+            unexpected_before: Vec::new(),
         }
     }
 
@@ -263,11 +283,27 @@ impl Runner {
         self.world.as_mut().expect("made")
     }
 
+    /// What the run broke: the world's invariants, and (unless the scenario says `expect
+    /// unexpected`) every outcome the core did not expect, since the fake world is faithful
+    /// and an unexpected outcome there is a bug of the core or of the fake.
     pub fn finish(&self) -> Vec<String> {
-        self.world
+        let mut out: Vec<String> = self
+            .world
             .as_ref()
             .map(|w| w.violations.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let mut unexpected = self.unexpected_before.clone();
+        unexpected.extend(self.world.as_ref().map(unexpected_in).unwrap_or_default());
+        match (self.unexpected_expected, unexpected.is_empty()) {
+            (false, false) => {
+                out.extend(unexpected.into_iter().map(|u| {
+                    format!("{u} (a scenario that provokes one says `expect unexpected`)")
+                }))
+            }
+            (true, true) => out.push("`expect unexpected`, but no outcome was unexpected".into()),
+            (false, true) | (true, false) => {}
+        }
+        out
     }
 
     fn configure(&mut self, a: &[(String, String)]) {
@@ -411,6 +447,37 @@ impl Runner {
     fn command(&mut self, cmd: &str, rest: &[String]) -> Out {
         let a = args(rest);
         match cmd {
+            // `stray cocoon|kube|registry|sac OP`: an outcome for an operation nobody has out
+            // (a shell that delivered one twice).
+            "stray" => {
+                let op = rest[1].parse().expect("op");
+                let event = match rest[0].as_str() {
+                    "cocoon" => Event::CocoonDone {
+                        op,
+                        result: Ok(CocoonOk::Done),
+                    },
+                    "kube" => Event::KubeDone {
+                        op,
+                        result: Ok(reconcilers::event::KubeOk::Done),
+                    },
+                    "registry" => Event::RegistryDone {
+                        op,
+                        result: Ok(reconcilers::event::RegistryOk::Pulled),
+                    },
+                    "sac" => Event::SacDone { op, result: Ok(()) },
+                    other => panic!("stray {other}: cocoon, kube, registry or sac"),
+                };
+                Out::Actions(self.world().feed(event))
+            }
+            // `holders-restored`: the journal's records arriving after the start (a shell bug).
+            "holders-restored" => Out::Actions(self.world().feed(Event::HoldersRestored {
+                holders: Default::default(),
+                problem: None,
+            })),
+            "expect" if rest.first().map(String::as_str) == Some("unexpected") => {
+                self.unexpected_expected = true;
+                Out::Lines(vec![])
+            }
             "show" => {
                 self.show = Show::parse(rest.iter().map(String::as_str));
                 Out::Lines(vec![])
@@ -901,6 +968,7 @@ impl Runner {
 
     fn restart(&mut self, a: &[(String, String)]) -> Out {
         let old = self.world.take().expect("restart before start");
+        self.unexpected_before.extend(unexpected_in(&old));
         let manual = a.iter().any(|(k, v)| k == "settle" && v == "false");
         self.world = Some(old.restarted());
         let w = self.world();
