@@ -1,8 +1,11 @@
-//! Image verbs (CLI-6.1–CLI-6.3): a local image index only, no bytes are fetched. An image ref
+//! Image verbs (CLI-6.1–CLI-6.3): a local image index only, no bytes are kept. An image ref
 //! whose name contains `missing` cannot be pulled (a registry 404, or for a cloud-image URL the
-//! web server's 404 as cocoon reports it), which lets tests hit that path.
+//! web server's 404 as cocoon reports it), which lets tests hit that path. A cloud image at an
+//! `http://` URL on this host (a test's own server on loopback) is really fetched, as cocoon
+//! fetches it: the pull lasts as long as the server takes, and a status other than 2xx fails
+//! it. Other URLs are only indexed (the tests run without a network).
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
 
 use crate::cli::ImageCmd;
 use crate::config::Env;
@@ -72,6 +75,9 @@ fn pull(env: &Env, force: bool, args: &[String]) -> Result<()> {
     } else {
         "oci"
     };
+    if let Some((authority, path)) = loopback_http(image) {
+        fetch(image, authority, path)?;
+    }
     let store = Store::new(&env.root);
     store.update(|db| {
         let refresh = force && kind == "cloudimg";
@@ -81,6 +87,50 @@ fn pull(env: &Env, force: bool, args: &[String]) -> Result<()> {
         Ok(())
     })?;
     log("cmd.image.pull", format!("pulled {image}"));
+    Ok(())
+}
+
+/// The authority and path of an `http://` URL whose host is this one (loopback), if it is one.
+fn loopback_http(image: &str) -> Option<(&str, &str)> {
+    let rest = image.strip_prefix("http://")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let host = match authority.rsplit_once(':') {
+        Some((h, _)) if !h.is_empty() => h,
+        _ => authority,
+    };
+    let loopback = host == "localhost"
+        || host == "[::1]"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.is_loopback());
+    loopback.then_some((authority, path))
+}
+
+/// GETs `path` from `authority` (HTTP/1.0, so the body ends with the connection) and reads the
+/// whole body, failing as cocoon does on a status other than 2xx.
+fn fetch(image: &str, authority: &str, path: &str) -> Result<()> {
+    let addr = match authority.rsplit_once(':') {
+        Some((_, port)) if port.bytes().all(|b| b.is_ascii_digit()) => authority.to_string(),
+        _ => format!("{authority}:80"),
+    };
+    let prefix = format!("pull {image}: http get {image}");
+    let mut conn = std::net::TcpStream::connect(&addr).ctx(&prefix)?;
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").ctx(&prefix)?;
+    let mut reader = BufReader::new(conn);
+    let mut status = String::new();
+    if reader.read_line(&mut status).ctx(&prefix)? == 0 {
+        return fail(format!("{prefix}: unexpected EOF"));
+    }
+    let mut words = status.trim_end().splitn(3, ' ');
+    let code = words.nth(1).unwrap_or("");
+    if !code.starts_with('2') {
+        let text = words.next().unwrap_or("");
+        return fail(format!("{prefix}: status {code} {code} {text}"));
+    }
+    std::io::copy(&mut reader, &mut std::io::sink()).ctx(&prefix)?;
     Ok(())
 }
 

@@ -177,6 +177,44 @@ fn firecracker_run_and_windows_needs_cloud_image() {
         .err("--fc requires OCI images");
 }
 
+/// A cloud image at an `http://` URL on loopback is really fetched: the pull waits for the
+/// server, and its status decides.
+#[test]
+fn a_loopback_url_is_fetched_and_its_status_decides() {
+    use std::io::{BufRead, BufReader, Write};
+    let sim = Sim::new();
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let serve = std::thread::spawn(move || {
+        let mut asked = Vec::new();
+        for answer in ["200 OK\r\n\r\nQFI\u{fb}", "404 Not Found\r\n\r\n"] {
+            let (mut conn, _) = server.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&conn).read_line(&mut line).unwrap();
+            asked.push(line.trim_end().to_string());
+            conn.write_all(format!("HTTP/1.0 {answer}").as_bytes())
+                .unwrap();
+        }
+        asked
+    });
+    let url = format!("http://127.0.0.1:{port}/cloud.img");
+    sim.run(&["image", "pull", &url]).ok();
+    let gone = format!("http://127.0.0.1:{port}/gone.img");
+    sim.run(&["image", "pull", &gone]).err(&format!(
+        "pull {gone}: http get {gone}: status 404 404 Not Found"
+    ));
+    let asked = serve.join().unwrap();
+    assert_eq!(asked, ["GET /cloud.img HTTP/1.0", "GET /gone.img HTTP/1.0"]);
+    let list = sim.run(&["image", "list", "--format", "json"]).ok().json();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert_eq!(names, [url.as_str()]);
+}
+
 #[test]
 fn inspect_resolves_id_name_and_prefix_and_reports_missing() {
     let sim = Sim::new();
