@@ -107,6 +107,7 @@ mod tests {
                 namespace_uid: None,
             },
             id: id.map(str::to_string),
+            kept: false,
         }
     }
 

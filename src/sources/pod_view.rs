@@ -82,6 +82,15 @@ pub fn pod_view(pod: &Pod) -> PodView {
             .unwrap_or_default(),
         restart_policy: spec.and_then(|s| s.restart_policy.clone()),
         deletion_timestamp: meta.deletion_timestamp.as_ref().map(millis),
+        disruption: pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+            })
+            .map(|c| c.reason.clone().unwrap_or_default()),
         resource_version: meta.resource_version.as_deref().and_then(resource_version),
         creation_timestamp: meta.creation_timestamp.as_ref().map(millis),
         status: pod.status.as_ref().map(observed_status).unwrap_or_default(),

@@ -211,6 +211,10 @@ pub(crate) fn next_step(s: &mut State, key: &PodKey) {
         tracking::unindex(s, key, &vm);
         return finish(s, key, object, LifecycleReason::Unmanaged);
     }
+    if let Some(reason) = crate::handle::outage::unasked_eviction(s, key) {
+        crate::handle::outage::keep_for_successor(s, key, (vm, object), &reason);
+        return finish(s, key, object, LifecycleReason::Evicted);
+    }
     // D2: a macOS guest is removed by cocoon-macos, without a snapshot.
     let macos = s.pod(key).is_some_and(crate::macos::is_macos);
     let stage = match stage {

@@ -13,6 +13,7 @@ pub(crate) mod kept;
 pub(crate) mod latency;
 pub mod lifecycle;
 pub(crate) mod macos;
+pub(crate) mod outage;
 pub(crate) mod outcome;
 pub(crate) mod probe;
 pub(crate) mod provider;

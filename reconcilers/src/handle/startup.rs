@@ -220,6 +220,18 @@ pub(crate) fn orphan(s: &mut State, vm: &crate::vm::VmRecord) {
         crate::stale_create::begin(s, vm);
         return;
     }
+    // D10: kept after an eviction its tenant did not ask for, for the namespace's next pod.
+    if s.holders.get(&vm.name).is_some_and(|h| h.kept) {
+        s.emit(Action::Log {
+            level: Level::Info,
+            message: format!(
+                "VM {} ({}) was kept after its pod's eviction: leaving it for the pod that replaces it",
+                vm.name, vm.id
+            ),
+        });
+        s.unclaimed.insert(vm.name.clone(), vm.clone());
+        return;
+    }
     match s.config.orphan_policy {
         OrphanPolicy::Destroy => {
             s.emit(Action::Log {

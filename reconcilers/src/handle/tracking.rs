@@ -24,6 +24,7 @@ pub(crate) fn indexed(s: &mut State, key: &PodKey) {
         let held = crate::holders::Held {
             holder: crate::holders::Holder::of(key, &uid, s.tenant(key)),
             id: Some(id.clone()),
+            kept: false,
         };
         s.hold(&name, Some(held));
     }

@@ -36,6 +36,10 @@ pub struct Held {
     pub holder: Holder,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// D10: the holder was deleted by an eviction its tenant did not ask for, and the VM is
+    /// kept for the next pod of its namespace that names it; no orphan policy removes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
 }
 
 /// What the record lets a pod do with a VM it names.
@@ -147,6 +151,7 @@ mod tests {
                 namespace_uid: None,
             },
             id: id.map(str::to_string),
+            kept: false,
         }
     }
 

@@ -193,6 +193,10 @@ pub struct PodView {
     pub restart_policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<Millis>,
+    /// D10: the reason of the pod's `DisruptionTarget` condition when it is true: why the
+    /// cluster, not the tenant, is deleting it (`DeletionByTaintManager`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<Millis>,
     /// `metadata.resourceVersion`, when it is the integer Kubernetes makes it: resource

@@ -352,6 +352,7 @@ impl State {
                 let held = crate::holders::Held {
                     holder: crate::holders::Holder::of(key, &uid, self.tenant(key)),
                     id: None,
+                    kept: false,
                 };
                 self.hold(name, Some(held));
             }

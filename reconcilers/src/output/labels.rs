@@ -74,6 +74,8 @@ label! {
         VmRm => "vm_rm",
         NoVm => "no_vm",
         SeatRelease => "seat_release",
+        /// D10: deleted by an eviction the tenant did not ask for; the VM is kept.
+        Evicted => "evicted",
         Noop => "noop",
     }
 }

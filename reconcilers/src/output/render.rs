@@ -237,11 +237,16 @@ pub fn action(a: &Action) -> String {
         }
         Action::Hold { vm, held: None } => format!("hold {vm} -"),
         Action::Hold { vm, held: Some(h) } => format!(
-            "hold {vm} {}/{} uid={} id={}",
+            "hold {vm} {}/{} uid={} id={}{}{}",
             h.holder.namespace,
             h.holder.pod,
             h.holder.uid,
-            h.id.as_deref().unwrap_or("-")
+            h.id.as_deref().unwrap_or("-"),
+            h.holder
+                .namespace_uid
+                .as_ref()
+                .map_or(String::new(), |u| format!(" ns-uid={u}")),
+            if h.kept { " kept" } else { "" }
         ),
         Action::RegisterNode => "register-node".into(),
         Action::Abort { message } => format!("fatal {}", q(message)),

@@ -352,6 +352,19 @@ impl World {
         self.feed(Event::PodApplied { pod })
     }
 
+    /// The cluster deletes the pod for `reason` (a `DisruptionTarget` condition, then the
+    /// deletion timestamp), as the taint manager does.
+    pub fn evict_pod(&mut self, key: &PodKey, reason: &str) -> Vec<Action> {
+        let now = self.now;
+        let Some(p) = self.api.pods.get_mut(key) else {
+            return Vec::new();
+        };
+        p.disruption = Some(reason.to_string());
+        p.deletion_timestamp.get_or_insert(now);
+        let pod = p.clone();
+        self.feed(Event::PodApplied { pod })
+    }
+
     /// The pod object disappears from the API (force delete by someone else).
     pub fn remove_pod(&mut self, key: &PodKey) -> Vec<Action> {
         match self.api.pods.remove(key) {

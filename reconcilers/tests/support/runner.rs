@@ -601,7 +601,7 @@ impl Runner {
                 self.pod(rest);
                 Out::Lines(vec![])
             }
-            // `hold VM NS/POD [id=ID] [ns-uid=UID]`: a holder record the journal gives back at
+            // `hold VM NS/POD [id=ID] [ns-uid=UID] [kept=true]`: a holder record the journal gives back at
             // the next start (T11); the pod's UID is the defined pod's.
             "hold" => {
                 let k = key(&rest[1]);
@@ -620,6 +620,7 @@ impl Runner {
                 let held = reconcilers::holders::Held {
                     holder: reconcilers::holders::Holder::of(&k, &uid, tenant),
                     id: a.iter().find(|(x, _)| x == "id").map(|(_, v)| v.clone()),
+                    kept: a.iter().any(|(x, v)| x == "kept" && v == "true"),
                 };
                 self.world().journaled_holders.set(&rest[0], Some(held));
                 Out::Lines(vec![])
@@ -663,6 +664,8 @@ impl Runner {
                 Out::Actions(out)
             }
             "delete" => Out::Actions(self.world().delete_pod(&key(&rest[0]))),
+            // `evict NS/POD REASON`: the cluster deletes the pod (DisruptionTarget REASON).
+            "evict" => Out::Actions(self.world().evict_pod(&key(&rest[0]), &rest[1])),
             "remove" => Out::Actions(self.world().remove_pod(&key(&rest[0]))),
             // Gone from the API while the watch missed it: only a relist can tell.
             "remove-silently" => {
