@@ -261,10 +261,8 @@ fn save(s: &mut State, key: &PodKey) {
     let Phase::Deleting(d) = &e.phase else {
         return crate::outcome::unexpected(s, &format!("pod {key}: save found it not Deleting"));
     };
-    let Some(name) = e.vm_name().map(str::to_string) else {
-        return;
-    };
-    let id = d.vm.record.id.clone();
+    // T1: named after the VM the pod holds, never after its annotation now.
+    let (name, id) = (d.vm.record.name.clone(), d.vm.record.id.clone());
     let op = snapshot::save(s, key, &name, &id);
     let wait = DeleteWait::Save(SaveStep::Save, op);
     set_wait(s, key, wait, Some(DeleteStage::Snapshot));
@@ -277,16 +275,10 @@ pub(crate) fn save_done(
     d: Deleting,
     result: Result<CocoonOk, CocoonError>,
 ) {
+    let name = d.vm.record.name.clone();
     let (wait, since, id) = (d.wait, d.since, d.vm.record.id);
     let Some(e) = s.pod(key) else {
         return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
-    };
-    // Only a managed pod's delete saves its VM, and a managed pod's spec names it.
-    let Some(name) = e.vm_name().map(str::to_string) else {
-        return outcome::unexpected(
-            s,
-            &format!("pod {key}: a delete-time save without a VM name"),
-        );
     };
     let image = e
         .spec
@@ -374,11 +366,10 @@ pub(crate) fn push_done(
     d: Deleting,
     result: Result<RegistryOk, RegistryError>,
 ) {
-    let since = d.since;
-    let Some(e) = s.pod(key) else {
+    let (since, name) = (d.since, d.vm.record.name.clone());
+    if s.pod(key).is_none() {
         return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
-    };
-    let name = e.vm_name().unwrap_or_default().to_string();
+    }
     match result {
         Ok(RegistryOk::Pushed { .. }) => {
             snapshot::pushed(s, since);
@@ -505,7 +496,7 @@ pub(crate) fn vm_removed(
                 .as_ref()
                 .map(|sp| sp.keep_snapshot_on_delete || sp.os == crate::spec::Os::Macos)
                 .unwrap_or(true);
-            let name = e.vm_name().map(str::to_string);
+            let name = Some(vm.record.name.clone());
             tracking::forget(s, key, &vm);
             // D7: the local snapshots go unless the operator asked to keep them as a cache.
             if let (false, Some(name)) = (keep, name) {

@@ -67,9 +67,9 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, attempts: u32) {
     // rollback leaves the pod `failed`; an outcome of theirs that comes meanwhile is dropped,
     // so keeping them would leave a step waiting for it forever.
     running.settle = None;
-    let Some(name) = e.vm_name().map(str::to_string) else {
-        return;
-    };
+    // T1: the snapshot is named after the VM the pod holds, never after its annotation now,
+    // which a tenant may have changed to another pod's VM name since.
+    let name = running.vm.record.name.clone();
     let id = running.vm.record.id.clone();
     let drops_nic = e.spec.as_ref().is_ok_and(|sp| sp.drops_nic());
     lifecycle::attempt(s, key);
@@ -160,13 +160,10 @@ pub(crate) fn step_done(
     h: Hibernating,
     result: Result<CocoonOk, CocoonError>,
 ) {
+    let name = h.running.vm.record.name.clone();
     let (step, since, cancel, id) = (h.step, h.since, h.cancel, h.running.vm.record.id);
     let Some(e) = s.pod(key) else {
         return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
-    };
-    // A pod hibernates only with a decoded spec, which names its VM.
-    let Some(name) = e.vm_name().map(str::to_string) else {
-        return outcome::unexpected(s, &format!("pod {key}: hibernating without a VM name"));
     };
     let image = e
         .spec
@@ -391,11 +388,11 @@ pub(crate) fn push_done(
     h: Hibernating,
     result: Result<RegistryOk, RegistryError>,
 ) {
+    let name = h.running.vm.record.name.clone();
     let (since, cancel, id) = (h.since, h.cancel, h.running.vm.record.id);
-    let Some(e) = s.pod(key) else {
+    if s.pod(key).is_none() {
         return outcome::unexpected(s, &format!("pod {key}: an outcome for a pod that is gone"));
-    };
-    let name = e.vm_name().unwrap_or_default().to_string();
+    }
     if let Some(object) = cancel {
         let result: Result<CocoonOk, CocoonError> = Ok(CocoonOk::Done);
         return hand_to_delete(s, key, object, HibernateStep::Push, &result);

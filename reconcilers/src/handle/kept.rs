@@ -16,10 +16,11 @@ use crate::state::State;
 use crate::vm::CocoonError;
 use crate::{delete, outcome};
 
-/// The name the VM of `key` is kept under, from its VM name and UID.
+/// The name the VM of `key` is kept under, from the name of the VM it holds (never its
+/// annotation now, T1) and its UID.
 fn name_of(s: &State, key: &PodKey) -> Option<String> {
     let e = s.pod(key)?;
-    Some(names::kept_snapshot(e.vm_name()?, &e.pod.uid))
+    Some(names::kept_snapshot(&e.vm()?.record.name, &e.pod.uid))
 }
 
 /// The delete-time snapshot was refused for `why`: save the VM (`vm_id`) under its kept name.
