@@ -4,10 +4,10 @@
 //! pod that replaces the deleted one.
 
 use crate::action::Action;
-use crate::state::Tracked;
 use crate::phase::Object;
 use crate::pod::PodKey;
 use crate::state::State;
+use crate::state::Tracked;
 use crate::{probe, tracking};
 
 /// D10: the reasons of a `DisruptionTarget` condition for which the cluster, not the tenant,
