@@ -35,6 +35,7 @@ const EVERY: &[(&str, &str)] = &[
     ("VK_KUBELET_ANONYMOUS", "false"),
     ("VK_KUBELET_WEBSOCKET", "false"),
     ("VK_POST_CLONE_BUDGET", "90s"),
+    ("VK_IMAGE_PULL_TIMEOUT", "5m"),
     ("VK_EXEC_IDLE_TIMEOUT", "2m"),
     ("VK_METRICS_ADDR", "127.0.0.1:9100"),
     ("VK_PEER_ADDR", "[::]:12600"),
@@ -149,6 +150,7 @@ fn every_variable_is_read() {
     assert_eq!(c.snapshot.pull_budget_mib, 1024);
     assert_eq!(c.clone_from_dir_root, Some(PathBuf::from("/data/import")));
     assert_eq!(c.post_clone_budget_ms, 90_000);
+    assert_eq!(c.image_pull_timeout, std::time::Duration::from_secs(300));
     assert_eq!(c.image_url_hosts, ["images.example", "mirror.example:8443"]);
     assert_eq!(c.networks["team-a"], ["isolated-a"]);
     assert_eq!(c.networks["*"], ["shared"]);
@@ -306,6 +308,9 @@ const BAD: &[(&str, &str)] = &[
     ("VK_LOG_LEVEL", "verbose"),
     ("VK_KUBELET_ANONYMOUS", "sometimes"),
     ("VK_EXEC_IDLE_TIMEOUT", "30"),
+    ("VK_IMAGE_PULL_TIMEOUT", "10s"),
+    ("VK_IMAGE_PULL_TIMEOUT", "7h"),
+    ("VK_PUBLIC_SNAPSHOTS", "ubuntu:24.04"),
     ("COCOON_MACOS_VNC_PASSWORD", "longer-than-8"),
     ("VK_RESTORE_MODE", "lazy"),
     ("VK_RESTORE_MODE", "COPY"),

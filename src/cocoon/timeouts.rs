@@ -18,8 +18,11 @@ pub struct Timeouts {
     /// A command in the guest (`vm exec`): the hibernate's lease release has 20 s (U3), and
     /// no guest command vk sends runs longer.
     pub guest_command: Duration,
-    /// Whole images and snapshots moving through cocoon: `image pull`, `image import`,
-    /// `snapshot import`, `snapshot export`.
+    /// Images the host fetches for a run-mode pod, `image pull` and `image import`
+    /// (`VK_IMAGE_PULL_TIMEOUT`): a tenant names the image, so a slow source holds a slot of
+    /// the shared cocoon lane until this ends (T12, T13).
+    pub image: Duration,
+    /// Snapshots moving through cocoon: `snapshot import`, `snapshot export`.
     pub transfer: Duration,
     /// Any verb not named above.
     pub other: Duration,
@@ -32,11 +35,15 @@ impl Default for Timeouts {
             change: Duration::from_secs(60),
             guest_data: Duration::from_secs(10 * 60),
             guest_command: Duration::from_secs(20),
+            image: IMAGE_PULL,
             transfer: Duration::from_secs(30 * 60),
             other: Duration::from_secs(5 * 60),
         }
     }
 }
+
+/// `VK_IMAGE_PULL_TIMEOUT`'s default: a multi-gigabyte image on a slow link.
+pub const IMAGE_PULL: Duration = Duration::from_secs(30 * 60);
 
 impl Timeouts {
     /// Every verb gets `d` (tests).
@@ -46,6 +53,7 @@ impl Timeouts {
             change: d,
             guest_data: d,
             guest_command: d,
+            image: d,
             transfer: d,
             other: d,
         }
@@ -61,7 +69,8 @@ impl Timeouts {
             ("vm", "start" | "rm" | "net") | ("snapshot", "rm") => self.change,
             ("vm", "run" | "clone") | ("snapshot", "save") => self.guest_data,
             ("vm", "exec") => self.guest_command,
-            ("image", "pull" | "import") | ("snapshot", "import" | "export") => self.transfer,
+            ("image", "pull" | "import") => self.image,
+            ("snapshot", "import" | "export") => self.transfer,
             _ => self.other,
         }
     }
@@ -109,6 +118,17 @@ mod tests {
         ] {
             assert_eq!(secs(argv), want, "cocoon {}", argv.join(" "));
         }
+        // VK_IMAGE_PULL_TIMEOUT moves the image fetches alone.
+        let t = Timeouts {
+            image: Duration::from_secs(120),
+            ..Timeouts::default()
+        };
+        assert_eq!(t.for_argv(&["image", "pull", "img"]).as_secs(), 120);
+        assert_eq!(t.for_argv(&["image", "import", "--", "img"]).as_secs(), 120);
+        assert_eq!(
+            t.for_argv(&["snapshot", "import", "--name", "n"]).as_secs(),
+            1800
+        );
     }
 
     /// Every command the core can ask for is classified by the argv it really produces, so a

@@ -138,6 +138,8 @@ pub struct Config {
     pub kubelet_websocket: bool,
     /// K4: how long an exec session may see nothing move either way.
     pub exec_idle_timeout: std::time::Duration,
+    /// T12: how long the host may take to fetch a run-mode pod's image.
+    pub image_pull_timeout: std::time::Duration,
     /// C13: how long a clone's guest fix-up is tried.
     pub post_clone_budget_ms: i64,
     pub metrics_addr: SocketAddr,
@@ -337,6 +339,7 @@ impl Config {
         e.warn_if_anonymous(kubelet_anonymous);
         let kubelet_websocket = e.or("VK_KUBELET_WEBSOCKET", true, parse::boolean);
         let exec_idle_timeout = e.exec_idle_timeout();
+        let image_pull_timeout = e.image_pull_timeout();
         let post_clone_budget_ms = e.post_clone_budget_ms();
         let metrics_addr = e.metrics_addr();
         let peer_addr = e.or(
@@ -398,6 +401,7 @@ impl Config {
             kubelet_anonymous,
             kubelet_websocket,
             exec_idle_timeout,
+            image_pull_timeout,
             post_clone_budget_ms,
             metrics_addr,
             peer_addr,

@@ -98,6 +98,20 @@ impl Env<'_> {
         })
     }
 
+    /// T12: from a minute to six hours.
+    pub(super) fn image_pull_timeout(&mut self) -> Duration {
+        self.or(
+            "VK_IMAGE_PULL_TIMEOUT",
+            crate::cocoon::timeouts::IMAGE_PULL,
+            |s| match parse::duration_ms(s)? {
+                ms if (60_000..=6 * 3_600_000).contains(&ms) => {
+                    Ok(Duration::from_millis(ms as u64))
+                }
+                _ => Err("must be from 1m to 6h".into()),
+            },
+        )
+    }
+
     /// C13: from 3 s (one attempt) to an hour.
     pub(super) fn post_clone_budget_ms(&mut self) -> i64 {
         self.or(

@@ -60,6 +60,7 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
         "VK_KUBELET_ANONYMOUS" => c.kubelet_anonymous.to_string(),
         "VK_KUBELET_WEBSOCKET" => c.kubelet_websocket.to_string(),
         "VK_EXEC_IDLE_TIMEOUT" => format!("{}s", c.exec_idle_timeout.as_secs()),
+        "VK_IMAGE_PULL_TIMEOUT" => format!("{}s", c.image_pull_timeout.as_secs()),
         "VK_POST_CLONE_BUDGET" => format!("{}s", c.post_clone_budget_ms / 1000),
         "VK_METRICS_ADDR" => c.metrics_addr.to_string(),
         "VK_PEER_ADDR" => match c.peer_tls {

@@ -79,6 +79,11 @@ pub const VARS: &[Var] = &[
         "how long a clone's guest fix-up is tried (every 3 s) before it gives up (s, m or h; 3s to 1h)",
     ),
     var(
+        "VK_IMAGE_PULL_TIMEOUT",
+        "30m",
+        "how long the host may take to fetch a run-mode pod's image (cocoon image pull or import), holding a slot of the shared cocoon lane meanwhile (s, m or h; 1m to 6h)",
+    ),
+    var(
         "VK_EXEC_IDLE_TIMEOUT",
         "30s",
         "an exec session in which nothing moves either way (client pings count) this long ends (s, m, h or d)",

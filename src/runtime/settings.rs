@@ -43,6 +43,10 @@ impl Settings {
                     .macos_vnc_password
                     .as_ref()
                     .map(|p| p.expose().to_string()),
+                timeouts: crate::cocoon::timeouts::Timeouts {
+                    image: c.image_pull_timeout,
+                    ..Default::default()
+                },
                 ..CocoonCli::new(c.cocoon_bin.display().to_string())
             },
             dhcp_leases_path: c.dhcp_leases_path.clone(),
