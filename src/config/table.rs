@@ -16,13 +16,20 @@ fn opt_q(q: &Option<Quantity>, auto: &str) -> String {
     }
 }
 
-/// T12, T14: what a pod may make the host reach.
+/// T12, T14, T15: what a pod may make the host reach, and which snapshots every pod may use.
 fn tenant_reach(c: &Config, var: &str) -> String {
-    match (var, c.image_url_hosts.is_empty(), c.networks.is_empty()) {
-        ("VK_IMAGE_URL_HOSTS", true, _) => "(none: no image is fetched by URL)".into(),
-        ("VK_IMAGE_URL_HOSTS", false, _) => c.image_url_hosts.join(","),
-        (_, _, true) => "(none: every pod joins the node's default network)".into(),
-        (_, _, false) => c
+    let list = |l: &[String], none: &str| match l.is_empty() {
+        true => none.to_string(),
+        false => l.join(","),
+    };
+    match var {
+        "VK_IMAGE_URL_HOSTS" => list(&c.image_url_hosts, "(none: no image is fetched by URL)"),
+        "VK_PUBLIC_SNAPSHOTS" => list(
+            &c.public_snapshots,
+            "(none: snapshots without an owner record are nobody's)",
+        ),
+        _ if c.networks.is_empty() => "(none: every pod joins the node's default network)".into(),
+        _ => c
             .networks
             .iter()
             .map(|(ns, nets)| format!("{ns}={}", nets.join(",")))
@@ -115,11 +122,7 @@ pub fn value_of(c: &Config, var: &str) -> Option<String> {
             .as_deref()
             .map(path)
             .unwrap_or_else(|| "(unset: clone-from-dir is refused)".into()),
-        "VK_IMAGE_URL_HOSTS" | "VK_NETWORKS" => tenant_reach(c, var),
-        "VK_PUBLIC_SNAPSHOTS" if c.public_snapshots.is_empty() => {
-            "(none: snapshots without an owner record are nobody's)".into()
-        }
-        "VK_PUBLIC_SNAPSHOTS" => c.public_snapshots.join(","),
+        "VK_IMAGE_URL_HOSTS" | "VK_NETWORKS" | "VK_PUBLIC_SNAPSHOTS" => tenant_reach(c, var),
         "VK_COCOON_SNAPSHOT_DIR" => path(&c.cocoon_snapshot_dir),
         "COCOON_ROOT_DIR" => path(&c.cocoon_root_dir),
         "COCOON_CGROUP_PARENT" => c.cgroup_parent.clone(),
