@@ -90,6 +90,11 @@ impl Launch {
     }
 }
 
+/// The repositories of the clone bases the suites seed without an owner record
+/// (`seed_clone_snapshot`, the guest and resume suites' bases, the registry's `agent-base`).
+pub const PUBLIC_BASES: &str =
+    "acme/agent,agent-base,acme-agent,guest/fc,guest/static,guest/windows,resume/static,bench-vm";
+
 /// Spawns `vk-cocoon run` as part of the testbed's run (torn down with it).
 pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
     let mut cmd = match o.launcher.split_first() {
@@ -119,7 +124,7 @@ pub fn launch(tb: &Testbed, o: &Launch) -> Result<Proc> {
     }
     // T15: the clone bases the suites publish with cocoon's own tools (no owner record) are
     // listed as public, as an operator lists the platform's bases.
-    cmd.env("VK_PUBLIC_SNAPSHOTS", "agent-base,acme-agent");
+    cmd.env("VK_PUBLIC_SNAPSHOTS", PUBLIC_BASES);
     cmd.env("KUBECONFIG", tb.kubeconfig()?)
         .env("VK_NODE_NAME", &o.node)
         .env("VK_NODE_IP", &o.node_ip)
