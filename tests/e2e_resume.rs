@@ -548,7 +548,11 @@ async fn registry_faults_roll_back_fail_wakes_and_main_only_pushes_slot_0() -> R
         "the local copy is not the tag's snapshot"
     );
     sim.run(&["snapshot", "rm", &wake_vm])?;
-    sim.run(&["sim", "seed-snapshot", "--name", &wake_vm, "--image", IMAGE])?;
+    // Another snapshot of the pod's own (its record names the pod's namespace, T6), so the
+    // wake verifies it against the tag and finds it stale.
+    let own = format!("vk-cocoon owner={NS}/wake");
+    let seed = ["sim", "seed-snapshot", "--name", &wake_vm, "--image", IMAGE];
+    sim.run(&[&seed[..], &["--description", &own]].concat())?;
     ensure!(local_snapshot_id(sim, &wake_vm)? != tagged);
     annotate(&pods, "wake", HIBERNATE, None).await?;
     let woken = wait_ready(&pods, "wake", LIMIT)
