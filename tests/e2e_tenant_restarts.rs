@@ -445,9 +445,7 @@ async fn after_a_slow_retry(metrics_port: u16, gap: Duration) -> Result<()> {
 }
 
 /// Whether owner record `owner` names pod `pod` (`<namespace>/<name>`).
-fn owned_by(owner: Option<&str>, pod: &str) -> bool {
-    owner.and_then(|o| o.split('@').next()) == Some(pod)
-}
+use e2e::daemon::owned_by;
 
 /// T1, T6, U2: team-b's `intruder` names the victim's VM and is refused, then asks to be
 /// hibernated (which would hold the name from then on): still refused, never hibernated, and

@@ -209,7 +209,7 @@ async fn another_namespaces_snapshots_are_never_cloned_restored_or_replaced() ->
     delete_and_wait(&a, "gone").await?;
     let (gone_digest, gone_owner) = tag(&reg, GONE_VM, "latest").await?;
     ensure!(
-        gone_owner.as_deref() == Some("team-a/gone"),
+        e2e::daemon::owned_by(gone_owner.as_deref(), "team-a/gone"),
         "{GONE_VM}:latest owner {gone_owner:?}"
     );
 
@@ -231,13 +231,14 @@ async fn another_namespaces_snapshots_are_never_cloned_restored_or_replaced() ->
         .with_context(|| da.proc.log_tail(60))?;
     let (hib_digest, hib_owner) = tag(&reg, VICTIM_VM, "hibernate").await?;
     ensure!(
-        hib_owner.as_deref() == Some("team-a/victim"),
+        e2e::daemon::owned_by(hib_owner.as_deref(), "team-a/victim"),
         "{VICTIM_VM}:hibernate owner {hib_owner:?}"
     );
     let local = snapshot(sim_a, VICTIM_VM)?;
     let forked = snapshot(sim_a, FORK)?;
     ensure!(
-        local.1 == "vk-cocoon owner=team-a/victim" && forked.1 == "vk-cocoon owner=team-a/sub",
+        e2e::daemon::owned_by(Some(&local.1), "team-a/victim")
+            && e2e::daemon::owned_by(Some(&forked.1), "team-a/sub"),
         "the victim's local snapshots carry {local:?} and {forked:?}"
     );
 

@@ -90,6 +90,13 @@ impl Launch {
     }
 }
 
+/// Whether an owner record (a manifest's annotation, or a local description's tail) names
+/// `pod` (`<namespace>/<pod>`), whatever namespace UID it carries (T16).
+pub fn owned_by(record: Option<&str>, pod: &str) -> bool {
+    let record = record.map(|r| r.strip_prefix("vk-cocoon owner=").unwrap_or(r));
+    record.and_then(|r| r.split('@').next()) == Some(pod)
+}
+
 /// The repositories of the clone bases the suites seed without an owner record
 /// (`seed_clone_snapshot`, the guest and resume suites' bases, the registry's `agent-base`).
 pub const PUBLIC_BASES: &str =
