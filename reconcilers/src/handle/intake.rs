@@ -85,12 +85,9 @@ fn updated(s: &mut State, key: &PodKey) {
         Phase::Failed(Failed {
             purpose: purpose @ (Purpose::Wake | Purpose::Restore),
             ..
-        }) if spec_changed => match hibernate {
-            true => {
-                e.phase = Phase::Hibernated;
-                s.touched.insert(key);
-            }
-            false => create::restore(s, key, purpose),
+        }) if spec_changed => match (hibernate, e.spec.clone()) {
+            (true, Ok(spec)) => create::asleep::begin(s, key, &spec),
+            (false, _) | (true, Err(_)) => create::restore(s, key, purpose),
         },
         // A failed pod that changed gets a fresh start, its attempts counted anew.
         Phase::Failed(_) if spec_changed => {
@@ -206,19 +203,7 @@ pub fn intake(s: &mut State, key: &PodKey) {
         if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
             return create::fail(s, key, msg);
         }
-        // B6: a hibernated pod without a VM is Pending until the hibernate key is withdrawn,
-        // which wakes it (U5). A hibernate that got as far as removing the VM is complete.
-        let Some(e) = s.pods.get_mut(key) else { return };
-        e.phase = Phase::Hibernated;
-        s.touched.insert(key);
-        // A hibernate that had begun is done: `hibernated` at the pod's generation.
-        if matches!(
-            e.lifecycle(),
-            Some((crate::state::Lifecycle::Hibernated, _, _))
-        ) {
-            lifecycle::stamp(s, key);
-        }
-        return;
+        return create::asleep::begin(s, key, &spec);
     }
     if let Some(record) = s.unclaimed.get(&spec.vm_name).cloned() {
         // T11: a VM left without its pod goes only where its holder record allows.
@@ -307,5 +292,20 @@ pub fn collect(s: &mut State, key: &PodKey) {
     };
     if let Some(next) = e.successor.take() {
         pod_applied(s, next);
+    }
+}
+
+/// B6: a hibernated pod without a VM is Pending until the hibernate key is withdrawn, which
+/// wakes it (U5). A hibernate that got as far as removing the VM is complete.
+pub(crate) fn enter_hibernated(s: &mut State, key: &PodKey) {
+    let Some(e) = s.pods.get_mut(key) else { return };
+    e.phase = Phase::Hibernated;
+    s.touched.insert(key);
+    // A hibernate that had begun is done: `hibernated` at the pod's generation.
+    if matches!(
+        e.lifecycle(),
+        Some((crate::state::Lifecycle::Hibernated, _, _))
+    ) {
+        lifecycle::stamp(s, key);
     }
 }

@@ -134,6 +134,9 @@ pub enum Purpose {
 pub enum CreateStep {
     /// C11: does `<vm>:hibernate` exist? Then this pod restores instead of booting fresh.
     CheckEvidence,
+    /// T1, T6: a pod asking to be hibernated without a VM here: is `<vm>:hibernate` another
+    /// namespace's? Only if not is the pod taken in as hibernated.
+    CheckHibernated,
     /// C6 under T8: `fork-<vm>` is inspected (`removing` false), then removed if this pod may
     /// remove it (`removing` true).
     RemoveFork {

@@ -78,6 +78,7 @@ pub(super) fn settle_snapshot_claim(s: &mut State, key: &PodKey) {
             | CreateStep::InspectAfterBoot { .. }
             | CreateStep::InspectNameTaken
             | CreateStep::CheckEvidence
+            | CreateStep::CheckHibernated
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }

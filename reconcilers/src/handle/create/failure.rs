@@ -51,6 +51,7 @@ pub(super) fn fail_as(
             let wake_reason = match c.step {
                 CreateStep::Clone | CreateStep::InspectAfterBoot { .. } => "WakeCloneFailed",
                 CreateStep::CheckEvidence
+                | CreateStep::CheckHibernated
                 | CreateStep::RemoveFork { .. }
                 | CreateStep::PullImage
                 | CreateStep::ClassifyImage

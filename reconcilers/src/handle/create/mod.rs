@@ -9,6 +9,7 @@
 //! - `failure`: a failed attempt, its retry and Warning.
 
 mod adopt;
+pub(crate) mod asleep;
 mod claims;
 mod failure;
 mod source;

@@ -59,6 +59,7 @@ pub(super) fn advance(
             | CreateStep::InspectNameTaken
             | CreateStep::PullSnapshot { .. }
             | CreateStep::CheckEvidence
+            | CreateStep::CheckHibernated
             | CreateStep::InspectLocal { .. }
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
@@ -86,6 +87,7 @@ pub(super) fn advance(
         | CreateStep::SaveForkSnapshot { .. }
         | CreateStep::PullSnapshot { .. }
         | CreateStep::CheckEvidence
+        | CreateStep::CheckHibernated
         | CreateStep::InspectLocal { .. }
         | CreateStep::VerifyRemote { .. }
         | CreateStep::PeerRestore { .. }
@@ -320,7 +322,9 @@ pub(super) fn step_label(step: &CreateStep, spec: &VmSpec) -> String {
         CreateStep::InspectNameTaken => format!("vm name {} is taken", spec.vm_name),
         CreateStep::AwaitSnapshot { name } => format!("snapshot save {name}"),
         CreateStep::PullSnapshot { repo, tag, .. } => format!("pull {repo}:{tag}"),
-        CreateStep::CheckEvidence => format!("inspect {}:hibernate", spec.vm_name),
+        CreateStep::CheckEvidence | CreateStep::CheckHibernated => {
+            format!("inspect {}:hibernate", spec.vm_name)
+        }
         CreateStep::InspectLocal { name } => format!("snapshot inspect {name}"),
         CreateStep::VerifyRemote { name, .. } => format!("verify {name}:hibernate"),
         CreateStep::PeerRestore { name, node, .. } => format!("copy {name} from node {node}"),
@@ -505,6 +509,7 @@ pub(super) fn registry_advance(
             wake_registry(s, key, &spec, purpose, step_now, since, result)
         }
         CreateStep::CheckEvidence => evidence(s, key, &spec, result),
+        CreateStep::CheckHibernated => super::asleep::evidence(s, key, &spec, result),
         CreateStep::ClassifyImage => classified(s, key, &spec, result),
         CreateStep::ImportCloudImage => imported(s, key, &spec, result),
         CreateStep::PullSnapshot { name, repo, tag } => {
@@ -547,6 +552,7 @@ fn registry_cancelled(
             CreateStep::ClassifyImage
             | CreateStep::ImportCloudImage
             | CreateStep::CheckEvidence
+            | CreateStep::CheckHibernated
             | CreateStep::VerifyRemote { .. }
             | CreateStep::PeerRestore { .. }
             | CreateStep::PullHibernate { .. }
