@@ -118,7 +118,10 @@ fn fetch(image: &str, authority: &str, path: &str) -> Result<()> {
     };
     let prefix = format!("pull {image}: http get {image}");
     let mut conn = std::net::TcpStream::connect(&addr).ctx(&prefix)?;
-    write!(conn, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").ctx(&prefix)?;
+    // One write: a server that answers after the request line and closes must not see the
+    // rest of the request arrive after it, or the write fails with a broken pipe.
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
+    conn.write_all(request.as_bytes()).ctx(&prefix)?;
     let mut reader = BufReader::new(conn);
     let mut status = String::new();
     if reader.read_line(&mut status).ctx(&prefix)? == 0 {
