@@ -15,12 +15,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, Daemon, DaemonOptions};
-use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams};
+use kube::api::Api;
 use serde_json::json;
 use vk_cocoon::registry::Registry;
+
+#[path = "support/tenant.rs"]
+mod tenant;
+use tenant::{delete_and_wait, sim_run, snapshots, tag};
 
 const NODE: &str = "node-a";
 const LIMIT: Duration = Duration::from_secs(45);
@@ -43,64 +46,6 @@ fn run_pod(ns: &str, name: &str, vm: &str) -> Result<Pod> {
         }),
     )
 }
-
-/// `cocoon <args>` on the testbed's host, guests' commands run on the host (`vm exec`).
-fn sim_run(sim: &CocoonSim, args: &[&str]) -> Result<String> {
-    let out = sim
-        .command()
-        .env("COCOON_SIM_EXEC", "host")
-        .args(args)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "cocoon {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The node's local snapshots as (name, description), from `snapshot list -o json`.
-fn snapshots(sim: &CocoonSim) -> Result<Vec<(String, String)>> {
-    let out = sim.run(&["snapshot", "list", "-o", "json"])?;
-    // An empty store answers "No snapshots found." rather than JSON.
-    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or(json!([]));
-    Ok(v.as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| {
-                    let field = |k: &str| s[k].as_str().unwrap_or_default().to_string();
-                    (field("name"), field("description"))
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-/// The digest and owner annotation of `name:tag`.
-async fn tag(reg: &Registry, name: &str, tag: &str) -> Result<(String, Option<String>)> {
-    let r = reg
-        .inspect(name, tag)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .with_context(|| format!("{name}:{tag} is absent"))?;
-    let owner = r
-        .manifest
-        .annotations
-        .get(vk_cocoon::registry::media::ANN_OWNER)
-        .cloned();
-    Ok((r.digest, owner))
-}
-
-async fn delete_and_wait(pods: &Api<Pod>, name: &str, d: &Daemon) -> Result<()> {
-    pods.delete(name, &DeleteParams::default()).await?;
-    until(&format!("{name} deleted"), LIMIT, || async {
-        Ok(pods.get_opt(name).await?.is_none().then_some(()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(60))
-}
-
 /// The message of the daemon's Warning `reason` on pod `name` of `ns`.
 async fn warning(tb: &Testbed, ns: &str, name: &str, reason: &str, d: &Daemon) -> Result<String> {
     let events: Api<Event> = Api::namespaced(tb.client()?, ns);
@@ -146,7 +91,7 @@ async fn a_squatted_tag_never_costs_the_victim_its_last_copy() -> Result<()> {
     wait_ready(&b, "squat", LIMIT)
         .await
         .with_context(|| d.proc.log_tail(60))?;
-    delete_and_wait(&b, "squat", &d).await?;
+    delete_and_wait(&b, "squat", LIMIT, Some(&d)).await?;
     let (squat_digest, squat_owner) = tag(&reg, VM, "latest").await?;
     ensure!(
         daemon::owned_by(squat_owner.as_deref(), "team-b/squat"),
@@ -175,7 +120,7 @@ async fn a_squatted_tag_never_costs_the_victim_its_last_copy() -> Result<()> {
     )?;
 
     e2e::step!("the victim is deleted: its delete-time snapshot would go over team-b's");
-    delete_and_wait(&a, "victim", &d).await?;
+    delete_and_wait(&a, "victim", LIMIT, Some(&d)).await?;
     let said = warning(&tb, "team-a", "victim", "DeleteSnapshotKept", &d).await?;
     e2e::step!("Warning DeleteSnapshotKept: {said}");
     ensure!(

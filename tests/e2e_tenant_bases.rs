@@ -29,6 +29,10 @@ use vk_cocoon::cocoon::CocoonCli;
 use vk_cocoon::registry::cocoon_pipe::push_from_cocoon;
 use vk_cocoon::registry::{PushKnobs, Registry};
 
+#[path = "support/tenant.rs"]
+mod tenant;
+use tenant::{delete_and_wait, tag};
+
 const LIMIT: Duration = Duration::from_secs(45);
 const PREFIX: &str = "cocoon";
 const IMAGE: &str = "ghcr.io/cocoonstack/ubuntu:24.04";
@@ -83,21 +87,6 @@ async fn publish(
     Ok(())
 }
 
-/// The digest and owner annotation of `name:tag`.
-async fn tag(reg: &Registry, name: &str, tag: &str) -> Result<(String, Option<String>)> {
-    let r = reg
-        .inspect(name, tag)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .with_context(|| format!("{name}:{tag} is absent"))?;
-    let owner = r
-        .manifest
-        .annotations
-        .get(vk_cocoon::registry::media::ANN_OWNER)
-        .cloned();
-    Ok((r.digest, owner))
-}
-
 /// `vk-cocoon snapshots own <args>` with the node's environment; its exit and output.
 fn own(
     sim: &CocoonSim,
@@ -143,15 +132,6 @@ async fn refused(
     );
     Ok(())
 }
-
-async fn delete(pods: &Api<Pod>, name: &str) -> Result<()> {
-    pods.delete(name, &DeleteParams::default()).await?;
-    until(&format!("{name} deleted"), LIMIT, || async {
-        Ok(pods.get_opt(name).await?.is_none().then_some(()))
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn public_bases_serve_everyone_and_unrecorded_snapshots_wait_for_an_owner() -> Result<()> {
     let mut tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
@@ -244,7 +224,7 @@ async fn public_bases_serve_everyone_and_unrecorded_snapshots_wait_for_an_owner(
     wait_ready(&b, "on-a", LIMIT)
         .await
         .with_context(|| da.proc.log_tail(60))?;
-    delete(&b, "squat").await?;
+    delete_and_wait(&b, "squat", LIMIT, None).await?;
     let (after, owner) = tag(&reg, "agent-base", "v1").await?;
     ensure!(
         after == base_digest && owner.is_none(),
@@ -318,7 +298,7 @@ async fn public_bases_serve_everyone_and_unrecorded_snapshots_wait_for_an_owner(
 
     e2e::step!("team-a's pods clone them now; team-b's are refused");
     for name in ["old", "old-local"] {
-        delete(&a, name).await?;
+        delete_and_wait(&a, name, LIMIT, None).await?;
     }
     create_pod(
         &a,
@@ -402,7 +382,7 @@ async fn a_namespace_made_again_does_not_inherit_the_earlier_ones_snapshots() ->
     wait_ready(&a, "victim", LIMIT)
         .await
         .with_context(|| d.proc.log_tail(60))?;
-    delete(&a, "victim").await?;
+    delete_and_wait(&a, "victim", LIMIT, None).await?;
     let (_, owner) = tag(&reg, "vk-victim", "latest").await?;
     ensure!(
         owner == Some(format!("team-a/victim@{first_uid}")),

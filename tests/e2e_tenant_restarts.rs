@@ -227,7 +227,7 @@ async fn a_macos_guest_stays_its_holders_across_a_restart_and_the_attackers_dele
     macos_victim_intact(&a, &b, sim, VM, pid).await?;
 
     e2e::step!("thief-1 is deleted while the daemon runs");
-    delete_and_wait(&b, "thief-1", &d).await?;
+    delete_and_wait(&b, "thief-1", LIMIT, Some(&d)).await?;
     macos_victim_intact(&a, &b, sim, VM, pid).await?;
 
     e2e::step!("thief-2 is deleted while the daemon is down; the next start finds it deleting");
@@ -270,49 +270,6 @@ async fn a_macos_guest_stays_its_holders_across_a_restart_and_the_attackers_dele
     e2e::step!("done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
-
-async fn delete_and_wait(pods: &Api<Pod>, name: &str, d: &Daemon) -> Result<()> {
-    pods.delete(name, &DeleteParams::default()).await?;
-    until(&format!("{name} deleted"), LIMIT, || async {
-        Ok(pods.get_opt(name).await?.is_none().then_some(()))
-    })
-    .await
-    .with_context(|| d.proc.log_tail(60))
-}
-
-/// `cocoon <args>` on the testbed's host, guests' commands run on the host (`vm exec`).
-fn sim_run(sim: &CocoonSim, args: &[&str]) -> Result<String> {
-    let out = sim
-        .command()
-        .env("COCOON_SIM_EXEC", "host")
-        .args(args)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "cocoon {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The node's local snapshots as (name, description).
-fn snapshots(sim: &CocoonSim) -> Result<Vec<(String, String)>> {
-    let out = sim.run(&["snapshot", "list", "-o", "json"])?;
-    // An empty store answers "No snapshots found." rather than JSON.
-    let v: Value = serde_json::from_str(out.trim()).unwrap_or(json!([]));
-    Ok(v.as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| {
-                    let field = |k: &str| s[k].as_str().unwrap_or_default().to_string();
-                    (field("name"), field("description"))
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
 /// The owner annotation of `name:tag` (`<namespace>/<pod>`, and what follows an `@`, if
 /// anything), `None` when the tag is absent.
 async fn tag_owner(reg: &Registry, name: &str, tag: &str) -> Result<Option<String>> {
@@ -447,6 +404,10 @@ async fn after_a_slow_retry(metrics_port: u16, gap: Duration) -> Result<()> {
 /// Whether owner record `owner` names pod `pod` (`<namespace>/<name>`).
 use e2e::daemon::owned_by;
 
+#[path = "support/tenant.rs"]
+mod tenant;
+use tenant::{delete_and_wait, sim_run, snapshots};
+
 /// T1, T6, U2: team-b's `intruder` names the victim's VM and is refused, then asks to be
 /// hibernated (which would hold the name from then on): still refused, never hibernated, and
 /// nothing is saved or pushed under the name. The victim's owner hibernates it, deletes it and
@@ -511,7 +472,7 @@ async fn a_refused_pod_flipped_to_hibernate_never_takes_the_victims_name() -> Re
     // free and hold it (names are first come, first served): the owner acts right after one.
     after_a_slow_retry(metrics_port, Duration::from_secs(2)).await?;
     e2e::step!("the owner deletes the hibernated victim and makes it again");
-    delete_and_wait(&a, "victim", &d).await?;
+    delete_and_wait(&a, "victim", LIMIT, Some(&d)).await?;
     let again = managed("team-a", "victim", VICTIM_VM, json!({HIBERNATE: "true"}))?;
     create_pod(&a, &again).await?;
     let p = lifecycle_is(&a, "victim", "hibernated")
@@ -538,7 +499,7 @@ async fn a_refused_pod_flipped_to_hibernate_never_takes_the_victims_name() -> Re
         "the intruder took the name: {:?}",
         annotation(&p, LIFECYCLE)
     );
-    delete_and_wait(&b, "intruder", &d).await?;
+    delete_and_wait(&b, "intruder", LIMIT, Some(&d)).await?;
     victim_runs(&a, sim, &id).await?;
     names_untouched(sim, &reg, VICTIM_VM).await?;
 
@@ -581,7 +542,7 @@ async fn a_pod_renamed_to_the_victims_vm_never_saves_or_pushes_under_its_name() 
 
     e2e::step!("team-b's renamer-1 takes the name {VICTIM_VM} and is deleted as it runs");
     let own = renamed(&b, &d, "renamer-1").await?;
-    delete_and_wait(&b, "renamer-1", &d).await?;
+    delete_and_wait(&b, "renamer-1", LIMIT, Some(&d)).await?;
     ensure!(!sim.vm_ids().contains(&own), "renamer-1's VM outlived it");
     victim_runs(&a, sim, &id).await?;
     names_untouched(sim, &reg, VICTIM_VM).await?;
@@ -599,7 +560,7 @@ async fn a_pod_renamed_to_the_victims_vm_never_saves_or_pushes_under_its_name() 
     e2e::step!("renamer-2's hibernate: {state}");
     victim_runs(&a, sim, &id).await?;
     names_untouched(sim, &reg, VICTIM_VM).await?;
-    delete_and_wait(&b, "renamer-2", &d).await?;
+    delete_and_wait(&b, "renamer-2", LIMIT, Some(&d)).await?;
     ensure!(!sim.vm_ids().contains(&own), "renamer-2's VM outlived it");
     names_untouched(sim, &reg, VICTIM_VM).await?;
 

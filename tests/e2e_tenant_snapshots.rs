@@ -18,9 +18,13 @@ use e2e::daemon::{annotation, create_pod, pod_manifest, until, wait_ready, Daemo
 use e2e::sim::CocoonSim;
 use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams};
+use kube::api::Api;
 use serde_json::json;
 use vk_cocoon::registry::Registry;
+
+#[path = "support/tenant.rs"]
+mod tenant;
+use tenant::{delete_and_wait, sim_run, tag};
 
 const LIMIT: Duration = Duration::from_secs(90);
 const PREFIX: &str = "cocoon";
@@ -30,22 +34,6 @@ const GONE_VM: &str = "vk-team-a-gone";
 const FORK: &str = "fork-vk-team-a-victim";
 const STATE: &str = "vm.cocoonstack.io/lifecycle-state";
 const MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
-
-/// `cocoon <args>` on one host, guests' commands run on the host (`vm exec`).
-fn sim_run(sim: &CocoonSim, args: &[&str]) -> Result<String> {
-    let out = sim
-        .command()
-        .env("COCOON_SIM_EXEC", "host")
-        .args(args)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "cocoon {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// A managed pod's annotations: vm name `vm`, plus `extra`.
 fn managed(ns: &str, name: &str, node: &str, vm: &str, extra: serde_json::Value) -> Result<Pod> {
@@ -77,30 +65,6 @@ fn snapshot(sim: &CocoonSim, name: &str) -> Result<(String, String)> {
     let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
     Ok((field("id"), field("description")))
 }
-
-/// The digest and owner annotation of `name:tag`.
-async fn tag(reg: &Registry, name: &str, tag: &str) -> Result<(String, Option<String>)> {
-    let r = reg
-        .inspect(name, tag)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .with_context(|| format!("{name}:{tag} is absent"))?;
-    let owner = r
-        .manifest
-        .annotations
-        .get(vk_cocoon::registry::media::ANN_OWNER)
-        .cloned();
-    Ok((r.digest, owner))
-}
-
-async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {
-    pods.delete(name, &DeleteParams::default()).await?;
-    until(&format!("{name} deleted"), LIMIT, || async {
-        Ok(pods.get_opt(name).await?.is_none().then_some(()))
-    })
-    .await
-}
-
 /// The attack on pod `name` of team-b was refused saying `why`: a Warning Event of reason
 /// `reason` and the lifecycle message both carry it, and the pod was given no VM.
 async fn refused(b: &Api<Pod>, name: &str, reason: &str, why: &str, logs: &Daemon) -> Result<()> {
@@ -206,7 +170,7 @@ async fn another_namespaces_snapshots_are_never_cloned_restored_or_replaced() ->
             .await
             .with_context(|| da.proc.log_tail(60))?;
     }
-    delete_and_wait(&a, "gone").await?;
+    delete_and_wait(&a, "gone", LIMIT, None).await?;
     let (gone_digest, gone_owner) = tag(&reg, GONE_VM, "latest").await?;
     ensure!(
         e2e::daemon::owned_by(gone_owner.as_deref(), "team-a/gone"),
@@ -246,7 +210,7 @@ async fn another_namespaces_snapshots_are_never_cloned_restored_or_replaced() ->
     annotate(&b, "squatter", "vm.cocoonstack.io/hibernate", Some("true")).await?;
     let taken = "belongs to another namespace";
     refused(&b, "squatter", "HibernatePushFailed", taken, &db).await?;
-    delete_and_wait(&b, "squatter").await?;
+    delete_and_wait(&b, "squatter", LIMIT, None).await?;
 
     // T6: a newcomer that names the victim's VM is not handed its hibernated state.
     create_pod(
@@ -295,7 +259,7 @@ async fn another_namespaces_snapshots_are_never_cloned_restored_or_replaced() ->
             annotation(&p, "vm.cocoonstack.io/id").is_none(),
             "{name} was given a VM"
         );
-        delete_and_wait(&b, name).await?;
+        delete_and_wait(&b, name, LIMIT, None).await?;
     }
 
     // The victim's tags, local snapshots and guest are as they were.
