@@ -19,7 +19,6 @@ use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::Api;
 use serde_json::json;
-use vk_cocoon::registry::Registry;
 
 #[path = "support/tenant.rs"]
 mod tenant;
@@ -65,26 +64,16 @@ async fn warning(tb: &Testbed, ns: &str, name: &str, reason: &str, d: &Daemon) -
 async fn a_squatted_tag_never_costs_the_victim_its_last_copy() -> Result<()> {
     let started = Instant::now();
     const VM: &str = "vk-team-a-victim";
-    let tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
-    for ns in ["team-a", "team-b"] {
-        tb.ensure_namespace(ns).await?;
-    }
-    let addr = tb.registry.as_ref().context("registry")?.addr.clone();
-    let opts = DaemonOptions {
-        env: vec![
-            ("OCI_REGISTRY".into(), format!("{addr}/{PREFIX}")),
-            ("COCOON_SIM_EXEC".into(), "host".into()),
-        ],
-        ..DaemonOptions::default()
-    };
-    let journal = tb.run_dir().join("journal").join("events.journal");
-    let metrics_port = e2e::ports::free_port()?;
-    let d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
-    let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
-    let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
+    let tenant::Node {
+        tb,
+        d,
+        journal,
+        metrics_port,
+        reg,
+        a,
+        b,
+    } = tenant::one_node(PREFIX).await?;
     let sim = tb.host(None)?;
-    let reg =
-        Registry::from_config(&format!("{addr}/{PREFIX}")).map_err(|e| anyhow::anyhow!("{e}"))?;
 
     e2e::step!("team-b squats VM name {VM}: runs a pod under it and deletes it");
     create_pod(&b, &run_pod("team-b", "squat", VM)?).await?;

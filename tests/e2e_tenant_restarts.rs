@@ -338,25 +338,15 @@ struct Bed {
 }
 
 async fn bed() -> Result<Bed> {
-    let tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
-    for ns in ["team-a", "team-b"] {
-        tb.ensure_namespace(ns).await?;
-    }
-    let addr = tb.registry.as_ref().context("registry")?.addr.clone();
-    let opts = DaemonOptions {
-        env: vec![
-            ("OCI_REGISTRY".into(), format!("{addr}/{PREFIX}")),
-            ("COCOON_SIM_EXEC".into(), "host".into()),
-        ],
-        ..DaemonOptions::default()
-    };
-    let journal = tb.run_dir().join("journal").join("events.journal");
-    let metrics_port = e2e::ports::free_port()?;
-    let d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
-    let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
-    let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
-    let reg =
-        Registry::from_config(&format!("{addr}/{PREFIX}")).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tenant::Node {
+        tb,
+        d,
+        journal,
+        metrics_port,
+        reg,
+        a,
+        b,
+    } = tenant::one_node(PREFIX).await?;
     e2e::step!("team-a's victim runs {VICTIM_VM} and writes a marker");
     create_pod(&a, &managed("team-a", "victim", VICTIM_VM, json!({}))?).await?;
     let p = wait_ready(&a, "victim", LIMIT)

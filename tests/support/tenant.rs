@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use e2e::daemon::{until, Daemon};
+use e2e::daemon::{self, until, Daemon, DaemonOptions};
 use e2e::sim::CocoonSim;
+use e2e::testbed::{Testbed, TestbedOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use vk_cocoon::registry::Registry;
@@ -76,4 +77,47 @@ pub async fn delete_and_wait(
     })
     .await
     .with_context(|| d.map(|d| d.proc.log_tail(60)).unwrap_or_default())
+}
+
+/// One node with a registry (repositories under `prefix`) and the namespaces `team-a` and
+/// `team-b`; guests' commands run on the host.
+pub struct Node {
+    pub tb: Testbed,
+    pub d: Daemon,
+    pub journal: std::path::PathBuf,
+    pub metrics_port: u16,
+    pub reg: Registry,
+    pub a: Api<Pod>,
+    pub b: Api<Pod>,
+}
+
+pub async fn one_node(prefix: &str) -> Result<Node> {
+    let tb = Testbed::start(TestbedOptions::control_plane().with_sim().with_registry()).await?;
+    for ns in ["team-a", "team-b"] {
+        tb.ensure_namespace(ns).await?;
+    }
+    let addr = tb.registry.as_ref().context("registry")?.addr.clone();
+    let opts = DaemonOptions {
+        env: vec![
+            ("OCI_REGISTRY".into(), format!("{addr}/{prefix}")),
+            ("COCOON_SIM_EXEC".into(), "host".into()),
+        ],
+        ..DaemonOptions::default()
+    };
+    let journal = tb.run_dir().join("journal").join("events.journal");
+    let metrics_port = e2e::ports::free_port()?;
+    let d = daemon::start(&tb, &opts, &journal, metrics_port, e2e::ports::free_port()?)?;
+    let a: Api<Pod> = Api::namespaced(tb.client()?, "team-a");
+    let b: Api<Pod> = Api::namespaced(tb.client()?, "team-b");
+    let reg =
+        Registry::from_config(&format!("{addr}/{prefix}")).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Node {
+        tb,
+        d,
+        journal,
+        metrics_port,
+        reg,
+        a,
+        b,
+    })
 }
