@@ -107,8 +107,7 @@ async fn bench_run_and_clone_pods_at_once() -> Result<()> {
     let backend = if real_lane { "real" } else { "sim" };
     if real_lane {
         if let Some(reason) = real_seed::missing() {
-            e2e::skip::unless_ci(reason);
-            return Ok(());
+            e2e::skip::required(reason);
         }
     }
     let (n_run, n_clone) = mix()?;

@@ -1,7 +1,7 @@
 //! The probe pinger against the kernel's own echo replies on loopback, through the raw socket
 //! and through the unprivileged datagram socket. The tests run as root, which opens the raw
 //! socket and admits our group to unprivileged ICMP for as long as the datagram socket takes
-//! to open; elsewhere they are skipped with the reason printed, and under CI they fail.
+//! to open; anywhere else they fail, naming what is missing.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -11,14 +11,12 @@ use vk_cocoon::effects::icmp::{Icmp, Kind};
 const DEADLINE: Duration = Duration::from_secs(3);
 const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
 
-fn open_or_skip(kind: Kind) -> Option<Icmp> {
-    match Icmp::open(kind) {
-        Ok(icmp) => Some(icmp),
-        Err(e) => {
-            e2e::skip::unless_ci(format!("no {kind:?} ICMP socket here ({e})"));
-            None
-        }
-    }
+fn open(kind: Kind) -> Icmp {
+    Icmp::open(kind).unwrap_or_else(|e| {
+        e2e::skip::required(format!(
+            "a {kind:?} ICMP socket ({e}): run the tests as root (sudo make test)"
+        ))
+    })
 }
 
 async fn pings_loopback(icmp: &Icmp) {
@@ -39,9 +37,7 @@ async fn pings_loopback(icmp: &Icmp) {
 
 #[tokio::test]
 async fn raw_socket_pings_loopback() {
-    if let Some(icmp) = open_or_skip(Kind::Raw) {
-        pings_loopback(&icmp).await;
-    }
+    pings_loopback(&open(Kind::Raw)).await;
 }
 
 /// Opens net.ipv4.ping_group_range to our group for as long as it lives, then puts the old
@@ -86,14 +82,11 @@ async fn datagram_socket_pings_loopback() {
     let range = match PingGroupRange::admit_our_group() {
         Ok(r) => r,
         Err(e) => {
-            e2e::skip::unless_ci(format!("unprivileged ICMP not permitted here ({e})"));
-            return;
+            e2e::skip::required(format!("unprivileged ICMP not permitted here ({e})"));
         }
     };
     // The socket keeps working once open, so the setting goes back at once.
-    let icmp = open_or_skip(Kind::Datagram);
+    let icmp = open(Kind::Datagram);
     drop(range);
-    if let Some(icmp) = icmp {
-        pings_loopback(&icmp).await;
-    }
+    pings_loopback(&icmp).await;
 }

@@ -259,15 +259,13 @@ pub fn cli_for_tests() -> Option<PathBuf> {
     let bin = match crate::bins::built("cocoon-real") {
         Ok(p) => p,
         Err(e) => {
-            crate::skip::unless_ci(e);
-            return None;
+            crate::skip::required(e);
         }
     };
     if Command::new("qemu-img").arg("--version").output().is_err() {
-        crate::skip::unless_ci(
+        crate::skip::required(
             "qemu-img (Debian's qemu-utils) is missing: run e2e/scripts/ci-setup.sh",
         );
-        return None;
     }
     Some(bin)
 }

@@ -77,8 +77,7 @@ fn assert_gone(real: &RealCocoon, id: &str, pid: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_run_reach_snapshot_clone_and_remove_on_the_cni_network() {
     if let Some(reason) = missing() {
-        e2e::skip::unless_ci(reason);
-        return;
+        e2e::skip::required(reason);
     }
     let started = Instant::now();
     let tb = Testbed::start(TestbedOptions::default().with_registry().with_real_cocoon())

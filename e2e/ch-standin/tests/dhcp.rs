@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::netns::{connect, in_netns, ping, setup, unless_ci};
+use common::netns::{connect, in_netns, ping, required, setup};
 use common::{until, Payload, Vmm};
 
 const TAP: &str = "tapchsd0";
@@ -64,8 +64,7 @@ fn value(cmd: &str) -> String {
 #[test]
 fn dhcp_lease_is_kept_in_guest_memory_across_restore() {
     if Command::new("dnsmasq").arg("--version").output().is_err() {
-        unless_ci("dnsmasq is not installed (Debian package dnsmasq-base)");
-        return;
+        required("dnsmasq is not installed (Debian package dnsmasq-base)");
     }
     let Some(ns) = setup("dhcp", TAP, false) else {
         return;
