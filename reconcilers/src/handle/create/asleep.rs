@@ -5,11 +5,10 @@
 //! between, and have the owner's new pod refused.
 
 use super::failure::fail_as;
-use super::Creating;
 use crate::action::RegistryCall;
 use crate::event::{RegistryError, RegistryOk};
 use crate::owner::Record;
-use crate::phase::{CreateStep, Phase, Purpose, Retry};
+use crate::phase::{CreateStep, Retry};
 use crate::pod::PodKey;
 use crate::spec::VmSpec;
 use crate::state::{RegistryOwner, State};
@@ -26,18 +25,7 @@ pub(crate) fn begin(s: &mut State, key: &PodKey, spec: &VmSpec) {
     };
     let owner = RegistryOwner::Pod { key: key.clone() };
     let op = s.call_registry(owner, Some(key.clone()), call);
-    let since = s.now;
-    if let Some(e) = s.pods.get_mut(key) {
-        let (attempts, last_failure) = e.phase.prior_failure();
-        e.phase = Phase::Creating(Creating::first(
-            CreateStep::CheckHibernated,
-            op,
-            since,
-            attempts,
-            last_failure,
-            Purpose::Fresh,
-        ));
-    }
+    super::enter(s, key, CreateStep::CheckHibernated, op);
 }
 
 /// The registry's answer: the pod is hibernated under the name unless another namespace's

@@ -46,7 +46,6 @@ pub fn begin(s: &mut State, key: &PodKey) {
     if let Some(msg) = crate::trust::name_taken(s, key, &spec.vm_name) {
         return fail(s, key, msg);
     }
-    let (attempts, last_failure) = e.phase.prior_failure();
     lifecycle::attempt(s, key);
     let owner = || RegistryOwner::Pod { key: key.clone() };
     // C11 (evidence): with a registry, a fresh boot first asks whether the VM has a hibernate
@@ -65,8 +64,15 @@ pub fn begin(s: &mut State, key: &PodKey) {
             inspect_fork(s, key, &spec),
         ),
     };
+    enter(s, key, step, op);
+}
+
+/// The pod starts a bring-up at `step`, with `op` out, keeping the count of its earlier
+/// failed attempts.
+pub(super) fn enter(s: &mut State, key: &PodKey, step: CreateStep, op: OpId) {
     let since = s.now;
     if let Some(e) = s.pods.get_mut(key) {
+        let (attempts, last_failure) = e.phase.prior_failure();
         e.phase = Phase::Creating(Creating::first(
             step,
             op,
